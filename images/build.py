@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Build a notebook image with the classic Docker builder, cached by its inputs.
+
+    python images/build.py --variant minimal --base-image gpuhub/debian-base:latest
+
+Python packages are fetched on the host by the host's own pip (its index,
+mirrors, CA bundle and proxy settings all apply) into a wheelhouse that only
+the builder stage sees.  The image tag is a hash of every input (Dockerfile,
+requirements, variant, base image id, the hub's JupyterHub version), so an
+unchanged image is never rebuilt.  Prints the image reference on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("GPUHUB_CACHE", HERE.parent / ".cache"))
+HASH_LABEL = "org.jupyter.gpuhub.inputs-hash"
+
+# What each variant adds on top of JupyterLab + jupyterhub-singleuser, and the
+# build args recorded as labels.  cuda_version is what the image's CUDA
+# libraries need from the host driver (the spawner checks it before starting).
+VARIANTS: dict[str, dict] = {
+    "minimal": {"requirements": ["minimal.txt"], "build_args": {}},
+}
+
+
+def log(msg: str) -> None:
+    print(f"build: {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def requirements_text(variant: str) -> str:
+    """The variant's requirements, with JupyterHub pinned to the hub's version
+    so the single-user server always speaks the hub's protocol."""
+    lines = [f"jupyterhub=={metadata.version('jupyterhub')}"]
+    for name in VARIANTS[variant]["requirements"]:
+        lines.append((HERE / "requirements" / name).read_text())
+    return "\n".join(lines) + "\n"
+
+
+def image_id(ref: str) -> str | None:
+    out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref],
+                         capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def inputs_hash(variant: str, base_image: str, requirements: str) -> str:
+    h = hashlib.sha256()
+    for path in sorted([HERE / "Dockerfile", HERE / "start-notebook.sh", *(HERE / "skel").rglob("*")]):
+        if path.is_file():
+            h.update(str(path.relative_to(HERE)).encode())
+            h.update(path.read_bytes())
+    h.update(json.dumps({
+        "variant": variant,
+        "base": image_id(base_image) or base_image,
+        "requirements": requirements,
+        "build_args": VARIANTS[variant]["build_args"],
+    }, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def image_python_version(base_image: str) -> str:
+    """The Python version inside the base image (wheels must fit it, not the host)."""
+    out = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", base_image,
+         "-c", "import platform; print(platform.python_version())"],
+        capture_output=True, text=True)
+    if out.returncode != 0:
+        # A stock image without Python installs Debian's at build time.
+        return "3.11.2"
+    return out.stdout.strip()
+
+
+def fill_wheelhouse(requirements: str, python_version: str, wheelhouse: Path) -> None:
+    """Fetch wheels for everything in `requirements` with the host's pip, for
+    the image's Python (which need not be the host's)."""
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    req = wheelhouse / "requirements.txt"
+    req.write_text(requirements)
+    # Binary wheels only: the builder stage then needs no compiler and no network.
+    run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(wheelhouse),
+         "--only-binary=:all:", "--python-version", python_version, "-r", str(req)])
+    req.unlink()
+
+
+def build(variant: str, base_image: str, repo: str) -> str:
+    requirements = requirements_text(variant)
+    digest = inputs_hash(variant, base_image, requirements)
+    ref = f"{repo}-{variant}:{digest}"
+    if image_id(ref):
+        log(f"{ref} is up to date")
+        return ref
+
+    context = CACHE / "image-context" / variant
+    if context.exists():
+        shutil.rmtree(context)
+    context.mkdir(parents=True)
+    python_version = image_python_version(base_image)
+    wheel_key = hashlib.sha256(f"{python_version}\n{requirements}".encode()).hexdigest()[:16]
+    wheel_cache = CACHE / "wheelhouse" / wheel_key
+    if not (wheel_cache / ".complete").exists():
+        log(f"fetching wheels for {variant} (Python {python_version}) with the host's pip settings")
+        fill_wheelhouse(requirements, python_version, wheel_cache)
+        (wheel_cache / ".complete").touch()
+    shutil.copytree(wheel_cache, context / "wheelhouse", copy_function=os.link,
+                    ignore=shutil.ignore_patterns(".complete"))
+    (context / "requirements.txt").write_text(requirements)
+    for name in ("Dockerfile", "start-notebook.sh"):
+        shutil.copy2(HERE / name, context / name)
+    shutil.copytree(HERE / "skel", context / "skel")
+
+    args = {"BASE_IMAGE": base_image, "VARIANT": variant, **VARIANTS[variant]["build_args"]}
+    cmd = ["docker", "build", "--tag", ref, "--tag", f"{repo}-{variant}:latest",
+           "--label", f"{HASH_LABEL}={digest}"]
+    for key, value in args.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    log(f"docker build {ref}")
+    # Classic builder: DOCKER_BUILDKIT=0 so no BuildKit feature can creep in.
+    run(cmd + [str(context)], env={**os.environ, "DOCKER_BUILDKIT": "0"},
+        stdout=sys.stderr)
+    # Drop the dangling builder stage (it holds the wheelhouse).
+    subprocess.run(["docker", "image", "prune", "--force", "--filter", "label=org.jupyter.gpuhub.stage=builder"],
+                   capture_output=True)
+    shutil.rmtree(context)
+    return ref
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="minimal")
+    parser.add_argument("--base-image", default=os.environ.get("BASE_IMAGE", "gpuhub/debian-base:latest"))
+    parser.add_argument("--repo", default="gpuhub/notebook")
+    args = parser.parse_args(argv)
+    print(build(args.variant, args.base_image, args.repo))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers on this machine.
+#
+# - A daemon that already answers is used as it is; we only report whether it
+#   accepts NVIDIA device requests (`--gpus`).
+# - Otherwise, as root on Debian/Ubuntu, install Debian's docker.io and start
+#   dockerd in the background with a test double of NVIDIA's
+#   nvidia-container-runtime-hook on its PATH.  dockerd registers its "nvidia"
+#   device driver when that program exists at start, so `--gpus device=...`
+#   behaves as on a GPU host: the container gets NVIDIA_VISIBLE_DEVICES.
+#
+# Idempotent: a second call finds the daemon and returns at once.
+set -euo pipefail
+
+STATE_DIR=${GPUHUB_STATE_DIR:-/var/lib/gpuhub-harness}
+HOOK_DIR=$STATE_DIR/nvidia-hook-double
+LOG=$STATE_DIR/dockerd.log
+PIDFILE=$STATE_DIR/dockerd.pid
+
+say() { echo "docker-up: $*" >&2; }
+
+if docker info >/dev/null 2>&1; then
+    say "a Docker engine already answers; using it"
+    exit 0
+fi
+
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    say "no Docker engine answers, and this is not root on Debian/Ubuntu: start one and retry"
+    exit 1
+fi
+
+if ! command -v dockerd >/dev/null; then
+    say "installing Debian's docker.io"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || true
+    # policy-rc.d keeps the package from trying to start a service (no init here)
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    apt-get install -y -qq --no-install-recommends docker.io iptables >/dev/null
+    rm -f /usr/sbin/policy-rc.d
+fi
+
+mkdir -p "$HOOK_DIR"
+# The double stands where NVIDIA's hook would: dockerd only needs it to exist
+# at start; runc calls it as a prestart hook with the container state on stdin.
+cat >"$HOOK_DIR/nvidia-container-runtime-hook" <<'HOOK'
+#!/bin/sh
+# Test double of nvidia-container-runtime-hook: accept "prestart", drain stdin.
+cat >/dev/null
+exit 0
+HOOK
+chmod +x "$HOOK_DIR/nvidia-container-runtime-hook"
+
+if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    say "dockerd (pid $(cat "$PIDFILE")) is starting"
+else
+    say "starting dockerd (log: $LOG)"
+    PATH="$HOOK_DIR:$PATH" nohup dockerd --pidfile "$PIDFILE.dockerd" >"$LOG" 2>&1 &
+    echo $! >"$PIDFILE"
+fi
+
+for _ in $(seq 1 60); do
+    if docker info >/dev/null 2>&1; then
+        say "dockerd is up (pid $(cat "$PIDFILE")); NVIDIA device requests handled by the hook double"
+        exit 0
+    fi
+    sleep 1
+done
+say "dockerd did not answer within 60 s; last log lines:"
+tail -n 20 "$LOG" >&2
+exit 1
