@@ -1,0 +1,48 @@
+# GPU JupyterHub.  Quick start: `make demo` (the hub on http://127.0.0.1:8000)
+# and `make test` (the whole suite).  Everything a fresh Debian machine lacks
+# (Docker engine, configurable-http-proxy, directories, PostgreSQL, Chromium)
+# is installed by these targets or by the test fixtures.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help venv deps docker images demo test test-unit test-integration bench clean
+
+help:
+	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
+	@echo "make test    run the whole test suite (unit + integration, real services)"
+	@echo "make images  build the notebook images (VARIANTS='mkl cuda')"
+	@echo "make bench   run the benchmarks and print their tables"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+# configurable-http-proxy, from the npm registry.
+deps: venv
+	@command -v configurable-http-proxy >/dev/null || npm install -g --silent configurable-http-proxy
+
+docker:
+	bash tests/harness/docker-up.sh
+
+test: deps docker
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-integration: deps docker
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+bench: deps docker
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .cache test-artifacts .pytest_cache

@@ -1,0 +1,146 @@
+"""Spawn profiles: what a user may ask for, and the validation of their ask.
+
+A profile is the only thing a user chooses.  It fixes the image, the number
+of GPUs, CPU and memory limits and which groups may use it; nothing in
+`user_options` can reach past it (no image, environment, mount or GPU of the
+user's own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from tornado import web
+
+# The only key a user may send in user_options (REST or form).
+PROFILE_KEY = "profile"
+
+DEFAULT_PROFILES: list[dict[str, Any]] = [
+    {
+        "slug": "tf-cpu",
+        "display_name": "TensorFlow CPU (MKL/oneDNN)",
+        "description": "CPU TensorFlow with the oneDNN (MKL) optimisations on. No GPU.",
+        "image": "gpuhub/notebook-mkl:latest",
+        "gpus": 0,
+        "cpu_limit": 2.0,
+        "mem_limit": "4G",
+        "groups": [],
+    },
+    {
+        "slug": "tf-gpu-1",
+        "display_name": "TensorFlow + 1 GPU",
+        "description": "TensorFlow with CUDA, one NVIDIA GPU lent to you alone.",
+        "image": "gpuhub/notebook-cuda:latest",
+        "gpus": 1,
+        "cpu_limit": 4.0,
+        "mem_limit": "16G",
+        "groups": [],
+    },
+]
+
+_FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups"}
+
+
+class ProfileConfigError(ValueError):
+    """A profile in the hub's configuration is malformed (an admin's error)."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    slug: str
+    display_name: str
+    image: str
+    gpus: int = 0
+    cpu_limit: float | None = None
+    mem_limit: str | None = None
+    groups: tuple[str, ...] = ()
+    description: str = ""
+
+    def allows(self, user_groups: Iterable[str]) -> bool:
+        """An empty group list means everyone may use the profile."""
+        return not self.groups or bool(set(self.groups) & set(user_groups))
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any]) -> "Profile":
+        if not isinstance(raw, dict):
+            raise ProfileConfigError(f"a profile must be a dict, not {type(raw).__name__}")
+        unknown = set(raw) - _FIELDS
+        if unknown:
+            raise ProfileConfigError(f"profile {raw.get('slug')!r}: unknown keys {sorted(unknown)}")
+        for key in ("slug", "display_name", "image"):
+            if not isinstance(raw.get(key), str) or not raw[key].strip():
+                raise ProfileConfigError(f"profile {raw.get('slug')!r}: {key!r} must be a non-empty string")
+        gpus = raw.get("gpus", 0)
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'gpus' must be an integer >= 0")
+        cpu = raw.get("cpu_limit")
+        if cpu is not None and (not isinstance(cpu, (int, float)) or isinstance(cpu, bool) or cpu <= 0):
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'cpu_limit' must be a positive number")
+        groups = raw.get("groups") or []
+        if not isinstance(groups, (list, tuple)) or not all(isinstance(g, str) for g in groups):
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'groups' must be a list of group names")
+        return cls(
+            slug=raw["slug"],
+            display_name=raw["display_name"],
+            image=raw["image"],
+            gpus=gpus,
+            cpu_limit=float(cpu) if cpu is not None else None,
+            mem_limit=raw.get("mem_limit"),
+            groups=tuple(groups),
+            description=raw.get("description", ""),
+        )
+
+
+def load_profiles(raw_profiles: list[dict[str, Any]]) -> list[Profile]:
+    profiles = [Profile.from_config(p) for p in raw_profiles]
+    if not profiles:
+        raise ProfileConfigError("no profiles are configured")
+    slugs = [p.slug for p in profiles]
+    duplicates = sorted({s for s in slugs if slugs.count(s) > 1})
+    if duplicates:
+        raise ProfileConfigError(f"duplicate profile slugs: {duplicates}")
+    return profiles
+
+
+def choose_profile(user_options: Any, profiles: list[Profile], user_groups: Iterable[str],
+                   default_slug: str = "") -> Profile:
+    """Validate `user_options` and return the profile it selects.
+
+    Raises tornado HTTPError 400 for malformed options and 403 for a profile
+    the user's groups do not allow.  Messages are shown to the user as-is.
+    """
+    if user_options is None:
+        user_options = {}
+    if not isinstance(user_options, dict):
+        raise web.HTTPError(400, "user_options must be a JSON object such as {\"profile\": \"tf-cpu\"}")
+    extra = sorted(str(k) for k in user_options if k != PROFILE_KEY)
+    if extra:
+        raise web.HTTPError(
+            400,
+            f"Unsupported option(s) {', '.join(repr(k) for k in extra)}: only 'profile' may be chosen; "
+            "the image, environment, mounts and GPUs come from the profile.",
+        )
+    groups = set(user_groups)
+    allowed = [p for p in profiles if p.allows(groups)]
+    slug = user_options.get(PROFILE_KEY)
+    if slug is None:
+        if not allowed:
+            raise web.HTTPError(403, "No profile is available to you; ask an administrator for access.")
+        by_slug = {p.slug: p for p in allowed}
+        return by_slug.get(default_slug, allowed[0])
+    if not isinstance(slug, str):
+        raise web.HTTPError(400, f"'profile' must be a string (a profile slug), not {type(slug).__name__}")
+    known = {p.slug: p for p in profiles}
+    if slug not in known:
+        # Never echo more than a short, printable prefix of hostile input.
+        shown = "".join(ch for ch in slug[:40] if ch.isprintable())
+        raise web.HTTPError(
+            400, f"Unknown profile {shown!r}. Choose one of: {', '.join(p.slug for p in allowed) or 'none'}."
+        )
+    profile = known[slug]
+    if not profile.allows(groups):
+        raise web.HTTPError(
+            403, f"Profile {profile.slug!r} is for members of {', '.join(profile.groups)}; you are not one."
+        )
+    return profile

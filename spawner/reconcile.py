@@ -1,0 +1,167 @@
+"""Keep the ledger and Docker in agreement.
+
+Runs inside the hub once it has started (after JupyterHub has loaded and
+polled every server it knew) and then every `interval` seconds:
+
+- a lease held by a server the hub tracks, whose container runs: kept (adopted);
+- an active lease on this host that no tracked server holds: its container,
+  if any, is stopped and removed, and the lease ends with reason `reconciled`
+  (a hub killed mid-spawn, a server lost from the hub's database);
+- a running container that carries GPUs without an active lease: stopped and
+  removed, so no one uses a GPU the ledger thinks is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from traitlets import Bool, Float
+from traitlets.config import LoggingConfigurable
+
+from .dockerspawner import LABEL_GPUS, LABEL_HOST, LABEL_LEASE
+from .pool import EndReason, GPUPool, PoolError
+
+
+@dataclass
+class ReconcileReport:
+    kept: list[int] = field(default_factory=list)
+    ended: list[int] = field(default_factory=list)
+    containers_stopped: list[str] = field(default_factory=list)
+
+
+def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterable[int],
+              log=None) -> ReconcileReport:
+    """One pass over the ledger and Docker on `host` (see the module docstring)."""
+    report = ReconcileReport()
+    tracked = set(tracked_lease_ids)
+    containers = docker_client.containers.list(all=True, filters={"label": LABEL_LEASE})
+    by_lease: dict[int, list] = {}
+    for container in containers:
+        labels = container.labels
+        if labels.get(LABEL_HOST, host) != host:
+            continue
+        try:
+            by_lease.setdefault(int(labels.get(LABEL_LEASE) or -1), []).append(container)
+        except ValueError:
+            by_lease.setdefault(-1, []).append(container)
+
+    active = {lease.id: lease for lease in pool.leases(host=host)}
+    for lease_id, lease in active.items():
+        if lease_id in tracked:
+            report.kept.append(lease_id)
+            continue
+        for container in by_lease.get(lease_id, []):
+            _remove(container, report, log, f"its lease {lease_id} is held by no server the hub tracks")
+        if pool.release(lease_id, EndReason.RECONCILED):
+            report.ended.append(lease_id)
+            if log:
+                log.warning("Ended GPU lease %s of %s: no server holds it", lease_id, lease.user)
+
+    for lease_id, group in by_lease.items():
+        if lease_id in active:
+            continue
+        for container in group:
+            if container.labels.get(LABEL_GPUS) and container.status in ("running", "created", "restarting"):
+                _remove(container, report, log, "it holds GPUs without an active lease")
+    return report
+
+
+def _remove(container, report: ReconcileReport, log, why: str) -> None:
+    try:
+        container.remove(force=True)
+    except Exception as exc:  # already gone, or the daemon refused: reported, retried next pass
+        if log:
+            log.error("Could not remove container %s (%s): %s", container.name, why, exc)
+        return
+    report.containers_stopped.append(container.name)
+    if log:
+        log.warning("Removed container %s: %s", container.name, why)
+
+
+class Reconciler(LoggingConfigurable):
+    """Runs `reconcile` in the hub at start and periodically."""
+
+    enabled = Bool(True, config=True, help="Reconcile the GPU ledger with Docker at hub start and periodically.")
+    interval = Float(
+        300.0,
+        config=True,
+        help="Seconds between reconcile passes after the one at hub start.",
+    )
+
+    def __init__(self, pool_factory: Callable[[], GPUPool], docker_factory: Callable, host: str,
+                 tracked_lease_ids: Callable[[], set[int]], **kwargs):
+        super().__init__(**kwargs)
+        self._pool_factory = pool_factory
+        self._docker_factory = docker_factory
+        self._host = host
+        self._tracked = tracked_lease_ids
+
+    async def run_once(self) -> ReconcileReport | None:
+        try:
+            pool = self._pool_factory()
+            client = self._docker_factory()
+            return await asyncio.to_thread(reconcile, pool, client, self._host, self._tracked(), self.log)
+        except PoolError as exc:
+            self.log.error("GPU ledger reconcile skipped: %s", exc)
+        except Exception:
+            self.log.exception("GPU ledger reconcile failed; will retry")
+        return None
+
+    async def run_forever(self, first_delay: float = 0.0) -> None:
+        await asyncio.sleep(first_delay)
+        while self.enabled:
+            await self.run_once()
+            await asyncio.sleep(self.interval)
+
+
+_hub_task: asyncio.Task | None = None
+
+
+def start_in_hub(config=None) -> None:
+    """Schedule the reconciler in the running hub process (idempotent).
+
+    Called from jupyterhub_config.py (so it runs even when no server exists)
+    and by the first GPUDockerSpawner.  The first pass waits until the hub has
+    started, i.e. after JupyterHub has loaded and polled every known server.
+    """
+    global _hub_task
+    if _hub_task is not None:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return  # not inside the hub (a script, a unit test)
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        return
+    app = JupyterHub.instance()
+    from .dockerspawner import shared_pool
+
+    def tracked() -> set[int]:
+        ids = set()
+        for user in list(app.users.values()):
+            for spawner in list(user.spawners.values()):
+                lease_id = getattr(spawner, "lease_id", None)
+                if lease_id is not None and (spawner.active or spawner.ready):
+                    ids.add(lease_id)
+        return ids
+
+    def docker_client():
+        import docker
+
+        return docker.from_env()
+
+    def pool():
+        return shared_pool(app.config)
+
+    async def run():
+        await app._start_future
+        reconciler = Reconciler(pool, docker_client, pool().inventory.host, tracked,
+                                config=app.config, log=app.log)
+        if reconciler.enabled:
+            await reconciler.run_forever()
+
+    _hub_task = loop.create_task(run())

@@ -1,0 +1,273 @@
+"""Deployment settings for hub_config/jupyterhub_config.py, from GPUHUB_* variables.
+
+One place reads the environment and checks it; a missing or contradictory
+setting raises SettingsError naming the variable, and the hub stops at start
+with that message instead of failing later in a user's spawn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import urlparse
+
+DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
+DEFAULT_GPU_IMAGE = "gpuhub/notebook-cuda:latest"
+
+
+class SettingsError(ValueError):
+    """A deployment setting is missing or wrong; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    bind_url: str = "http://127.0.0.1:8000"
+    hub_port: int = 8081
+    proxy_api_port: int = 8001
+    data_dir: Path = Path(".")
+    docker_network: str = "gpuhub"
+    container_prefix: str = "gpuhub"
+    home_volume: str = "gpuhub-home-{username}"
+    inventory: str = "nvml"
+    simulated_gpus: int = 4
+    simulated_cuda_version: str = "12.4"
+    simulated_utilization_file: str = ""
+    pool_db_url: str = ""
+    cpu_image: str = DEFAULT_CPU_IMAGE
+    gpu_image: str = DEFAULT_GPU_IMAGE
+    profiles: list | None = None
+    authenticator: str = "ldap"
+    dummy_password: str = ""
+    admin_users: tuple[str, ...] = ()
+    lease_wait_timeout: float = 300.0
+    max_gpus_per_user: int = 0
+    cleanup_servers: bool = True
+    cull: bool = True
+    cull_timeout_cpu: int = 3600
+    cull_timeout_gpu: int = 900
+    cull_every: int = 60
+    gpu_idle_percent: float = 0.0
+    gpu_idle_minutes: float = 30.0
+    extra: dict = field(default_factory=dict)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int | None = None) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} must be true or false")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name, "").strip().lower() or default
+    if raw not in choices:
+        raise SettingsError(f"{name}={raw!r} must be one of: {', '.join(choices)}")
+    return raw
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    data_dir = Path(env.get("GPUHUB_DATA_DIR", "").strip() or ".").resolve()
+
+    bind_url = env.get("GPUHUB_BIND_URL", "").strip() or Settings.bind_url
+    host = urlparse(bind_url).hostname
+    if not host or urlparse(bind_url).scheme not in ("http", "https"):
+        raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} must be a URL like http://127.0.0.1:8000")
+
+    inventory = _choice(env, "GPUHUB_INVENTORY", "nvml", ("nvml", "simulated", "static"))
+    authenticator = _choice(env, "GPUHUB_AUTHENTICATOR", "ldap", ("ldap", "dummy"))
+    dummy_password = env.get("GPUHUB_DUMMY_PASSWORD", "")
+    if authenticator == "dummy" and not dummy_password:
+        raise SettingsError(
+            "GPUHUB_AUTHENTICATOR=dummy needs GPUHUB_DUMMY_PASSWORD (a shared password; for tests only)")
+
+    profiles = None
+    profiles_file = env.get("GPUHUB_PROFILES_FILE", "").strip()
+    if profiles_file:
+        try:
+            profiles = json.loads(Path(profiles_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"GPUHUB_PROFILES_FILE={profiles_file!r} cannot be read as JSON: {exc}") from None
+        if not isinstance(profiles, list):
+            raise SettingsError("GPUHUB_PROFILES_FILE must hold a JSON list of profiles")
+
+    cull_cpu = _int(env, "GPUHUB_CULL_TIMEOUT_CPU", Settings.cull_timeout_cpu, minimum=1)
+    cull_gpu = _int(env, "GPUHUB_CULL_TIMEOUT_GPU", Settings.cull_timeout_gpu, minimum=1)
+    gpu_idle_percent = _float(env, "GPUHUB_GPU_IDLE_PERCENT", 0.0)
+    if gpu_idle_percent > 100:
+        raise SettingsError(f"GPUHUB_GPU_IDLE_PERCENT={gpu_idle_percent} must be between 0 and 100")
+
+    hub_port = _int(env, "GPUHUB_HUB_PORT", Settings.hub_port, minimum=1)
+    proxy_api_port = _int(env, "GPUHUB_PROXY_API_PORT", Settings.proxy_api_port, minimum=1)
+    public_port = urlparse(bind_url).port or (443 if bind_url.startswith("https") else 80)
+    if len({hub_port, proxy_api_port, public_port}) < 3:
+        raise SettingsError(
+            f"GPUHUB_HUB_PORT ({hub_port}), GPUHUB_PROXY_API_PORT ({proxy_api_port}) and the port of "
+            f"GPUHUB_BIND_URL ({public_port}) must all differ")
+
+    return Settings(
+        bind_url=bind_url,
+        hub_port=hub_port,
+        proxy_api_port=proxy_api_port,
+        data_dir=data_dir,
+        docker_network=env.get("GPUHUB_DOCKER_NETWORK", "").strip() or Settings.docker_network,
+        container_prefix=env.get("GPUHUB_CONTAINER_PREFIX", "").strip() or Settings.container_prefix,
+        home_volume=env.get("GPUHUB_HOME_VOLUME", "").strip() or Settings.home_volume,
+        inventory=inventory,
+        simulated_gpus=_int(env, "GPUHUB_SIMULATED_GPUS", Settings.simulated_gpus, minimum=0),
+        simulated_cuda_version=env.get("GPUHUB_SIMULATED_CUDA_VERSION", "").strip() or Settings.simulated_cuda_version,
+        simulated_utilization_file=env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "").strip(),
+        pool_db_url=env.get("GPUHUB_POOL_DB_URL", "").strip() or f"sqlite:///{data_dir / 'gpu-pool.sqlite'}",
+        cpu_image=env.get("GPUHUB_CPU_IMAGE", "").strip() or DEFAULT_CPU_IMAGE,
+        gpu_image=env.get("GPUHUB_GPU_IMAGE", "").strip() or DEFAULT_GPU_IMAGE,
+        profiles=profiles,
+        authenticator=authenticator,
+        dummy_password=dummy_password,
+        admin_users=tuple(u.strip() for u in env.get("GPUHUB_ADMIN_USERS", "").split(",") if u.strip()),
+        lease_wait_timeout=_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", Settings.lease_wait_timeout),
+        max_gpus_per_user=_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0),
+        cleanup_servers=_bool(env, "GPUHUB_CLEANUP_SERVERS", True),
+        cull=_bool(env, "GPUHUB_CULL", True),
+        cull_timeout_cpu=cull_cpu,
+        cull_timeout_gpu=cull_gpu,
+        cull_every=_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
+        gpu_idle_percent=gpu_idle_percent,
+        gpu_idle_minutes=_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),
+    )
+
+
+def default_profiles(settings: Settings) -> list[dict]:
+    return [
+        {
+            "slug": "tf-cpu",
+            "display_name": "TensorFlow CPU (MKL/oneDNN)",
+            "description": "CPU TensorFlow with the oneDNN (MKL) optimisations on. No GPU.",
+            "image": settings.cpu_image,
+            "gpus": 0,
+            "cpu_limit": 2.0,
+            "mem_limit": "4G",
+        },
+        {
+            "slug": "tf-gpu-1",
+            "display_name": "TensorFlow + 1 GPU",
+            "description": "TensorFlow with CUDA on one NVIDIA GPU lent to you alone.",
+            "image": settings.gpu_image,
+            "gpus": 1,
+            "cpu_limit": 2.0,
+            "mem_limit": "8G",
+        },
+        {
+            "slug": "tf-gpu-2",
+            "display_name": "TensorFlow + 2 GPUs",
+            "description": "TensorFlow with CUDA on two NVIDIA GPUs, close together on the host.",
+            "image": settings.gpu_image,
+            "gpus": 2,
+            "cpu_limit": 2.0,
+            "mem_limit": "16G",
+        },
+    ]
+
+
+def docker_network_gateway(name: str) -> str:
+    """The gateway address of the Docker bridge `name`, made here if missing.
+
+    The hub listens on that address only: containers on the bridge reach it,
+    nothing outside this machine can.
+    """
+    import docker
+
+    try:
+        client = docker.from_env()
+        try:
+            network = client.networks.get(name)
+        except docker.errors.NotFound:
+            network = client.networks.create(name, driver="bridge")
+        network.reload()
+        return network.attrs["IPAM"]["Config"][0]["Gateway"]
+    except Exception as exc:
+        raise SettingsError(
+            f"GPUHUB_DOCKER_NETWORK={name!r}: cannot reach Docker to find or create the bridge ({exc})"
+        ) from None
+
+
+def apply_settings(c, settings: Settings) -> None:
+    """Fill a traitlets config object from `settings`."""
+    data = settings.data_dir
+    data.mkdir(parents=True, exist_ok=True)
+
+    c.JupyterHub.bind_url = settings.bind_url
+    c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+    c.JupyterHub.cleanup_servers = settings.cleanup_servers
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
+    c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
+
+    gateway = docker_network_gateway(settings.docker_network)
+    c.JupyterHub.hub_ip = gateway
+    c.JupyterHub.hub_port = settings.hub_port
+    c.JupyterHub.hub_connect_ip = gateway
+
+    c.JupyterHub.spawner_class = "gpu-docker"
+    c.GPUDockerSpawner.network_name = settings.docker_network
+    c.GPUDockerSpawner.prefix = settings.container_prefix
+    c.GPUDockerSpawner.home_volume_name = settings.home_volume
+    c.GPUDockerSpawner.pull_policy = "never"  # images are built here, never pulled
+    c.GPUDockerSpawner.inventory_kind = settings.inventory
+    c.GPUDockerSpawner.profiles = settings.profiles or default_profiles(settings)
+    c.GPUDockerSpawner.lease_wait_timeout = settings.lease_wait_timeout
+    c.GPUDockerSpawner.http_timeout = 120
+    c.SimulatedInventory.count = settings.simulated_gpus
+    c.SimulatedInventory.cuda_version = settings.simulated_cuda_version
+    if settings.simulated_utilization_file:
+        c.SimulatedInventory.utilization_file = settings.simulated_utilization_file
+    c.GPUPool.db_url = settings.pool_db_url
+    c.GPUPool.max_gpus_per_user = settings.max_gpus_per_user
+
+    if settings.authenticator == "dummy":
+        print("WARNING: GPUHUB_AUTHENTICATOR=dummy: every user name logs in with one shared "
+              "password. For tests only.", file=sys.stderr)
+        c.JupyterHub.authenticator_class = "dummy"
+        c.DummyAuthenticator.password = settings.dummy_password
+        c.Authenticator.allow_all = True
+    else:
+        c.JupyterHub.authenticator_class = "gpu-directory"
+    if settings.admin_users:
+        c.Authenticator.admin_users = set(settings.admin_users)
+
+    from .reconcile import start_in_hub
+
+    start_in_hub()
