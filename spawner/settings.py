@@ -268,6 +268,11 @@ def apply_settings(c, settings: Settings) -> None:
     if settings.admin_users:
         c.Authenticator.admin_users = set(settings.admin_users)
 
+    if settings.cull:
+        from .culling import configure_culler
+
+        configure_culler(c, settings)
+
     from .reconcile import start_in_hub
 
     start_in_hub()
