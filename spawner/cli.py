@@ -1,0 +1,286 @@
+"""`gpu-pool`: look at and administer the GPU lease ledger.
+
+    gpu-pool [--db-url URL | --config jupyterhub_config.py] [--json] COMMAND
+
+Commands: status, leases, history, queue, drain UUID, undrain UUID,
+release LEASE_ID.  The ledger is found, first match wins, from --db-url, the
+GPU_POOL_DB_URL environment variable, c.GPUPool.db_url in --config, or the
+default SQLite file in the current directory.  With --config, a relative
+SQLite path is read relative to the config file's directory (where the hub
+normally runs).
+
+Exit status: 0 done, 1 the ledger is unavailable, 2 bad input (unknown GPU or
+lease, bad date, bad config).  Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from sqlalchemy.engine import make_url
+from traitlets import TraitError
+from traitlets.config import Config, PyFileConfigLoader
+
+from .pool import EndReason, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
+
+ENV_DB_URL = "GPU_POOL_DB_URL"
+
+
+class CLIError(Exception):
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block.
+        raise CLIError(f"{message} (see gpu-pool --help)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db-url", default=argparse.SUPPRESS, help=f"ledger database URL (or set {ENV_DB_URL})")
+    common.add_argument("--config", default=argparse.SUPPRESS, metavar="PATH",
+                        help="a jupyterhub_config.py to read c.GPUPool from")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print JSON for scripts instead of tables")
+
+    parser = _Parser(prog="gpu-pool", description="Look at and administer the GPU lease ledger.",
+                     parents=[common])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.add_parser("status", parents=[common], help="each GPU: state, holder, since")
+    p = sub.add_parser("leases", parents=[common], help="active leases")
+    p.add_argument("--user")
+    p.add_argument("--host")
+    p = sub.add_parser("history", parents=[common], help="all leases in a period, with GPU-hours per user and group")
+    p.add_argument("--user")
+    p.add_argument("--since", help="start of the period (ISO date or datetime, UTC unless it has a zone)")
+    p.add_argument("--until", help="end of the period (default: now)")
+    sub.add_parser("queue", parents=[common], help="requests waiting for GPUs")
+    for name, what in (("drain", "stop lending a GPU (its current lease runs on)"), ("undrain", "lend a GPU again")):
+        p = sub.add_parser(name, parents=[common], help=what)
+        p.add_argument("uuid")
+        p.add_argument("--host", help="the GPU's host, when its uuid is listed on several")
+    p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
+    p.add_argument("lease_id", type=int)
+    p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])
+    return parser
+
+
+# --- building the pool ------------------------------------------------------
+
+
+def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPUPool:
+    """The GPUPool the options point at (see the module docstring for the order)."""
+    config = Config()
+    base_dir = None
+    if config_path:
+        path = os.path.abspath(config_path)
+        if not os.path.isfile(path):
+            raise CLIError(f"No config file at {path}")
+        try:
+            loader = PyFileConfigLoader(os.path.basename(path), path=os.path.dirname(path))
+            config = loader.load_config()
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CLIError(f"Cannot load {path}: {type(e).__name__}: {first}") from None
+        base_dir = os.path.dirname(path)
+    url = db_url or os.environ.get(ENV_DB_URL)
+    if url:
+        config.GPUPool.db_url = url
+        base_dir = None  # a URL given here is relative to the current directory
+    try:
+        pool = GPUPool(config=config)
+    except TraitError as e:
+        raise CLIError(str(e)) from None
+    parsed = make_url(pool.db_url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = parsed.database
+        if not os.path.isabs(path):
+            path = os.path.join(base_dir or os.getcwd(), path)
+            pool.db_url = parsed.set(database=path).render_as_string(hide_password=False)
+        if not os.path.exists(path):
+            # Never create an empty ledger by accident: `status` would show no GPUs.
+            raise CLIError(
+                f"No GPU ledger at {path}; run gpu-pool where the hub runs, or pass --db-url/--config", code=1
+            )
+    return pool
+
+
+# --- formatting -------------------------------------------------------------
+
+
+def _time(value: datetime | None) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
+
+
+def _server(name: str) -> str:
+    return name or "(default)"
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def _status_text(statuses: list[GPUStatus], counts: dict, waiting: int) -> str:
+    rows = []
+    for s in statuses:
+        state = s.state
+        if s.lease and s.drained:
+            state = "lent (draining)"
+        elif state == "lent" and not s.present:
+            state = "lent (missing)"
+        rows.append([
+            s.gpu.host, s.gpu.index, s.gpu.uuid, state,
+            s.lease.user if s.lease else "-",
+            _server(s.lease.server_name) if s.lease else "-",
+            s.lease.id if s.lease else "-",
+            _time(s.lease.started_at if s.lease else s.drained_at if s.drained else None),
+        ])
+    if not rows:
+        return "No GPUs in the ledger yet (the hub records them when it starts)."
+    summary = (
+        f"{len(statuses)} GPUs: {counts['free']} free, {counts['lent']} lent, {counts['drained']} drained; "
+        f"{waiting} request(s) waiting"
+    )
+    return _table(["HOST", "INDEX", "UUID", "STATE", "USER", "SERVER", "LEASE", "SINCE"], rows) + "\n" + summary
+
+
+def _leases_text(leases: list[Lease], with_end: bool = False) -> str:
+    headers = ["ID", "USER", "SERVER", "HOST", "GPUS", "GROUPS", "STARTED"]
+    if with_end:
+        headers += ["ENDED", "REASON", "GPU-HOURS"]
+    rows = []
+    for l in leases:
+        row = [l.id, l.user, _server(l.server_name), l.host, ",".join(l.gpu_uuids), ",".join(l.groups) or "-",
+               _time(l.started_at)]
+        if with_end:
+            row += [_time(l.ended_at) if l.ended_at else "(active)", l.end_reason or "-", f"{l.gpu_hours():.2f}"]
+        rows.append(row)
+    return _table(headers, rows)
+
+
+def _parse_time(value: str | None, what: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise CLIError(f"--{what} {value!r} is not an ISO date or datetime (like 2024-05-01 or 2024-05-01T08:00)")
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+
+
+# --- commands -----------------------------------------------------------------
+
+
+def _run(args, pool: GPUPool, out) -> int:
+    as_json = getattr(args, "json", False)
+
+    def emit(text: str, data: Any) -> None:
+        print(json.dumps(data, indent=2) if as_json else text, file=out)
+
+    if args.command == "status":
+        statuses, counts, queue = pool.gpus(), pool.counts(), pool.queue()
+        emit(
+            _status_text(statuses, counts, len(queue)),
+            {"gpus": [s.to_dict() for s in statuses], "counts": counts, "queue": [w.to_dict() for w in queue]},
+        )
+    elif args.command == "leases":
+        leases = pool.leases(user=args.user, host=args.host)
+        emit(_leases_text(leases) if leases else "No active leases.", [l.to_dict() for l in leases])
+    elif args.command == "history":
+        since, until = _parse_time(args.since, "since"), _parse_time(args.until, "until")
+        if since and until and since >= until:
+            raise CLIError("--since must be before --until")
+        leases = pool.history(user=args.user, since=since, until=until)
+        usage = pool.usage(since=since, until=until)
+        if args.user:
+            usage["users"] = {u: h for u, h in usage["users"].items() if u == args.user}
+            groups = {g for l in leases for g in l.groups}
+            usage["groups"] = {g: h for g, h in usage["groups"].items() if g in groups}
+        parts = [_leases_text(leases, with_end=True) if leases else "No leases in this period."]
+        if usage["users"]:
+            parts.append("\nGPU-hours per user:\n" + _table(
+                ["USER", "GPU-HOURS"], [[u, f"{h:.2f}"] for u, h in sorted(usage["users"].items())]))
+        if usage["groups"]:
+            parts.append("\nGPU-hours per group:\n" + _table(
+                ["GROUP", "GPU-HOURS"], [[g, f"{h:.2f}"] for g, h in sorted(usage["groups"].items())]))
+        emit("\n".join(parts), {
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "leases": [dict(l.to_dict(), gpu_hours=l.gpu_hours(since, until)) for l in leases],
+            "usage": usage,
+        })
+    elif args.command == "queue":
+        queue = pool.queue()
+        rows = [[w.position, w.user, _server(w.server_name), w.count, _time(w.since)] for w in queue]
+        emit(_table(["POS", "USER", "SERVER", "GPUS", "SINCE"], rows) if rows else "No requests waiting.",
+             [w.to_dict() for w in queue])
+    elif args.command in ("drain", "undrain"):
+        status = getattr(pool, args.command)(args.uuid, host=args.host)
+        if args.command == "drain":
+            text = f"Drained GPU {status.gpu.uuid} on {status.gpu.host}: it will not be lent again until undrained."
+            if status.lease:
+                text += (f" Lease {status.lease.id} of {status.lease.user}/{_server(status.lease.server_name)}"
+                         " keeps it until that server stops.")
+        else:
+            text = f"GPU {status.gpu.uuid} on {status.gpu.host} is lendable again."
+        emit(text, status.to_dict())
+    elif args.command == "release":
+        lease = pool.lease(args.lease_id)
+        if lease is None:
+            raise CLIError(f"No lease {args.lease_id} in the ledger")
+        ended = pool.release(args.lease_id, args.reason)
+        lease = pool.lease(args.lease_id)
+        if ended:
+            text = (f"Released lease {lease.id} of {lease.user}/{_server(lease.server_name)} "
+                    f"({len(lease.gpu_uuids)} GPU(s)) as {args.reason}.")
+        else:
+            text = f"Lease {lease.id} had already ended ({lease.end_reason} at {_time(lease.ended_at)})."
+        emit(text, dict(lease.to_dict(), released=ended))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    out, err = sys.stdout, sys.stderr
+    try:
+        parser = _parser()
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help(out)
+            return 2
+        pool = build_pool(getattr(args, "db_url", None), getattr(args, "config", None))
+        try:
+            return _run(args, pool, out)
+        finally:
+            pool.close()
+    except CLIError as e:
+        print(f"gpu-pool: {e}", file=err)
+        return e.code
+    except PoolUnavailable as e:
+        print(f"gpu-pool: {e}", file=err)
+        return 1
+    except PoolError as e:
+        print(f"gpu-pool: {e}", file=err)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else 0
+    except Exception as e:  # a bug: still one line, never a traceback with secrets in it
+        print(f"gpu-pool: unexpected error: {type(e).__name__}: {e}", file=err)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
