@@ -1148,10 +1148,13 @@ class GPUPool(LoggingConfigurable):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise WaitTimeout(self._timeout_message(req, outcome, timeout), position=outcome.position)
+                # Not asyncio.wait_for: on Python 3.11 it swallows a
+                # cancellation that lands as the event fires.
+                woken = asyncio.ensure_future(wake.wait())
                 try:
-                    await asyncio.wait_for(wake.wait(), min(self.poll_interval, remaining))
-                except TimeoutError:
-                    pass
+                    await asyncio.wait({woken}, timeout=min(self.poll_interval, remaining))
+                finally:
+                    woken.cancel()
         except BaseException:
             if waiter_id is not None:
                 await self._uncancellable_quiet(self._remove_waiter, waiter_id)

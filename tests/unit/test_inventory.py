@@ -1,0 +1,273 @@
+"""Inventories: simulated, static, and NVML (through a stand-in for the NVML library)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+from traitlets import TraitError
+from traitlets.config import Config
+
+from spawner.inventory import (
+    GPU,
+    InventoryError,
+    NVMLInventory,
+    SimulatedInventory,
+    StaticInventory,
+    TOPOLOGY_INTERNAL,
+    TOPOLOGY_SINGLE,
+    TOPOLOGY_SYSTEM,
+    inventory_from_config,
+)
+
+
+def test_simulated_gpus_are_deterministic_per_host_and_index():
+    a = SimulatedInventory(count=3, host="node-a").gpus()
+    again = SimulatedInventory(count=3, host="node-a").gpus()
+    b = SimulatedInventory(count=3, host="node-b").gpus()
+    assert a == again
+    assert [g.index for g in a] == [0, 1, 2]
+    assert all(g.uuid.startswith("GPU-") and g.host == "node-a" and g.name == "Simulated GPU" for g in a)
+    assert len({g.uuid for g in a + b}) == 6  # no uuid shared between hosts
+
+
+def test_simulated_cuda_version_and_topology():
+    inv = SimulatedInventory(count=4, host="h", cuda_version="12.2")
+    assert inv.cuda_driver_version() == (12, 2)
+    g = [x.uuid for x in inv.gpus()]
+    assert inv.distance(g[0], g[0]) == TOPOLOGY_INTERNAL
+    assert inv.distance(g[0], g[1]) == TOPOLOGY_SINGLE
+    assert inv.distance(g[0], g[2]) > inv.distance(g[2], g[3])
+
+
+def test_simulated_utilization_reads_the_file_tests_control(tmp_path):
+    path = tmp_path / "util.json"
+    inv = SimulatedInventory(count=2, host="h", utilization_file=str(path))
+    uuid0, uuid1 = (g.uuid for g in inv.gpus())
+    assert inv.utilization(uuid0) == 0.0  # missing file: idle
+    path.write_text(json.dumps({uuid0: 87.5}))
+    assert inv.utilization(uuid0) == 87.5
+    assert inv.utilization(uuid1) == 0.0
+    assert inv.utilization("GPU-not-here") is None
+
+
+def test_simulated_rejects_bad_values():
+    with pytest.raises(TraitError, match="count"):
+        SimulatedInventory(count=-1)
+    with pytest.raises(TraitError, match="CUDA version"):
+        SimulatedInventory(cuda_version="twelve")
+
+
+def test_static_inventory_from_config():
+    c = Config()
+    c.StaticInventory.host = "gpu-box"
+    c.StaticInventory.cuda_version = "12.4"
+    c.StaticInventory.gpus_list = [
+        {"uuid": "GPU-bbb", "index": 1, "name": "A100", "memory_mib": 40960},
+        {"uuid": "GPU-aaa", "index": 0, "name": "A100", "memory_mib": 40960},
+    ]
+    inv = inventory_from_config("static", config=c)
+    assert isinstance(inv, StaticInventory)
+    assert inv.gpus() == [
+        GPU("gpu-box", "GPU-aaa", 0, "A100", 40960),
+        GPU("gpu-box", "GPU-bbb", 1, "A100", 40960),
+    ]
+    assert inv.cuda_driver_version() == (12, 4)
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"index": 0}, "uuid"),
+        ({"uuid": "GPU-x"}, "index"),
+        ({"uuid": "GPU-x", "index": -1}, "index"),
+    ],
+)
+def test_static_inventory_rejects_bad_entries(entry, message):
+    with pytest.raises(TraitError, match=message):
+        StaticInventory(gpus_list=[entry])
+
+
+def test_static_inventory_rejects_duplicates():
+    with pytest.raises(TraitError, match="twice"):
+        StaticInventory(gpus_list=[{"uuid": "GPU-x", "index": 0}, {"uuid": "GPU-x", "index": 1}])
+
+
+def test_static_mig_instances_of_one_gpu_are_closest():
+    inv = StaticInventory(
+        host="h",
+        gpus_list=[
+            {"uuid": "MIG-1", "index": 0, "parent_uuid": "GPU-p"},
+            {"uuid": "MIG-2", "index": 0, "parent_uuid": "GPU-p"},
+            {"uuid": "GPU-q", "index": 1},
+        ],
+    )
+    assert inv.distance("MIG-1", "MIG-2") == TOPOLOGY_INTERNAL
+    assert inv.distance("MIG-1", "GPU-q") == TOPOLOGY_SYSTEM
+    assert inv.cuda_driver_version() is None
+
+
+def test_unknown_inventory_kind_names_the_choices():
+    with pytest.raises(ValueError, match="nvml, simulated, static"):
+        inventory_from_config("magic")
+
+
+def test_inventory_reads_its_options_from_config():
+    c = Config()
+    c.SimulatedInventory.count = 7
+    c.Inventory.host = "from-config"
+    inv = inventory_from_config("simulated", config=c)
+    assert len(inv.gpus()) == 7
+    assert inv.host == "from-config"
+
+
+# --- NVML, through a stand-in for the library (no GPU exists here) -------------
+
+
+class FakeNVML(types.SimpleNamespace):
+    """The parts of pynvml NVMLInventory uses, over a described set of devices."""
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    class NVMLError_NotFound(NVMLError):
+        pass
+
+    class NVMLError_GpuIsLost(NVMLError):
+        pass
+
+    class NVMLError_LibraryNotFound(NVMLError):
+        pass
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def __init__(self, devices, cuda=12040, library=True):
+        super().__init__()
+        self.devices = devices  # index -> dict
+        self.cuda = cuda
+        self.library = library
+
+    def nvmlInit(self):
+        if not self.library:
+            raise self.NVMLError_LibraryNotFound("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetCount(self):
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        d = self.devices[i]
+        if d.get("lost"):
+            raise self.NVMLError_GpuIsLost("GPU is lost")
+        return d
+
+    def nvmlDeviceGetUUID(self, h):
+        return h["uuid"]
+
+    def nvmlDeviceGetName(self, h):
+        return h["name"].encode()  # older nvidia-ml-py returns bytes
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(total=h["mib"] * 1024 * 1024)
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return types.SimpleNamespace(busId=h.get("bus", "00000000:01:00.0"))
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        return (0, 0, h.get("pending_reset", False), False)
+
+    def nvmlDeviceGetMigMode(self, h):
+        if "migs" not in h:
+            raise self.NVMLError_NotSupported("no MIG")
+        return (1 if h["migs"] is not None else 0, 0)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, slot):
+        migs = h["migs"] or []
+        if slot >= len(migs):
+            raise self.NVMLError_NotFound("empty slot")
+        return dict(migs[slot], parent=h)
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return self.cuda
+
+    def _all(self):
+        for d in self.devices.values():
+            yield d
+            for m in d.get("migs") or []:
+                yield dict(m, parent=d)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for h in self._all():
+            if h["uuid"] == uuid:
+                return h
+        raise self.NVMLError_NotFound(uuid)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h):
+        return h["parent"]
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=h.get("util", 0))
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+        return 10 if a["switch"] == b["switch"] else 50
+
+
+def _device(uuid, switch=0, **kw):
+    return dict(uuid=uuid, name="NVIDIA H100", mib=81559, switch=switch, **kw)
+
+
+def test_nvml_lists_healthy_gpus_and_skips_lost_ones():
+    nv = FakeNVML({
+        0: _device("GPU-0", util=40),
+        1: _device("GPU-1", lost=True),
+        2: _device("GPU-2", pending_reset=True),
+        3: _device("GPU-3", switch=0),
+    })
+    inv = NVMLInventory(nvml=nv, host="h")
+    gpus = inv.gpus()
+    assert [(g.uuid, g.index, g.name, g.memory_mib) for g in gpus] == [
+        ("GPU-0", 0, "NVIDIA H100", 81559),
+        ("GPU-3", 3, "NVIDIA H100", 81559),
+    ]
+    assert inv.cuda_driver_version() == (12, 4)
+    assert inv.utilization("GPU-0") == 40.0
+    assert inv.distance("GPU-0", "GPU-3") == 10
+
+
+def test_nvml_lends_mig_instances_when_mig_is_on():
+    nv = FakeNVML({
+        0: _device("GPU-p", migs=[{"uuid": "MIG-a", "name": "1g.10gb", "mib": 9856},
+                                  {"uuid": "MIG-b", "name": "1g.10gb", "mib": 9856}]),
+        1: _device("GPU-q", migs=None, switch=1),  # MIG capable but off: the whole GPU
+    })
+    inv = NVMLInventory(nvml=nv, host="h")
+    units = inv.gpus()
+    assert [(g.uuid, g.index, g.parent_uuid) for g in units] == [
+        ("MIG-a", 0, "GPU-p"), ("MIG-b", 0, "GPU-p"), ("GPU-q", 1, None)]
+    assert inv.distance("MIG-a", "MIG-b") == TOPOLOGY_INTERNAL
+    assert inv.distance("MIG-a", "GPU-q") == 50
+
+
+def test_nvml_without_a_driver_says_what_to_use_instead():
+    inv = NVMLInventory(nvml=FakeNVML({}, library=False), host="h")
+    with pytest.raises(InventoryError, match="static' or 'simulated"):
+        inv.gpus()
+
+
+def test_real_nvml_without_a_driver_fails_clearly():
+    # The machines running this suite have no NVIDIA driver; on one that has,
+    # this checks that the real library answers.
+    inv = NVMLInventory(host="h")
+    try:
+        gpus = inv.gpus()
+    except InventoryError as e:
+        assert "NVML is not available" in str(e)
+    else:
+        assert all(g.uuid.startswith(("GPU-", "MIG-")) for g in gpus)
