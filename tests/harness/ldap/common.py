@@ -66,7 +66,7 @@ class Directory:
             "allowed_groups": [self.allowed_group],
             "admin_groups": [self.admin_group],
             "connect_timeout": 5.0,
-            "read_timeout": 10.0,
+            "read_timeout": 10,
         }
         if self.tls_server_name:
             cfg["tls_kwargs"] = {"valid_names": [self.tls_server_name]}
