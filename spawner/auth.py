@@ -152,6 +152,16 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
+def _close(conn) -> None:
+    """Unbind, ignoring a connection that is already broken."""
+    if conn is None:
+        return
+    try:
+        conn.unbind()
+    except (LDAPException, OSError):
+        pass
+
+
 def _norm_dn(dn: str) -> str:
     # Enough for comparing DNs a directory returned with DNs an admin typed.
     return ",".join(part.strip() for part in dn.split(",")).lower()
@@ -477,13 +487,13 @@ class DirectoryAuthenticator(LDAPAuthenticator):
                 raise DirectoryUnavailable(f"StartTLS refused: {conn.result.get('description')}")
             return conn, conn.bind()
         except LDAPException as e:
-            conn.unbind()
+            _close(conn)
             text = f"{type(e).__name__}: {e}"
             if "certif" in text.lower():
                 text += " (is tls_ca_file the CA that signed the directory's certificate?)"
             raise DirectoryUnavailable(text) from None
         except DirectoryUnavailable:
-            conn.unbind()
+            _close(conn)
             raise
 
     def get_connection(self, userdn, password):
@@ -494,7 +504,7 @@ class DirectoryAuthenticator(LDAPAuthenticator):
         conn, bound = self._bind(userdn, password)
         if bound:
             return conn
-        conn.unbind()
+        _close(conn)
         return None
 
     def _search(self, conn, base: str, flt: str, attributes: list[str], scope=ldap3.SUBTREE,
@@ -593,7 +603,7 @@ class DirectoryAuthenticator(LDAPAuthenticator):
         if bound:
             return conn
         result = conn.result or {}
-        conn.unbind()
+        _close(conn)
         match = re.search(r"data ([0-9a-f]{3})", result.get("message") or "")
         problem = AD_BIND_CODES.get(match.group(1)) if match else None
         if problem:
@@ -656,7 +666,7 @@ class DirectoryAuthenticator(LDAPAuthenticator):
                     if bound:
                         user_conn = conn
                         break
-                    conn.unbind()
+                    _close(conn)
                 if user_conn is None:
                     raise LoginRefused("no bind_dn_template bound with this password")
                 attrs = self._entry_attributes(user_conn, dn)
@@ -673,9 +683,8 @@ class DirectoryAuthenticator(LDAPAuthenticator):
                     raise LoginRefused("search_filter does not match exactly this user")
             groups = self._groups(reader, dn, name)
         finally:
-            for conn in (service, user_conn):
-                if conn is not None:
-                    conn.unbind()
+            _close(service)
+            _close(user_conn)
 
         names = sorted(set(groups.values()))
         auth_state = {
@@ -729,6 +738,12 @@ class DirectoryAuthenticator(LDAPAuthenticator):
                 f"directory {self.server_address}:{self.server_port} unavailable: {e}",
                 MSG_UNAVAILABLE, 503,
             ))
+        except Exception:
+            # A bug or an ldap3 surprise: the traceback goes to the log (it holds
+            # no password: ldap3's messages do not carry credentials), the user
+            # gets a message, not a stack trace.
+            self.log.exception("Login of %s failed unexpectedly", _loggable(login))
+            self._refuse(login, LoginRefused("unexpected error", MSG_UNAVAILABLE, 503))
         return None
 
     async def check_allowed(self, username, auth_model):
