@@ -82,9 +82,10 @@ class Directory:
         cfg.update(overrides)
         return cfg
 
-    def config_py(self, tls: str = "starttls", **overrides) -> str:
+    def config_py(self, tls: str = "starttls", authenticator_class: str = "gpu-directory",
+                  **overrides) -> str:
         """The same settings as jupyterhub_config.py lines (c.DirectoryAuthenticator...)."""
-        lines = ['c.JupyterHub.authenticator_class = "gpu-directory"']
+        lines = [f"c.JupyterHub.authenticator_class = {authenticator_class!r}"]
         for key, value in self.authenticator_config(tls, **overrides).items():
             lines.append(f"c.DirectoryAuthenticator.{key} = {value!r}")
         return "\n".join(lines) + "\n"
