@@ -1,5 +1,401 @@
-"""GPU-aware culling (issue #6): placeholder until the culler lands."""
+"""GPU-aware idle culling: jupyterhub-idle-culler with a cull arbiter that knows leases.
+
+Three pieces, one job (give idle GPUs back without killing busy work):
+
+- `GPUCullPolicy` decides, for one server model from the hub's REST API,
+  whether to cull it.  GPU servers (their state carries a `gpu_lease_id`)
+  get `gpu_timeout` seconds of inactivity, CPU servers `cpu_timeout`.  An
+  optional rule culls a GPU server whose leased GPUs all stayed under
+  `gpu_idle_percent` for `gpu_idle_seconds`, whatever its activity says.
+- `GPUIdleCuller` is jupyterhub-idle-culler's own application with the policy
+  installed as its `cull_arbiter_hook` (a config-only Callable upstream, so it
+  cannot be given on a command line); `python -m spawner.culling` runs it.
+- `configure_culler(c, settings)` adds it to the hub as the managed service
+  `idle-culler` with a role of only the scopes it uses, and makes the
+  single-user servers report a busy kernel as activity (see below).
+
+Why the single-user side needs help: jupyter-server counts kernel *messages*
+as activity, not a kernel being busy, so a cell that sleeps or computes
+without printing looks idle and the stock culler kills it (upstream
+jupyterhub-idle-culler#55).  `SINGLEUSER_BOOT` wraps jupyterhub-singleuser so
+that each activity report to the hub counts "a kernel is busy right now" as
+activity, through jupyter-server's documented `*_last_activity` settings hook.
+It needs nothing in the image beyond jupyterhub-singleuser itself.
+
+When the culler stops a server, the hub's stop request comes from the service
+named in `GPUDockerSpawner.cull_services`, so the spawner ends the lease with
+reason `culled`; the GPU is free the moment the lease ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+from traitlets import CaselessStrEnum, Float, Int, Unicode, default
+
+SERVICE_NAME = "idle-culler"
+
+# Exactly what the culler reads or does, nothing more:
+#   list:users            GET /users (with ?state=ready)
+#   read:users:activity   last_activity of users and their servers
+#   read:servers          the servers in each user model
+#   delete:servers        DELETE /users/:name/server(s/:server)
+#   admin:server_state    the spawner state in the server model: is it a GPU server?
+CULLER_SCOPES = [
+    "list:users",
+    "read:users:activity",
+    "read:servers",
+    "delete:servers",
+    "admin:server_state",
+]
+
+# The name under which busy kernels show up in jupyter-server's activity
+# (any web_app setting ending in `_last_activity` counts).
+BUSY_ACTIVITY_SETTING = "gpuhub_busy_kernels_last_activity"
+
+# Runs inside the notebook container as `python3 -c SINGLEUSER_BOOT [args]`
+# in place of `jupyterhub-singleuser [args]`.  Kept free of any import from
+# this package: the container has only jupyterhub-singleuser and jupyter-server.
+SINGLEUSER_BOOT = f"""
+import sys
+sys.argv[0] = "jupyterhub-singleuser"
+try:
+    from datetime import datetime, timezone
+    from jupyterhub.singleuser.extension import JupyterHubSingleUser
+
+    _notify_activity = JupyterHubSingleUser.notify_activity
+
+    async def notify_activity(self):
+        # A busy kernel is activity: a long cell must not look idle because
+        # it prints nothing.  Checked at each report to the hub.
+        app = self.serverapp
+        km = app.kernel_manager
+        for kernel_id in list(km.list_kernel_ids()):
+            try:
+                state = getattr(km.get_kernel(kernel_id), "execution_state", None)
+            except KeyError:
+                continue
+            if state == "busy":
+                app.web_app.settings[{BUSY_ACTIVITY_SETTING!r}] = datetime.now(timezone.utc)
+                break
+        return await _notify_activity(self)
+
+    JupyterHubSingleUser.notify_activity = notify_activity
+except ImportError as exc:
+    # Jupyter Server < 2: run unchanged rather than not at all.
+    print("gpuhub: busy kernels will not count as activity:", exc, file=sys.stderr)
+from jupyterhub.singleuser import main
+sys.exit(main())
+"""
+
+
+def singleuser_command(python: str = "python3") -> list[str]:
+    """The container command that starts jupyterhub-singleuser with busy-kernel activity."""
+    return [python, "-c", SINGLEUSER_BOOT]
+
+
+# ----------------------------------------------------------------- the policy
+
+
+@dataclass
+class Verdict:
+    cull: bool
+    reason: str
+
+
+def _user_of(server: dict) -> str:
+    """A readable name for logs: 'alice' or 'alice/name' (from the server's URL)."""
+    parts = [p for p in (server.get("url") or "").split("/") if p]
+    user = parts[parts.index("user") + 1] if "user" in parts[:-1] else "?"
+    return f"{user}/{server['name']}" if server.get("name") else user
+
+
+class GPUCullPolicy:
+    """Decides whether to cull a server, from its REST model.
+
+    `utilization(host, uuid)` returns a GPU's utilization in percent, or None
+    when unknown; the GPU rule never culls on unknown readings.  `clock` is
+    monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        cpu_timeout: float,
+        gpu_timeout: float,
+        gpu_idle_percent: float = 0.0,
+        gpu_idle_seconds: float = 1800.0,
+        utilization: Callable[[str, str], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        log=None,
+    ):
+        self.cpu_timeout = cpu_timeout
+        self.gpu_timeout = gpu_timeout
+        self.gpu_idle_percent = gpu_idle_percent
+        self.gpu_idle_seconds = gpu_idle_seconds
+        self.utilization = utilization
+        self.clock = clock
+        self.log = log
+        # lease id -> (since when all its GPUs read low, when last seen)
+        self._low_since: dict[Any, tuple[float, float]] = {}
+        self._warned_no_state = False
+
+    @property
+    def gpu_rule_enabled(self) -> bool:
+        return self.gpu_idle_percent > 0 and self.utilization is not None
+
+    def _gpu_idle_for(self, lease_id: Any, host: str, uuids: list[str]) -> float | None:
+        """Seconds the lease's GPUs have all read under the threshold (None: not low now)."""
+        now = self.clock()
+        # Forget leases not seen for an hour (their servers are gone).
+        for key, (_, seen) in list(self._low_since.items()):
+            if now - seen > max(3600.0, 2 * self.gpu_idle_seconds):
+                del self._low_since[key]
+        readings = [self.utilization(host, uuid) for uuid in uuids]
+        if not uuids or any(r is None or r >= self.gpu_idle_percent for r in readings):
+            self._low_since.pop(lease_id, None)
+            return None
+        since = self._low_since.get(lease_id, (now, now))[0]
+        self._low_since[lease_id] = (since, now)
+        return now - since
+
+    def decide(self, inactive: timedelta | None, server: dict) -> Verdict:
+        state = server.get("state")
+        if state is None:
+            # Without admin:server_state the model has no state: we cannot tell
+            # a GPU server from a CPU one, so give everyone the longer leash.
+            if not self._warned_no_state and self.log:
+                self.log.warning("Server models carry no state (is the culler's role missing "
+                                 "admin:server_state?); using the CPU timeout for every server")
+                self._warned_no_state = True
+            state = {}
+        uuids = list(state.get("gpu_uuids") or [])
+        is_gpu = bool(uuids) or state.get("gpu_lease_id") is not None
+        idle = inactive.total_seconds() if inactive is not None else None
+
+        if is_gpu and self.gpu_rule_enabled:
+            low_for = self._gpu_idle_for(state.get("gpu_lease_id"), state.get("gpu_host", ""), uuids)
+            if low_for is not None and low_for >= self.gpu_idle_seconds:
+                return Verdict(True, f"its GPUs stayed under {self.gpu_idle_percent:g}% for "
+                                     f"{low_for:.1f} s (limit {self.gpu_idle_seconds:g} s)")
+
+        limit = self.gpu_timeout if is_gpu else self.cpu_timeout
+        kind = "GPU" if is_gpu else "CPU"
+        if idle is None:
+            return Verdict(False, "no activity recorded yet")
+        if idle >= limit:
+            return Verdict(True, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
+        return Verdict(False, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
+
+    def __call__(self, *, inactive: timedelta | None, inactive_limit: int, server: dict, **kwargs) -> bool:
+        """The jupyterhub-idle-culler `cull_arbiter_hook` signature."""
+        verdict = self.decide(inactive, server)
+        if self.log:
+            if verdict.cull:
+                self.log.info("Culling %s: %s", _user_of(server), verdict.reason)
+            else:
+                self.log.debug("Keeping %s: %s", _user_of(server), verdict.reason)
+        return verdict.cull
+
+
+# ------------------------------------------------------------ the culler app
+
+
+def _load_idle_culler():
+    from jupyterhub_idle_culler import IdleCuller
+
+    return IdleCuller
+
+
+class _Utilization:
+    """GPU utilization read in the culler process, from the hub's inventory kind."""
+
+    def __init__(self, kind: str, simulated_gpus: int, utilization_file: str, log):
+        self.kind = kind
+        self.simulated_gpus = simulated_gpus
+        self.utilization_file = utilization_file
+        self.log = log
+        self._inventories: dict[str, Any] = {}
+
+    def _inventory(self, host: str):
+        from .inventory import NVMLInventory, SimulatedInventory
+
+        inventory = self._inventories.get(host)
+        if inventory is None:
+            if self.kind == "simulated":
+                inventory = SimulatedInventory(count=self.simulated_gpus,
+                                               utilization_file=self.utilization_file, log=self.log)
+                if host:
+                    inventory.host = host  # simulated uuids are made from the host name
+            else:
+                inventory = NVMLInventory(log=self.log)
+            self._inventories[host] = inventory
+        return inventory
+
+    def __call__(self, host: str, uuid: str) -> float | None:
+        try:
+            return self._inventory(host).utilization(uuid)
+        except Exception as exc:  # NVML gone, driver reset: never cull on a failed reading
+            self.log.warning("Cannot read the utilization of GPU %s: %s", uuid, exc)
+            return None
+
+
+IdleCuller = _load_idle_culler()
+
+
+class GPUIdleCuller(IdleCuller):
+    """jupyterhub-idle-culler, with GPU servers on a shorter leash than CPU servers."""
+
+    name = "gpuhub-idle-culler"
+
+    cpu_timeout = Int(
+        3600,
+        help="Seconds a CPU server (no GPU lease) may stay inactive before it is culled.",
+    ).tag(config=True)
+
+    gpu_timeout = Int(
+        900,
+        help="Seconds a GPU server (its state holds a GPU lease) may stay inactive before it is "
+        "culled.  Usually shorter than `cpu_timeout`: an idle GPU blocks a colleague.",
+    ).tag(config=True)
+
+    gpu_idle_percent = Float(
+        0.0,
+        help="Cull a GPU server whose leased GPUs all read under this utilization (percent) for "
+        "`gpu_idle_seconds`, even when it shows activity (an open browser tab).  0 turns the rule off.",
+    ).tag(config=True)
+
+    gpu_idle_seconds = Float(
+        1800.0,
+        help="How long the GPUs must stay under `gpu_idle_percent` before the server is culled.  "
+        "Utilization is sampled once per `cull_every`, which bounds the precision.",
+    ).tag(config=True)
+
+    inventory = CaselessStrEnum(
+        ["nvml", "static", "simulated"],
+        default_value="nvml",
+        help="Where GPU utilization is read: `nvml` (the NVIDIA driver on this machine), "
+        "`simulated` (the file in `utilization_file`), `static` (unknown: the GPU rule never fires).",
+    ).tag(config=True)
+
+    simulated_gpus = Int(4, help="Number of simulated GPUs (as SimulatedInventory.count in the hub).").tag(
+        config=True)
+
+    utilization_file = Unicode(
+        "",
+        help="For the simulated inventory: the JSON file {uuid: percent} holding each GPU's utilization.",
+    ).tag(config=True)
+
+    aliases = {
+        **IdleCuller.aliases,
+        "cpu-timeout": "GPUIdleCuller.cpu_timeout",
+        "gpu-timeout": "GPUIdleCuller.gpu_timeout",
+        "gpu-idle-percent": "GPUIdleCuller.gpu_idle_percent",
+        "gpu-idle-seconds": "GPUIdleCuller.gpu_idle_seconds",
+        "inventory": "GPUIdleCuller.inventory",
+        "simulated-gpus": "GPUIdleCuller.simulated_gpus",
+        "utilization-file": "GPUIdleCuller.utilization_file",
+    }
+
+    @default("timeout")
+    def _default_timeout(self):
+        # The culler only asks the arbiter about servers it sees; the arbiter
+        # then holds CPU servers to their longer limit.
+        return min(self.cpu_timeout, self.gpu_timeout)
+
+    @default("cull_arbiter_hook")
+    def _default_arbiter(self):
+        utilization = None
+        if self.gpu_idle_percent > 0 and self.inventory != "static":
+            utilization = _Utilization(self.inventory, self.simulated_gpus, self.utilization_file, self.log)
+        return GPUCullPolicy(
+            cpu_timeout=self.cpu_timeout,
+            gpu_timeout=self.gpu_timeout,
+            gpu_idle_percent=self.gpu_idle_percent,
+            gpu_idle_seconds=self.gpu_idle_seconds,
+            utilization=utilization,
+            log=self.log,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    GPUIdleCuller.launch_instance(argv)
+
+
+# ------------------------------------------------------------ hub wiring
+
+
+def activity_interval(settings) -> int:
+    """Seconds between a single-user server's activity reports to the hub.
+
+    A busy kernel is seen only at these reports, so they must come well
+    inside the shortest idle timeout: a third of it, at most 300 s
+    (JupyterHub's default).
+    """
+    configured = getattr(settings, "activity_interval", 0)
+    if configured:
+        return configured
+    shortest = min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)
+    return max(1, min(300, shortest // 3))
+
+
+def culler_command(settings, python: str | None = None) -> list[str]:
+    cmd = [
+        python or sys.executable, "-m", "spawner.culling",
+        f"--cpu-timeout={settings.cull_timeout_cpu}",
+        f"--gpu-timeout={settings.cull_timeout_gpu}",
+        f"--timeout={min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)}",
+        f"--cull-every={settings.cull_every}",
+        f"--inventory={settings.inventory}",
+    ]
+    if settings.gpu_idle_percent > 0:
+        cmd += [
+            f"--gpu-idle-percent={settings.gpu_idle_percent:g}",
+            f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}",
+        ]
+        if settings.inventory == "simulated":
+            cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
+            if settings.simulated_utilization_file:
+                cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
+    return cmd
+
+
+def _without(entries, name: str) -> list:
+    return [e for e in list(entries or []) if e.get("name") != name]
 
 
 def configure_culler(c, settings) -> None:
-    """Add jupyterhub-idle-culler as a hub-managed service (filled by issue #6)."""
+    """Add the GPU-aware idle culler to a hub config `c` (called by apply_settings).
+
+    Safe to call twice: it replaces its own service and role, and keeps any
+    others already configured.
+    """
+    section = c.JupyterHub
+    services = section.services if "services" in section else []
+    roles = section.load_roles if "load_roles" in section else []
+    section.services = _without(services, SERVICE_NAME) + [{
+        "name": SERVICE_NAME,
+        "command": culler_command(settings),
+    }]
+    section.load_roles = _without(roles, SERVICE_NAME) + [{
+        "name": SERVICE_NAME,
+        "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
+        "scopes": list(CULLER_SCOPES),
+        "services": [SERVICE_NAME],
+    }]
+
+    interval = activity_interval(settings)
+    # The hub drops activity reports closer than activity_resolution to the
+    # last one; keep it finer than the reports, or busy kernels stop counting.
+    section.activity_resolution = max(1, min(30, interval))
+    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval)}
+    c.GPUDockerSpawner.environment.update(env)
+    if getattr(settings, "cull_keep_busy", True):
+        c.GPUDockerSpawner.cmd = singleuser_command()
+
+
+if __name__ == "__main__":
+    main()

@@ -52,6 +52,8 @@ class Settings:
     cull_every: int = 60
     gpu_idle_percent: float = 0.0
     gpu_idle_minutes: float = 30.0
+    cull_keep_busy: bool = True
+    activity_interval: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -167,6 +169,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cull_every=_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
         gpu_idle_percent=gpu_idle_percent,
         gpu_idle_minutes=_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),
+        cull_keep_busy=_bool(env, "GPUHUB_CULL_KEEP_BUSY", True),
+        activity_interval=_int(env, "GPUHUB_ACTIVITY_INTERVAL", 0, minimum=0),
     )
 
 

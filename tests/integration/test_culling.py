@@ -1,0 +1,247 @@
+"""Idle culling with the real jupyterhub-idle-culler process and timeouts of seconds.
+
+Every hub here runs the culler as the hub-managed service `idle-culler`,
+exactly as production does, only with short timeouts.  Kernels are driven
+through the proxy with the user's own token, as a script would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from spawner.inventory import SimulatedInventory
+from spawner.pool import GPUPool
+
+# The test fixture replaces c.JupyterHub.services and load_roles after the
+# project config ran; put the culler back the way apply_settings adds it.
+CULLER_CONFIG = """
+from spawner.culling import configure_culler
+from spawner.settings import load_settings
+configure_culler(c, load_settings())
+"""
+
+
+def culling_hub(make_hub, **env):
+    settings = {
+        "GPUHUB_CULL": "true",
+        "GPUHUB_CULL_EVERY": "1",
+        "GPUHUB_CULL_TIMEOUT_GPU": "5",
+        "GPUHUB_CULL_TIMEOUT_CPU": "600",
+    }
+    settings.update({k: str(v) for k, v in env.items()})
+    return make_hub(CULLER_CONFIG, env=settings)
+
+
+def pool_of(hub) -> GPUPool:
+    return GPUPool(db_url=f"sqlite:///{hub.directory}/gpu-pool.sqlite")
+
+
+def leases_of(hub, user: str):
+    pool = pool_of(hub)
+    try:
+        return [lease for lease in pool.history() if lease.user == user]
+    finally:
+        pool.close()
+
+
+def wait_for(predicate, timeout: float, what: str, hub=None, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what} within {timeout} s" + (f"\n{hub.log_tail(80)}" if hub else ""))
+
+
+# ------------------------------------------------------------ kernels by REST
+
+
+class Kernel:
+    """A kernel in a user's server, started and driven through the proxy."""
+
+    def __init__(self, hub, user: str, token: str):
+        self.hub, self.user, self.token = hub, user, token
+        self.base = f"{hub.url}/user/{user}/api"
+        r = requests.post(f"{self.base}/kernels", json={"name": "python3"},
+                          headers=self.headers, timeout=60)
+        assert r.status_code == 201, r.text
+        self.id = r.json()["id"]
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"token {self.token}"}
+
+    def model(self) -> dict | None:
+        r = requests.get(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30,
+                         params={"no_track_activity": "1"})
+        return r.json() if r.status_code == 200 else None
+
+    def execute_and_leave(self, code: str, timeout: float = 60) -> None:
+        """Send `code`, wait until the kernel says it is busy with it, then disconnect
+        (the browser tab is closed: nothing is connected while it runs)."""
+        asyncio.run(self._execute(code, timeout))
+
+    async def _execute(self, code: str, timeout: float) -> None:
+        from tornado.httpclient import HTTPRequest
+        from tornado.websocket import websocket_connect
+
+        url = f"{self.base}/kernels/{self.id}/channels".replace("http://", "ws://")
+        ws = await websocket_connect(HTTPRequest(url, headers=self.headers, request_timeout=timeout))
+        msg_id = uuid.uuid4().hex
+        ws.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "username": self.user, "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
+        }))
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                raw = await asyncio.wait_for(ws.read_message(), timeout=deadline - time.monotonic())
+                assert raw is not None, "the kernel's websocket closed"
+                msg = json.loads(raw)
+                if (msg.get("msg_type") == "status" and msg["parent_header"].get("msg_id") == msg_id
+                        and msg["content"]["execution_state"] == "busy"):
+                    return
+            raise AssertionError("the kernel never went busy")
+        finally:
+            ws.close()
+
+
+def contents(hub, user: str, token: str, path: str, text: str | None = None) -> str | None:
+    url = f"{hub.url}/user/{user}/api/contents/{path}"
+    headers = {"Authorization": f"token {token}"}
+    if text is not None:
+        r = requests.put(url, json={"type": "file", "format": "text", "content": text},
+                         headers=headers, timeout=30)
+        assert r.status_code in (200, 201), r.text
+        return text
+    r = requests.get(url, headers=headers, timeout=30)
+    return r.json()["content"] if r.status_code == 200 else None
+
+
+def gpu_uuids(hub, user: str) -> list[str]:
+    server = hub.server_model(user)
+    return list((server or {}).get("state", {}).get("gpu_uuids", []))
+
+
+# ------------------------------------------------------------------- the tests
+
+
+def test_idle_gpu_server_is_culled_its_gpu_goes_to_the_waiting_user_and_files_survive(
+        make_hub, docker_client):
+    hub = culling_hub(make_hub, GPUHUB_SIMULATED_GPUS=1)
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+    alice_token = hub.user_token("alice")
+
+    hub.start_server("alice", {"profile": "tf-gpu-1"})
+    held = gpu_uuids(hub, "alice")
+    assert len(held) == 1
+    contents(hub, "alice", alice_token, "kept.txt", "written before the cull\n")
+
+    # Bob wants the only GPU: his spawn waits in the queue.
+    r = hub.api("POST", "/users/bob/server", json={"profile": "tf-gpu-1"}, timeout=60)
+    assert r.status_code in (201, 202), r.text
+
+    # Alice does nothing: the culler stops her server ...
+    hub.wait_stopped("alice", timeout=60)
+    assert [c.name for c in hub.containers(docker_client) if c.name.endswith("-alice")] == []
+    (alice_lease,) = leases_of(hub, "alice")
+    assert alice_lease.end_reason == "culled"
+    assert list(alice_lease.gpu_uuids) == held
+
+    # ... and Bob's queued spawn gets her GPU.
+    bob_leases = wait_for(lambda: leases_of(hub, "bob"), 60, "bob got no lease", hub)
+    assert list(bob_leases[0].gpu_uuids) == held
+    assert bob_leases[0].started_at >= alice_lease.ended_at
+
+    # The ledger's CLI shows who was culled, and when.
+    out = subprocess.run(
+        [sys.executable, "-m", "spawner.cli", "--db-url", f"sqlite:///{hub.directory}/gpu-pool.sqlite",
+         "--json", "history", "--user", "alice"],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert '"culled"' in out.stdout and "alice" in out.stdout
+    assert alice_lease.ended_at.isoformat()[:19] in out.stdout
+
+    # Alice comes back (on the CPU profile: Bob may still hold the GPU): her files are there.
+    hub.start_server("alice", {"profile": "tf-cpu"})
+    assert contents(hub, "alice", alice_token, "kept.txt") == "written before the cull\n"
+
+
+def test_busy_kernel_and_cpu_server_survive_while_idle_gpu_server_is_culled(make_hub, docker_client):
+    hub = culling_hub(make_hub)
+    for user in ("alice", "bob", "carol"):
+        hub.create_user(user)
+
+    # Alice runs a long silent cell on her GPU server, then closes the tab.
+    hub.start_server("alice", {"profile": "tf-gpu-1"})
+    kernel = Kernel(hub, "alice", hub.user_token("alice"))
+    kernel.execute_and_leave("import time; time.sleep(600)")
+    busy_since = time.monotonic()
+
+    hub.start_server("carol", {"profile": "tf-cpu"})  # CPU, idle, long timeout
+    hub.start_server("bob", {"profile": "tf-gpu-1"})  # GPU, idle
+
+    hub.wait_stopped("bob", timeout=60)
+    (bob_lease,) = leases_of(hub, "bob")
+    assert bob_lease.end_reason == "culled"
+
+    # Give the culler several more rounds past the GPU timeout (5 s) for Alice.
+    remaining = 20 - (time.monotonic() - busy_since)
+    if remaining > 0:
+        time.sleep(remaining)
+
+    alice = hub.server_model("alice")
+    assert alice is not None and alice["ready"], hub.log_tail(80)
+    assert kernel.model()["execution_state"] == "busy"
+    (alice_lease,) = leases_of(hub, "alice")
+    assert alice_lease.active
+    carol = hub.server_model("carol")
+    assert carol is not None and carol["ready"], hub.log_tail(80)
+
+
+def test_gpu_under_threshold_is_culled_even_while_active(make_hub, tmp_path):
+    utilization = tmp_path / "utilization.json"
+    host = socket.gethostname()
+    every_gpu = [SimulatedInventory.uuid_for(host, i) for i in range(4)]
+    utilization.write_text(json.dumps({u: 90 for u in every_gpu}))
+    hub = culling_hub(
+        make_hub,
+        GPUHUB_CULL_TIMEOUT_GPU=600,
+        GPUHUB_GPU_IDLE_PERCENT=10,
+        GPUHUB_GPU_IDLE_MINUTES=0.1,
+        GPUHUB_SIMULATED_UTILIZATION_FILE=str(utilization),
+    )
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+
+    # Alice: idle notebook, GPU hard at work.  Bob: a cell running (active), GPU idle.
+    hub.start_server("alice", {"profile": "tf-gpu-1"})
+    hub.start_server("bob", {"profile": "tf-gpu-1"})
+    (bob_gpu,) = gpu_uuids(hub, "bob")
+    Kernel(hub, "bob", hub.user_token("bob")).execute_and_leave("import time; time.sleep(600)")
+    low_since = time.monotonic()
+    utilization.write_text(json.dumps({u: (0 if u == bob_gpu else 90) for u in every_gpu}))
+
+    hub.wait_stopped("bob", timeout=60)
+    assert time.monotonic() - low_since >= 6  # not before its GPU was low for 0.1 min
+    (bob_lease,) = leases_of(hub, "bob")
+    assert bob_lease.end_reason == "culled"
+
+    time.sleep(3)
+    alice = hub.server_model("alice")
+    assert alice is not None and alice["ready"], hub.log_tail(80)
