@@ -187,3 +187,24 @@ def test_allowed_groups_by_name_or_dn(allowed, expect):
 def test_allowed_users_still_count():
     a = make(allowed_groups=["gpu-users"], allowed_users={"frank"})
     assert asyncio.run(a.check_allowed("frank", {"name": "frank", "auth_state": {}}))
+
+
+@pytest.mark.parametrize("example, kind", [("openldap.py", "openldap"),
+                                           ("active_directory.py", "active_directory")])
+def test_hub_config_examples_load(example, kind, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from traitlets.config import PyFileConfigLoader
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    for var in ("LDAP_BIND_PASSWORD", "AD_BIND_PASSWORD"):
+        monkeypatch.setenv(var, "example-secret")
+    for var in ("LDAP_CA_FILE", "AD_CA_FILE"):
+        monkeypatch.setenv(var, str(ca))
+    examples = Path(__file__).resolve().parents[2] / "hub_config" / "examples"
+    cfg = PyFileConfigLoader(example, path=str(examples)).load_config()
+    a = DirectoryAuthenticator(config=cfg)
+    assert cfg.JupyterHub.authenticator_class == "gpu-directory"
+    assert a.directory == kind and a.tls_ca_file == str(ca)
+    assert a.allowed_groups and a.admin_groups and a.tls_strategy.name != "insecure"
