@@ -35,6 +35,15 @@ LABEL_GPUS = "org.jupyter.gpuhub.gpus"
 LABEL_HOST = "org.jupyter.gpuhub.host"
 LABEL_CUDA = "org.jupyter.gpuhub.cuda-version"
 LABEL_HOME_OWNER = "org.jupyter.gpuhub.home-owner"
+# Which ledger lent the GPUs: a reconciler only judges containers of its own ledger.
+LABEL_POOL = "org.jupyter.gpuhub.pool"
+
+
+def pool_identity(pool: GPUPool) -> str:
+    """A short, password-free identity of a ledger database."""
+    import hashlib
+
+    return hashlib.sha256(pool.safe_url.encode()).hexdigest()[:12]
 
 # One pool per hub process, shared by every spawner instance.
 _shared_pools: dict[int, GPUPool] = {}
@@ -443,6 +452,7 @@ class GPUDockerSpawner(DockerSpawner):
             LABEL_GPUS: ",".join(self.gpu_uuids),
             LABEL_HOST: self.gpu_host,
             LABEL_LEASE: str(self.lease_id) if self.lease_id is not None else "",
+            LABEL_POOL: pool_identity(self.pool),
         }
         create = {"user": f"{uid}:{gid}", "labels": labels}
         host = {

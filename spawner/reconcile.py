@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
-from .dockerspawner import LABEL_GPUS, LABEL_HOST, LABEL_LEASE
+from .dockerspawner import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from .pool import EndReason, GPUPool, PoolError
 
 
@@ -36,7 +36,10 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
     """One pass over the ledger and Docker on `host` (see the module docstring)."""
     report = ReconcileReport()
     tracked = set(tracked_lease_ids)
-    containers = docker_client.containers.list(all=True, filters={"label": LABEL_LEASE})
+    # Only containers lent GPUs by this ledger: other hubs on this Docker host
+    # (with their own ledgers) are none of our business.
+    containers = docker_client.containers.list(
+        all=True, filters={"label": [LABEL_LEASE, f"{LABEL_POOL}={pool_identity(pool)}"]})
     by_lease: dict[int, list] = {}
     for container in containers:
         labels = container.labels

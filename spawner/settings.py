@@ -44,7 +44,7 @@ class Settings:
     dummy_password: str = ""
     admin_users: tuple[str, ...] = ()
     lease_wait_timeout: float = 300.0
-    max_gpus_per_user: int = 0
+    max_gpus_per_user: int | None = None
     cleanup_servers: bool = True
     cull: bool = True
     cull_timeout_cpu: int = 3600
@@ -161,7 +161,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         dummy_password=dummy_password,
         admin_users=tuple(u.strip() for u in env.get("GPUHUB_ADMIN_USERS", "").split(",") if u.strip()),
         lease_wait_timeout=_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", Settings.lease_wait_timeout),
-        max_gpus_per_user=_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0),
+        max_gpus_per_user=(_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0)
+                           if env.get("GPUHUB_MAX_GPUS_PER_USER", "").strip() else None),
         cleanup_servers=_bool(env, "GPUHUB_CLEANUP_SERVERS", True),
         cull=_bool(env, "GPUHUB_CULL", True),
         cull_timeout_cpu=cull_cpu,
@@ -259,7 +260,8 @@ def apply_settings(c, settings: Settings) -> None:
     if settings.simulated_utilization_file:
         c.SimulatedInventory.utilization_file = settings.simulated_utilization_file
     c.GPUPool.db_url = settings.pool_db_url
-    c.GPUPool.max_gpus_per_user = settings.max_gpus_per_user
+    if settings.max_gpus_per_user is not None:
+        c.GPUPool.max_gpus_per_user = settings.max_gpus_per_user
 
     if settings.authenticator == "dummy":
         print("WARNING: GPUHUB_AUTHENTICATOR=dummy: every user name logs in with one shared "
