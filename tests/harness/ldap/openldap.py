@@ -19,6 +19,7 @@ import base64
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -210,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"OpenLDAP on {directory.url} (StartTLS) and {directory.ldaps_url}, pid {directory.pid}")
     print(f"users: {', '.join(directory.users)}; passwords are in tests/harness/ldap/seed.py")
     sys.stdout.flush()
+    # Ctrl-C or a TERM from `make demo` stops the directory too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: signal.default_int_handler(signal.SIGINT, None))
     try:
         server.proc.wait()
     except KeyboardInterrupt:

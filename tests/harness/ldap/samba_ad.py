@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -278,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Samba AD on {directory.ldaps_url} and {directory.url} (StartTLS), pid {directory.pid}")
     print(f"users: {', '.join(directory.users)}; passwords are in tests/harness/ldap/seed.py")
     sys.stdout.flush()
+    # Ctrl-C or a TERM from `make demo` stops the directory too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: signal.default_int_handler(signal.SIGINT, None))
     try:
         server.proc.wait()
     except KeyboardInterrupt:
