@@ -225,13 +225,14 @@ class _Utilization:
 
         inventory = self._inventories.get(host)
         if inventory is None:
+            logging = {"log": self.log} if self.log is not None else {}
             if self.kind == "simulated":
                 inventory = SimulatedInventory(count=self.simulated_gpus,
-                                               utilization_file=self.utilization_file, log=self.log)
+                                               utilization_file=self.utilization_file, **logging)
                 if host:
                     inventory.host = host  # simulated uuids are made from the host name
             else:
-                inventory = NVMLInventory(log=self.log)
+                inventory = NVMLInventory(**logging)
             self._inventories[host] = inventory
         return inventory
 
@@ -239,7 +240,8 @@ class _Utilization:
         try:
             return self._inventory(host).utilization(uuid)
         except Exception as exc:  # NVML gone, driver reset: never cull on a failed reading
-            self.log.warning("Cannot read the utilization of GPU %s: %s", uuid, exc)
+            if self.log is not None:
+                    "Cannot read the utilization of GPU %s: %s", uuid, exc)
             return None
 
 

@@ -222,6 +222,7 @@ def test_gpu_under_threshold_is_culled_even_while_active(make_hub, tmp_path):
     hub = culling_hub(
         make_hub,
         GPUHUB_CULL_TIMEOUT_GPU=600,
+        GPUHUB_ACTIVITY_INTERVAL=1,  # Bob's running cell keeps his server active in the hub's eyes
         GPUHUB_GPU_IDLE_PERCENT=10,
         GPUHUB_GPU_IDLE_MINUTES=0.1,
         GPUHUB_SIMULATED_UTILIZATION_FILE=str(utilization),

@@ -1,0 +1,272 @@
+"""The cull arbiter's decisions and the hub wiring of the idle culler (no services)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from datetime import timedelta
+
+import pytest
+from traitlets.config import Config
+
+from spawner.culling import (
+    CULLER_SCOPES,
+    SERVICE_NAME,
+    SINGLEUSER_BOOT,
+    GPUCullPolicy,
+    GPUIdleCuller,
+    _Utilization,
+    activity_interval,
+    configure_culler,
+)
+from spawner.inventory import SimulatedInventory
+from spawner.settings import SettingsError, load_settings
+
+GPU_A, GPU_B = "GPU-aaaa", "GPU-bbbb"
+
+
+def gpu_server(*uuids, lease_id=7, url="/user/alice/"):
+    return {"name": "", "url": url,
+            "state": {"gpu_lease_id": lease_id, "gpu_uuids": list(uuids), "gpu_host": "h1"}}
+
+
+def cpu_server(url="/user/carol/"):
+    return {"name": "", "url": url, "state": {"profile": "tf-cpu"}}
+
+
+def idle(seconds):
+    return timedelta(seconds=seconds)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+# ------------------------------------------------------------ timeouts
+
+
+def test_gpu_servers_get_the_shorter_timeout_cpu_servers_the_longer():
+    policy = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900)
+    assert policy.decide(idle(899), gpu_server(GPU_A)).cull is False
+    assert policy.decide(idle(900), gpu_server(GPU_A)).cull is True
+    assert policy.decide(idle(900), cpu_server()).cull is False
+    assert policy.decide(idle(3600), cpu_server()).cull is True
+
+
+def test_arbiter_hook_signature_of_jupyterhub_idle_culler():
+    policy = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900)
+    assert policy(inactive=idle(1000), inactive_limit=900, server=gpu_server(GPU_A)) is True
+    assert policy(inactive=idle(1000), inactive_limit=900, server=cpu_server()) is False
+    assert policy(inactive=None, inactive_limit=900, server=gpu_server(GPU_A)) is False
+
+
+def test_without_server_state_every_server_gets_the_longer_timeout():
+    # A culler role without admin:server_state cannot tell GPU servers apart:
+    # never cull a CPU server early for it.
+    policy = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900)
+    stateless = {"name": "", "url": "/user/dave/"}
+    assert policy.decide(idle(1000), stateless).cull is False
+    assert policy.decide(idle(3600), stateless).cull is True
+
+
+def test_verdict_names_the_rule_and_the_limit():
+    verdict = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900).decide(idle(901), gpu_server(GPU_A))
+    assert "GPU server inactive for 901.0 s (limit 900 s)" == verdict.reason
+
+
+# ------------------------------------------------------------ utilization rule
+
+
+def utilization_policy(readings: dict, clock: Clock, seconds: float = 60) -> GPUCullPolicy:
+    return GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900, gpu_idle_percent=10,
+                         gpu_idle_seconds=seconds,
+                         utilization=lambda host, uuid: readings.get(uuid), clock=clock)
+
+
+def test_gpus_under_threshold_for_the_whole_period_are_culled_even_when_active():
+    clock, readings = Clock(), {GPU_A: 3.0}
+    policy = utilization_policy(readings, clock)
+    server = gpu_server(GPU_A)
+    assert policy.decide(idle(1), server).cull is False  # first low sample starts the clock
+    clock.now += 59
+    assert policy.decide(idle(1), server).cull is False
+    clock.now += 1
+    verdict = policy.decide(idle(1), server)
+    assert verdict.cull is True
+    assert "under 10%" in verdict.reason
+
+
+def test_a_busy_reading_restarts_the_period():
+    clock, readings = Clock(), {GPU_A: 3.0}
+    policy = utilization_policy(readings, clock)
+    server = gpu_server(GPU_A)
+    policy.decide(idle(1), server)
+    clock.now += 50
+    readings[GPU_A] = 80.0
+    assert policy.decide(idle(1), server).cull is False
+    readings[GPU_A] = 0.0
+    clock.now += 1
+    policy.decide(idle(1), server)
+    clock.now += 59
+    assert policy.decide(idle(1), server).cull is False
+    clock.now += 1
+    assert policy.decide(idle(1), server).cull is True
+
+
+def test_every_leased_gpu_must_be_under_the_threshold():
+    clock, readings = Clock(), {GPU_A: 0.0, GPU_B: 50.0}
+    policy = utilization_policy(readings, clock)
+    server = gpu_server(GPU_A, GPU_B)
+    policy.decide(idle(1), server)
+    clock.now += 120
+    assert policy.decide(idle(1), server).cull is False
+
+
+def test_unknown_utilization_never_culls():
+    clock = Clock()
+    policy = utilization_policy({}, clock)  # every reading None
+    policy.decide(idle(1), gpu_server(GPU_A))
+    clock.now += 3600
+    assert policy.decide(idle(1), gpu_server(GPU_A)).cull is False
+
+
+def test_utilization_rule_leaves_cpu_servers_alone_and_is_off_at_zero():
+    clock = Clock()
+    policy = utilization_policy({GPU_A: 0.0}, clock)
+    policy.decide(idle(1), cpu_server())
+    clock.now += 3600
+    assert policy.decide(idle(1), cpu_server()).cull is False
+
+    off = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900, gpu_idle_percent=0,
+                        utilization=lambda h, u: 0.0, clock=clock)
+    off.decide(idle(1), gpu_server(GPU_A))
+    clock.now += 3600
+    assert off.decide(idle(1), gpu_server(GPU_A)).cull is False
+
+
+def test_each_lease_has_its_own_low_period():
+    clock, readings = Clock(), {GPU_A: 0.0, GPU_B: 0.0}
+    policy = utilization_policy(readings, clock)
+    policy.decide(idle(1), gpu_server(GPU_A, lease_id=1))
+    clock.now += 40
+    policy.decide(idle(1), gpu_server(GPU_B, lease_id=2))
+    clock.now += 20
+    assert policy.decide(idle(1), gpu_server(GPU_A, lease_id=1)).cull is True
+    assert policy.decide(idle(1), gpu_server(GPU_B, lease_id=2)).cull is False
+
+
+def test_simulated_utilization_is_read_from_the_file_tests_control(tmp_path):
+    host = socket.gethostname()
+    uuid = SimulatedInventory.uuid_for(host, 2)
+    path = tmp_path / "util.json"
+    path.write_text(json.dumps({uuid: 42}))
+    read = _Utilization("simulated", 4, str(path), log=None)
+    assert read(host, uuid) == 42.0
+    path.write_text(json.dumps({uuid: 7}))
+    assert read(host, uuid) == 7.0
+    assert read(host, "GPU-not-here") is None
+
+
+# ------------------------------------------------------------ the culler app
+
+
+def test_culler_app_takes_its_gpu_options_from_the_command_line(tmp_path):
+    app = GPUIdleCuller()
+    app.parse_command_line([
+        "--cpu-timeout=600", "--gpu-timeout=60", "--cull-every=5", "--inventory=simulated",
+        "--gpu-idle-percent=10", "--gpu-idle-seconds=6", f"--utilization-file={tmp_path}/u.json",
+    ])
+    assert app.timeout == 60  # the smaller of the two: GPU servers are looked at in time
+    assert app.cull_every == 5
+    policy = app.cull_arbiter_hook
+    assert isinstance(policy, GPUCullPolicy)
+    assert (policy.cpu_timeout, policy.gpu_timeout) == (600, 60)
+    assert (policy.gpu_idle_percent, policy.gpu_idle_seconds) == (10, 6)
+    assert policy.gpu_rule_enabled
+
+
+def test_culler_app_without_gpu_rule_reads_no_utilization():
+    app = GPUIdleCuller()
+    app.parse_command_line(["--cpu-timeout=600", "--gpu-timeout=60", "--inventory=nvml"])
+    assert app.cull_arbiter_hook.gpu_rule_enabled is False
+
+
+# ------------------------------------------------------------ hub wiring
+
+
+def settings(**env):
+    return load_settings({"GPUHUB_DATA_DIR": "/nonexistent-data-dir", **env})
+
+
+def test_configure_culler_adds_the_service_and_a_role_of_only_its_scopes():
+    c = Config()
+    c.JupyterHub.services = [{"name": "other", "api_token": "x"}]
+    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="120", GPUHUB_CULL_TIMEOUT_CPU="900",
+                                 GPUHUB_CULL_EVERY="30"))
+    services = {s["name"]: s for s in c.JupyterHub.services}
+    assert set(services) == {"other", SERVICE_NAME}
+    cmd = services[SERVICE_NAME]["command"]
+    assert cmd[1:3] == ["-m", "spawner.culling"]
+    assert {"--timeout=120", "--gpu-timeout=120", "--cpu-timeout=900", "--cull-every=30"} <= set(cmd)
+    assert not any(a.startswith("--gpu-idle") for a in cmd)
+    (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == SERVICE_NAME]
+    assert role["services"] == [SERVICE_NAME]
+    assert sorted(role["scopes"]) == sorted(CULLER_SCOPES) == sorted([
+        "list:users", "read:users:activity", "read:servers", "delete:servers", "admin:server_state"])
+
+
+def test_configure_culler_twice_keeps_one_service_and_one_role():
+    c = Config()
+    configure_culler(c, settings())
+    configure_culler(c, settings())
+    assert [s["name"] for s in c.JupyterHub.services] == [SERVICE_NAME]
+    assert [r["name"] for r in c.JupyterHub.load_roles] == [SERVICE_NAME]
+
+
+def test_gpu_rule_options_reach_the_culler_in_seconds():
+    c = Config()
+    configure_culler(c, settings(GPUHUB_GPU_IDLE_PERCENT="5", GPUHUB_GPU_IDLE_MINUTES="0.1",
+                                 GPUHUB_INVENTORY="simulated",
+                                 GPUHUB_SIMULATED_UTILIZATION_FILE="/tmp/u.json"))
+    cmd = c.JupyterHub.services[0]["command"]
+    assert {"--gpu-idle-percent=5", "--gpu-idle-seconds=6", "--inventory=simulated",
+            "--utilization-file=/tmp/u.json", "--simulated-gpus=4"} <= set(cmd)
+
+
+def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
+    c = Config()
+    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="900"))
+    assert c.GPUDockerSpawner.environment.to_dict()["update"] == {"JUPYTERHUB_ACTIVITY_INTERVAL": "300"}
+    assert c.JupyterHub.activity_resolution == 30
+    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="6")) == 2
+    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="1")) == 1
+    assert activity_interval(settings(GPUHUB_ACTIVITY_INTERVAL="45")) == 45
+    c = Config()
+    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="6"))
+    assert c.JupyterHub.activity_resolution == 2
+
+
+def test_busy_kernels_count_as_activity_unless_turned_off():
+    c = Config()
+    configure_culler(c, settings())
+    assert c.GPUDockerSpawner.cmd == ["python3", "-c", SINGLEUSER_BOOT]
+    compile(SINGLEUSER_BOOT, "<singleuser boot>", "exec")
+    assert "spawner" not in SINGLEUSER_BOOT  # the container has no copy of this package
+
+    c = Config()
+    configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY="false"))
+    assert "cmd" not in c.GPUDockerSpawner
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"GPUHUB_CULL_KEEP_BUSY": "maybe"}, "GPUHUB_CULL_KEEP_BUSY"),
+    ({"GPUHUB_ACTIVITY_INTERVAL": "-1"}, "GPUHUB_ACTIVITY_INTERVAL"),
+    ({"GPUHUB_ACTIVITY_INTERVAL": "soon"}, "GPUHUB_ACTIVITY_INTERVAL"),
+])
+def test_bad_culling_settings_name_the_variable(env, named):
+    with pytest.raises(SettingsError, match=named):
+        load_settings(env)
