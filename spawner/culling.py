@@ -241,7 +241,7 @@ class _Utilization:
             return self._inventory(host).utilization(uuid)
         except Exception as exc:  # NVML gone, driver reset: never cull on a failed reading
             if self.log is not None:
-                    "Cannot read the utilization of GPU %s: %s", uuid, exc)
+                self.log.warning("Cannot read the utilization of GPU %s: %s", uuid, exc)
             return None
 
 
