@@ -55,11 +55,13 @@ Quotas
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import inspect
 import json
 import math
 import os
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -419,6 +421,10 @@ _END_LEASE_GPUS = (
     update(_lg).where(_lg.c.lease_id == bindparam("lid"), _lg.c.ended_at.is_(None)).values(ended_at=bindparam("now"))
 )
 _PG_LOCK = select(func.pg_advisory_xact_lock(PG_LOCK_KEY))
+# Same lock, and no wait for the commit's fsync: for writes whose loss in a
+# server crash is harmless (a release, a queue heartbeat): the GPU would look
+# lent until reconciled, never lent twice.
+_PG_LOCK_LAX = select(func.pg_advisory_xact_lock(PG_LOCK_KEY), func.set_config("synchronous_commit", "off", True))
 
 
 # --- internals ------------------------------------------------------------
@@ -631,6 +637,9 @@ class GPUPool(LoggingConfigurable):
         self._neighbour_cache: dict[str, dict[str, tuple[set[str], list[tuple[int, str]]]]] = {}
         self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._owner = f"{socket.gethostname()}:{os.getpid()}"[:NAME_MAX]
+        self._lock_path: str | None = None  # SQLite: the side file of _host_lock
+        self._lock_fd: int | None = None
+        self._thread_lock = threading.Lock()
 
     # --- database plumbing ------------------------------------------------
 
@@ -649,11 +658,12 @@ class GPUPool(LoggingConfigurable):
     def _make_engine(self) -> Engine:
         url = make_url(self.db_url)
         if url.get_backend_name() == "sqlite":
+            memory = url.database in (None, "", ":memory:")
+            self._lock_path = None if memory else os.path.abspath(url.database) + ".lock"
             kwargs: dict[str, Any] = {
                 # The busy timeout: how long BEGIN IMMEDIATE waits for the lock.
                 "connect_args": {"timeout": self.lock_timeout, "check_same_thread": False},
             }
-            memory = url.database in (None, "", ":memory:")
             if memory:
                 kwargs["poolclass"] = StaticPool
             engine = create_engine(url, **kwargs)
@@ -677,10 +687,10 @@ class GPUPool(LoggingConfigurable):
             def _on_begin(conn):
                 # Writers take the write lock up front, so a transaction never
                 # fails half-way on a lock upgrade.
-                if conn.get_execution_options().get("gpu_pool_write"):
-                    conn.exec_driver_sql("BEGIN IMMEDIATE")
-                else:
-                    conn.exec_driver_sql("BEGIN")
+                # (On the driver's connection: SQLAlchemy's execution
+                # machinery would double the cost of a short transaction.)
+                raw = conn.connection.driver_connection
+                raw.execute("BEGIN IMMEDIATE" if conn.get_execution_options().get("gpu_pool_write") else "BEGIN")
 
             return engine
         connect_args = {
@@ -702,10 +712,7 @@ class GPUPool(LoggingConfigurable):
             message = message.replace(str(password), "***")
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
         if "database is locked" in message or sqlstate == "55P03":
-            return PoolUnavailable(
-                f"The GPU ledger stayed locked for more than {self.lock_timeout:g} s "
-                "(another process holds it); try again in a moment"
-            )
+            return self._locked()
         return PoolUnavailable(f"The GPU ledger database {self.safe_url} is unavailable: {message}")
 
     @contextmanager
@@ -717,7 +724,7 @@ class GPUPool(LoggingConfigurable):
             raise
         except sa_exc.DBAPIError as e:
             raise self._unavailable(e) from e
-        except sa_exc.SQLAlchemyError as e:
+        except (sa_exc.SQLAlchemyError, sqlite3.Error) as e:  # sqlite3: our raw BEGIN
             raise self._unavailable(e) from e
         except InventoryError as e:
             raise PoolUnavailable(f"Cannot read this host's GPUs: {e}") from e
@@ -746,16 +753,65 @@ class GPUPool(LoggingConfigurable):
                 f"({SCHEMA_VERSION}); upgrade jupyterhub-gpuspawner"
             )
 
-    def _transact(self, engine: Engine, fn: Callable, *args, write: bool):
-        """Run fn(conn, *args) in one transaction; writes hold the ledger's lock."""
+    @contextmanager
+    def _host_lock(self):
+        """For an SQLite file: a kernel lock on a side file, taken before BEGIN IMMEDIATE.
+
+        SQLite's own busy handler sleeps 1, 2, 5, 10, 25... ms between tries,
+        which puts tens of milliseconds into the tail latency when several hub
+        processes write at once.  This lock hands over within a millisecond.
+        Threads of one process queue on a thread lock first (flock does not
+        exclude threads sharing a file description).
+        """
+        if self._lock_path is None:
+            yield
+            return
+        deadline = time.monotonic() + self.lock_timeout
+        if not self._thread_lock.acquire(timeout=self.lock_timeout):
+            raise self._locked()
+        try:
+            if self._lock_fd is None:
+                try:
+                    self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                except OSError as e:
+                    raise PoolUnavailable(f"The GPU ledger database {self.safe_url} is unavailable: {e}") from e
+            delay = 0.0001
+            while True:
+                try:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise self._locked() from None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.001)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
+
+    def _locked(self) -> PoolUnavailable:
+        return PoolUnavailable(
+            f"The GPU ledger stayed locked for more than {self.lock_timeout:g} s "
+            "(another process holds it); try again in a moment"
+        )
+
+    def _transact(self, engine: Engine, fn: Callable, *args, write: bool, durable: bool = True):
+        """Run fn(conn, *args) in one transaction; writes hold the ledger's lock.
+
+        durable=False lets PostgreSQL skip waiting for the commit's fsync; only
+        for writes that are safe to lose in a server crash.
+        """
         for attempt in range(INTEGRITY_RETRIES):
             try:
-                with self._guard(), engine.connect() as conn:
+                with self._guard(), (self._host_lock() if write else _nothing()), engine.connect() as conn:
                     if write:
                         conn.execution_options(gpu_pool_write=True)
                     with conn.begin():
                         if write and engine.dialect.name == "postgresql":
-                            conn.execute(_PG_LOCK)
+                            conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX)
                         return fn(conn, *args)
             except sa_exc.IntegrityError as e:
                 # Only something that bypassed the lock gets here (the unique
@@ -764,8 +820,8 @@ class GPUPool(LoggingConfigurable):
                 time.sleep(0.01 * (attempt + 1))
         raise PoolUnavailable("The GPU ledger kept changing under this request; try again")
 
-    def _write(self, fn: Callable, *args):
-        return self._transact(self._engine_ready(), fn, *args, write=True)
+    def _write(self, fn: Callable, *args, durable: bool = True):
+        return self._transact(self._engine_ready(), fn, *args, write=True, durable=durable)
 
     def _read(self, fn: Callable, *args):
         return self._transact(self._engine_ready(), fn, *args, write=False)
@@ -775,6 +831,9 @@ class GPUPool(LoggingConfigurable):
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # --- in-process wake-ups ----------------------------------------------
 
@@ -1212,7 +1271,7 @@ class GPUPool(LoggingConfigurable):
             pass
 
     def _remove_waiter(self, waiter_id: int) -> None:
-        self._write(lambda conn: conn.execute(_DELETE_WAITER, {"wid": waiter_id}))
+        self._write(lambda conn: conn.execute(_DELETE_WAITER, {"wid": waiter_id}), durable=False)
         self._notify()  # the queue moved
 
     def _undo_lease(self, lease_id: int) -> None:
@@ -1250,7 +1309,7 @@ class GPUPool(LoggingConfigurable):
                 conn.execute(_END_LEASE_GPUS, {"lid": lease_id, "now": now})
             return bool(done)
 
-        ended = self._write(end)
+        ended = self._write(end, durable=False)
         if ended:
             self._notify()
         return ended
@@ -1482,6 +1541,11 @@ class GPUPool(LoggingConfigurable):
             )
             for i, r in enumerate(self._read(run))
         ]
+
+
+@contextmanager
+def _nothing():
+    yield
 
 
 class _CancelledAfter(Exception):

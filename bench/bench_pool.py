@@ -1,0 +1,149 @@
+"""Benchmark the GPU lease ledger: acquire+release throughput and acquire latency.
+
+    .venv/bin/python bench/bench_pool.py [--ops N] [--backend sqlite|postgresql|both]
+
+For SQLite and PostgreSQL (a throw-away local server, started with the test
+fixture's functions), with 1 and 8 processes, each process repeats
+try_acquire(1 GPU) + release on a 16-GPU simulated host.  Prints ops/s
+(acquire+release pairs per second, all processes together) and the p50/p99
+latency of one acquire.  As a baseline from the same run, "floor" is two
+empty write transactions per op on the same engine (what the database costs
+before the pool does any work); "x floor" is the pool's time per op over it.
+
+Goals (issue #3): >= 2,000 ops/s in one process on SQLite; p99 < 20 ms with
+8 processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sqlalchemy import text  # noqa: E402
+
+from spawner.inventory import SimulatedInventory  # noqa: E402
+from spawner.pool import GPUPool  # noqa: E402
+
+GPUS = 16
+WARMUP = 50
+
+
+def make_pool(url: str) -> GPUPool:
+    return GPUPool(inventory=SimulatedInventory(count=GPUS, host="bench"), db_url=url, lock_timeout=30)
+
+
+def worker(url: str, worker_id: int, ops: int, barrier, results) -> None:
+    pool = make_pool(url)
+    user = f"user{worker_id}"
+    for _ in range(WARMUP):
+        pool.release(pool.try_acquire(user, "", 1).id, "stopped")
+    barrier.wait()
+    latencies = []
+    start = time.perf_counter()
+    for _ in range(ops):
+        t0 = time.perf_counter()
+        lease = pool.try_acquire(user, "", 1)
+        latencies.append(time.perf_counter() - t0)
+        pool.release(lease.id, "stopped")
+    end = time.perf_counter()
+    pool.close()
+    results.put((start, end, latencies))
+
+
+def run(url: str, procs: int, ops: int) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=worker, args=(url, i, ops, barrier, results)) for i in range(procs)]
+    for w in workers:
+        w.start()
+    out = [results.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join()
+    wall = max(e for _, e, _ in out) - min(s for s, _, _ in out)
+    lat = sorted(x for _, _, l in out for x in l)
+    return {
+        "ops": len(lat),
+        "ops_s": len(lat) / wall,
+        "p50": statistics.median(lat) * 1000,
+        "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+    }
+
+
+def floor(url: str, ops: int) -> float:
+    """Seconds per op of two empty write transactions (BEGIN IMMEDIATE / advisory lock)."""
+    pool = make_pool(url)
+    pool.counts()
+
+    def empty(conn):
+        conn.execute(text("SELECT 1"))
+
+    for _ in range(WARMUP):
+        pool._write(empty)
+    t0 = time.perf_counter()
+    for _ in range(ops):
+        pool._write(empty)
+        pool._write(empty)
+    pool.close()
+    return (time.perf_counter() - t0) / ops
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=2000, help="acquire+release pairs per process (1 process)")
+    parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    args = parser.parse_args()
+
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="bench-pool-")
+    server = None
+    try:
+        for backend in backends:
+            if backend == "sqlite":
+                url = f"sqlite:///{tmp}/ledger.sqlite"
+                note = "WAL, synchronous=NORMAL"
+            else:
+                from tests.fixtures.postgres import create_database, start_postgres
+
+                server = start_postgres(durable=True)
+                url = create_database(server, "bench")
+                note = "local server, fsync on"
+            make_pool(url).sync_inventory()
+            base = floor(url, args.ops // 2)
+            for procs in (1, 8):
+                per_proc = args.ops if procs == 1 else max(args.ops // 4, 100)
+                r = run(url, procs, per_proc)
+                r.update(backend=backend, procs=procs, note=note, x_floor=(1 / r["ops_s"]) * procs / base
+                         if procs == 1 else None)
+                rows.append(r)
+            rows.append({"backend": backend, "procs": 1, "ops": args.ops // 2, "ops_s": 1 / base, "p50": None,
+                         "p99": None, "note": "floor: 2 empty write txns", "x_floor": 1.0})
+            if server is not None:
+                server.stop()
+                server = None
+    finally:
+        if server is not None:
+            server.stop()
+
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    header = f"{'backend':<11} {'procs':>5} {'ops':>6} {'ops/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'x floor':>7}  note"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['backend']:<11} {r['procs']:>5} {r['ops']:>6} {r['ops_s']:>8.0f} {fmt(r['p50'], '7.2f')} "
+              f"{fmt(r['p99'], '7.2f')} {fmt(r['x_floor'], '7.1f')}  {r['note']}")
+    print(f"\ncpus: {os.cpu_count()}; {GPUS} simulated GPUs; each op = try_acquire(1) + release")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
