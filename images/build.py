@@ -13,12 +13,15 @@ unchanged image is never rebuilt.  Prints the image reference on stdout.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -26,11 +29,17 @@ HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("GPUHUB_CACHE", HERE.parent / ".cache"))
 HASH_LABEL = "org.jupyter.gpuhub.inputs-hash"
 
-# What each variant adds on top of JupyterLab + jupyterhub-singleuser, and the
-# build args recorded as labels.  cuda_version is what the image's CUDA
-# libraries need from the host driver (the spawner checks it before starting).
+# What each variant adds on top of JupyterLab + jupyterhub-singleuser, and
+# fixed build args.  `workflow` variants also get images/workflow/ (train.py,
+# predict.py, the starter notebook) in their skel.  The TensorFlow and CUDA
+# labels are not written here: build.py reads them from the wheels it fetched
+# (see wheel_labels), so they cannot drift from what the image contains.
 VARIANTS: dict[str, dict] = {
     "minimal": {"requirements": ["minimal.txt"], "build_args": {}},
+    "mkl": {"requirements": ["minimal.txt", "workflow.txt", "mkl.txt"], "build_args": {},
+            "workflow": True},
+    "cuda": {"requirements": ["minimal.txt", "workflow.txt", "cuda.txt"], "build_args": {},
+             "workflow": True},
 }
 
 
@@ -57,11 +66,25 @@ def image_id(ref: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+WORKFLOW_DIR = HERE / "workflow"
+# Where the workflow lands inside the skel, i.e. in the user's home.
+WORKFLOW_SKEL = "tensorflow-examples"
+
+
+def workflow_files() -> list[Path]:
+    return sorted(p for p in WORKFLOW_DIR.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+
+
 def inputs_hash(variant: str, base_image: str, requirements: str) -> str:
     h = hashlib.sha256()
     for path in sorted([HERE / "Dockerfile", HERE / "start-notebook.sh", *(HERE / "skel").rglob("*")]):
         if path.is_file():
             h.update(str(path.relative_to(HERE)).encode())
+            h.update(path.read_bytes())
+    if VARIANTS[variant].get("workflow"):
+        for path in workflow_files():
+            h.update(f"workflow/{path.relative_to(WORKFLOW_DIR)}".encode())
             h.update(path.read_bytes())
     h.update(json.dumps({
         "variant": variant,
@@ -96,12 +119,60 @@ def fill_wheelhouse(requirements: str, python_version: str, wheelhouse: Path) ->
     req.unlink()
 
 
+def _major_minor(version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m:
+        raise ValueError(f"not a CUDA version: {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def tf_build_info(wheel: Path) -> dict:
+    """tf.sysconfig.get_build_info() of a TensorFlow wheel, read from the wheel
+    itself (tensorflow/python/platform/build_info.py) without installing it."""
+    with zipfile.ZipFile(wheel) as zf:
+        source = zf.read("tensorflow/python/platform/build_info.py").decode()
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "build_info" for t in node.targets)
+                and isinstance(node.value, ast.Call) and node.value.args):
+            return dict(ast.literal_eval(node.value.args[0]))
+    raise ValueError(f"{wheel.name}: no build_info in tensorflow/python/platform/build_info.py")
+
+
+def wheel_labels(wheelhouse: Path) -> dict[str, str]:
+    """TF_VERSION and CUDA_VERSION build args (the image's labels) from the wheels.
+
+    CUDA_VERSION is the CUDA the host driver must support, as major.minor: the
+    newer of the CUDA TensorFlow was built with and the CUDA runtime wheel
+    shipped beside it; "none" for a CPU-only build.  Variants without
+    TensorFlow get no values (the Dockerfile's defaults, "none")."""
+    tf_wheels = [w for w in wheelhouse.glob("*.whl") if re.match(r"tensorflow(_cpu)?-\d", w.name)]
+    if not tf_wheels:
+        return {}
+    if len(tf_wheels) > 1:
+        raise ValueError(f"more than one TensorFlow wheel in the wheelhouse: {[w.name for w in tf_wheels]}")
+    wheel = tf_wheels[0]
+    labels = {"TF_VERSION": wheel.name.split("-")[1], "CUDA_VERSION": "none"}
+    info = tf_build_info(wheel)
+    if info.get("is_cuda_build"):
+        needed = [_major_minor(str(info["cuda_version"]))]
+        for runtime in wheelhouse.glob("nvidia_cuda_runtime_cu*-*.whl"):
+            needed.append(_major_minor(runtime.name.split("-")[1]))
+        labels["CUDA_VERSION"] = "%d.%d" % max(needed)
+    return labels
+
+
+def image_size(ref: str) -> str:
+    out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", ref],
+                         capture_output=True, text=True)
+    return f"{int(out.stdout) / 1e9:.2f} GB" if out.returncode == 0 else "?"
+
+
 def build(variant: str, base_image: str, repo: str) -> str:
     requirements = requirements_text(variant)
     digest = inputs_hash(variant, base_image, requirements)
     ref = f"{repo}-{variant}:{digest}"
     if image_id(ref):
-        log(f"{ref} is up to date")
+        log(f"{ref} is up to date ({image_size(ref)})")
         return ref
 
     context = CACHE / "image-context" / variant
@@ -121,9 +192,20 @@ def build(variant: str, base_image: str, repo: str) -> str:
     for name in ("Dockerfile", "start-notebook.sh"):
         shutil.copy2(HERE / name, context / name)
     shutil.copytree(HERE / "skel", context / "skel")
+    if VARIANTS[variant].get("workflow"):
+        # The workflow goes into the skel: the image keeps a pristine copy under
+        # /opt/gpuhub/skel, and start-notebook.sh copies it to the user's home.
+        target = context / "skel" / WORKFLOW_SKEL
+        target.mkdir(parents=True, exist_ok=True)
+        for path in workflow_files():
+            dest = target / path.relative_to(WORKFLOW_DIR)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest)
 
-    args = {"BASE_IMAGE": base_image, "VARIANT": variant, **VARIANTS[variant]["build_args"]}
-    cmd = ["docker", "build", "--tag", ref, "--tag", f"{repo}-{variant}:latest",
+    args = {"BASE_IMAGE": base_image, "VARIANT": variant, **VARIANTS[variant]["build_args"],
+            **wheel_labels(context / "wheelhouse")}
+    # --force-rm: a failed step's container (it may hold the wheelhouse) goes too.
+    cmd = ["docker", "build", "--force-rm", "--tag", ref, "--tag", f"{repo}-{variant}:latest",
            "--label", f"{HASH_LABEL}={digest}"]
     for key, value in args.items():
         cmd += ["--build-arg", f"{key}={value}"]
@@ -135,6 +217,8 @@ def build(variant: str, base_image: str, repo: str) -> str:
     subprocess.run(["docker", "image", "prune", "--force", "--filter", "label=org.jupyter.gpuhub.stage=builder"],
                    capture_output=True)
     shutil.rmtree(context)
+    log(f"built {ref} ({image_size(ref)}; tensorflow {args.get('TF_VERSION', 'none')}, "
+        f"cuda {args.get('CUDA_VERSION', 'none')})")
     return ref
 
 

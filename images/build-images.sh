@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Build the local Debian base and the given notebook image variants, then print
+# their sizes.  What `make images` runs:
+#
+#     images/build-images.sh mkl            # the default
+#     images/build-images.sh mkl cuda       # also the CUDA image (~2.6 GB of wheels)
+#
+# Each image is tagged by the hash of its inputs, so an unchanged one is found,
+# not rebuilt.  Python packages come through the host's own pip settings and
+# stay out of the images (see images/Dockerfile).  BASE_IMAGE=... skips the
+# local base and builds on that image instead (e.g. debian:bookworm-slim where
+# a registry is reachable).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(dirname "$HERE")
+# build.py reads the hub's JupyterHub version, so it runs in the project's venv.
+PYTHON=${PYTHON:-$( [ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3 )}
+[ $# -gt 0 ] || set -- mkl
+
+BASE=${BASE_IMAGE:-$("$HERE/build-base.sh")}
+refs=("$BASE")
+for variant in "$@"; do
+    refs+=("$("$PYTHON" "$HERE/build.py" --variant "$variant" --base-image "$BASE")")
+done
+
+printf '\n%-48s %-8s %-6s %s\n' IMAGE TF CUDA SIZE
+for ref in "${refs[@]}"; do
+    docker image inspect --format \
+        '{{.Size}}|{{index .Config.Labels "org.jupyter.gpuhub.tensorflow-version"}}|{{index .Config.Labels "org.jupyter.gpuhub.cuda-version"}}' \
+        "$ref" | awk -F'|' -v ref="$ref" '{
+            tf = ($2 == "" || $2 ~ /no value/) ? "-" : $2
+            cuda = ($3 == "" || $3 ~ /no value/) ? "-" : $3
+            printf "%-48s %-8s %-6s %.2f GB\n", ref, tf, cuda, $1 / 1e9 }'
+done
