@@ -35,3 +35,137 @@ def test_profiles_file_replaces_the_default_profiles(tmp_path):
     f = tmp_path / "profiles.json"
     f.write_text('[{"slug": "only", "display_name": "Only", "image": "img"}]')
     assert load_settings({"GPUHUB_PROFILES_FILE": str(f)}).profiles[0]["slug"] == "only"
+
+
+# ------------------------------------------------------------ directory login
+
+CRYPT_KEY = "0" * 64  # 32 bytes in hex; a test value, not a secret
+
+
+def directory_env(**overrides) -> dict:
+    """A complete GPUHUB_DIRECTORY_* setting for OpenLDAP, changed by `overrides`."""
+    env = {
+        "GPUHUB_DIRECTORY": "openldap",
+        "GPUHUB_DIRECTORY_SERVER": "ldap.example.com",
+        "GPUHUB_DIRECTORY_BIND_DN": "cn=hub,ou=services,dc=example,dc=com",
+        "GPUHUB_DIRECTORY_BIND_PASSWORD": "Bind-Secret-1",
+        "GPUHUB_DIRECTORY_USER_BASE": "ou=people,dc=example,dc=com",
+        "GPUHUB_DIRECTORY_GROUP_BASE": "ou=groups,dc=example,dc=com",
+        "GPUHUB_DIRECTORY_ALLOWED_GROUPS": "gpu-users, ml-team",
+        "GPUHUB_DIRECTORY_ADMIN_GROUPS": "hub-admins",
+        "JUPYTERHUB_CRYPT_KEY": CRYPT_KEY,
+    }
+    env.update(overrides)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def authenticator_traits(env: dict) -> dict:
+    """The traits of a real DirectoryAuthenticator made from these settings
+    (its own checks run in __init__, so a setting it refuses fails here)."""
+    from traitlets.config import Config
+
+    from spawner.auth import DirectoryAuthenticator
+    from spawner.settings import configure_directory
+
+    c = Config()
+    configure_directory(c, load_settings(env).directory)
+    auth = DirectoryAuthenticator(config=c)
+    return {name: getattr(auth, name) for name in c.DirectoryAuthenticator}
+
+
+def test_openldap_defaults_to_verified_starttls_on_389():
+    traits = authenticator_traits(directory_env(GPUHUB_DIRECTORY_CA_FILE=__file__))
+    assert traits["directory"] == "openldap"
+    assert traits["server_address"] == "ldap.example.com"
+    assert (str(traits["tls_strategy"].name), traits["server_port"]) == ("before_bind", 389)
+    assert traits["allow_plaintext"] is False
+    assert traits["tls_ca_file"] == __file__
+    assert traits["allowed_groups"] == ["gpu-users", "ml-team"]
+    assert traits["admin_groups"] == ["hub-admins"]
+    assert traits["group_search_base"] == "ou=groups,dc=example,dc=com"
+    assert traits["lookup_dn_search_user"] == "cn=hub,ou=services,dc=example,dc=com"
+    assert traits["lookup_dn_search_password"] == "Bind-Secret-1"
+
+
+def test_active_directory_defaults_to_ldaps_on_636_and_groups_under_the_user_base():
+    traits = authenticator_traits(directory_env(
+        GPUHUB_DIRECTORY="active_directory", GPUHUB_DIRECTORY_GROUP_BASE=None,
+        GPUHUB_DIRECTORY_TLS_SERVER_NAME="dc1.corp.example.com"))
+    assert (str(traits["tls_strategy"].name), traits["server_port"]) == ("on_connect", 636)
+    assert traits["group_search_base"] == traits["user_search_base"]
+    assert traits["tls_kwargs"] == {"valid_names": ["dc1.corp.example.com"]}
+
+
+def test_plain_ldap_only_with_the_explicit_allow_flag():
+    traits = authenticator_traits(directory_env(
+        GPUHUB_DIRECTORY_TLS="plain", GPUHUB_DIRECTORY_ALLOW_PLAINTEXT="true"))
+    assert (str(traits["tls_strategy"].name), traits["allow_plaintext"]) == ("insecure", True)
+    with pytest.raises(SettingsError, match="GPUHUB_DIRECTORY_ALLOW_PLAINTEXT"):
+        load_settings(directory_env(GPUHUB_DIRECTORY_TLS="plain"))
+
+
+def test_bind_password_from_a_file_without_its_trailing_newline(tmp_path):
+    secret = tmp_path / "bind-password"
+    secret.write_text("From-A-File 2\n")
+    s = load_settings(directory_env(GPUHUB_DIRECTORY_BIND_PASSWORD=None,
+                                    GPUHUB_DIRECTORY_BIND_PASSWORD_FILE=str(secret)))
+    assert s.directory.bind_password == "From-A-File 2"
+
+
+def test_the_bind_password_never_shows_in_the_settings_or_their_errors(tmp_path):
+    s = load_settings(directory_env())
+    assert "Bind-Secret-1" not in repr(s) and "Bind-Secret-1" not in str(s)
+    for env in (directory_env(GPUHUB_DIRECTORY_BIND_DN=None),
+                directory_env(GPUHUB_DIRECTORY_BIND_PASSWORD_FILE=str(tmp_path / "x"))):
+        with pytest.raises(SettingsError) as err:
+            load_settings(env)
+        assert "Bind-Secret-1" not in str(err.value)
+
+
+def test_no_gpuhub_directory_leaves_the_directory_to_a_config_file():
+    # hub_config/examples/*.py set c.DirectoryAuthenticator themselves.
+    assert load_settings({"GPUHUB_AUTHENTICATOR": "ldap"}).directory is None
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ({"GPUHUB_DIRECTORY": "novell"}, "GPUHUB_DIRECTORY"),
+    ({"GPUHUB_DIRECTORY_SERVER": None}, "GPUHUB_DIRECTORY_SERVER"),
+    ({"GPUHUB_DIRECTORY_SERVER": "ldaps://ldap.example.com:636"}, "GPUHUB_DIRECTORY_SERVER"),
+    ({"GPUHUB_DIRECTORY_PORT": "ldap"}, "GPUHUB_DIRECTORY_PORT"),
+    ({"GPUHUB_DIRECTORY_PORT": "70000"}, "GPUHUB_DIRECTORY_PORT"),
+    ({"GPUHUB_DIRECTORY_TLS": "ssl"}, "GPUHUB_DIRECTORY_TLS"),
+    ({"GPUHUB_DIRECTORY_TLS": "plain"}, "GPUHUB_DIRECTORY_TLS"),
+    ({"GPUHUB_DIRECTORY_ALLOW_PLAINTEXT": "true"}, "GPUHUB_DIRECTORY_ALLOW_PLAINTEXT"),
+    ({"GPUHUB_DIRECTORY_TLS": "plain", "GPUHUB_DIRECTORY_ALLOW_PLAINTEXT": "yes",
+      "GPUHUB_DIRECTORY_CA_FILE": __file__}, "GPUHUB_DIRECTORY_CA_FILE"),
+    ({"GPUHUB_DIRECTORY_CA_FILE": "/nonexistent/ca.pem"}, "GPUHUB_DIRECTORY_CA_FILE"),
+    ({"GPUHUB_DIRECTORY_BIND_PASSWORD": None}, "GPUHUB_DIRECTORY_BIND_PASSWORD"),
+    ({"GPUHUB_DIRECTORY_BIND_DN": None}, "GPUHUB_DIRECTORY_BIND_DN"),
+    ({"GPUHUB_DIRECTORY_BIND_PASSWORD_FILE": "/nonexistent/pw"}, "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE"),
+    ({"GPUHUB_DIRECTORY": "active_directory", "GPUHUB_DIRECTORY_BIND_DN": None,
+      "GPUHUB_DIRECTORY_BIND_PASSWORD": None}, "GPUHUB_DIRECTORY_BIND_DN"),
+    ({"GPUHUB_DIRECTORY_USER_BASE": None}, "GPUHUB_DIRECTORY_USER_BASE"),
+    ({"GPUHUB_DIRECTORY_ALLOWED_GROUPS": " , "}, "GPUHUB_DIRECTORY_ALLOWED_GROUPS"),
+    ({"JUPYTERHUB_CRYPT_KEY": None}, "JUPYTERHUB_CRYPT_KEY"),
+    ({"JUPYTERHUB_CRYPT_KEY": "too-short"}, "JUPYTERHUB_CRYPT_KEY"),
+    ({"GPUHUB_DIRECTORY": None}, "GPUHUB_DIRECTORY"),  # the others set without it
+    ({"GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x"}, "GPUHUB_DIRECTORY"),
+])
+def test_missing_or_contradictory_directory_settings_name_the_variable(overrides, named):
+    with pytest.raises(SettingsError) as err:
+        load_settings(directory_env(**overrides))
+    assert named in str(err.value)
+
+
+def test_both_password_variables_are_a_contradiction(tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("x")
+    with pytest.raises(SettingsError, match="GPUHUB_DIRECTORY_BIND_PASSWORD_FILE"):
+        load_settings(directory_env(GPUHUB_DIRECTORY_BIND_PASSWORD_FILE=str(secret)))
+
+
+def test_crypt_key_may_be_base64_or_several_keys_while_rotating():
+    import base64
+
+    b64 = base64.urlsafe_b64encode(bytes(range(32))).decode()
+    assert load_settings(directory_env(JUPYTERHUB_CRYPT_KEY=f"{b64};{CRYPT_KEY}")).directory
