@@ -306,3 +306,46 @@ def test_metrics_report_the_pool(make_hub):
     assert 'gpuhub_gpus{state="lent"} 1.0' in text
     assert 'gpuhub_gpus{state="free"} 3.0' in text
     assert "gpuhub_lease_wait_seconds_count 1.0" in text
+
+
+@pytest.fixture(scope="module")
+def newer_cuda_image(docker_client, notebook_image):
+    """The test image, labelled as needing a newer CUDA than the (simulated) driver's 12.4."""
+    import io
+
+    tag = "gpuhub/test-needs-cuda:13.9"
+    dockerfile = f"FROM {notebook_image}\nLABEL org.jupyter.gpuhub.cuda-version=13.9\n"
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
+    return tag
+
+
+def test_image_needing_newer_cuda_than_the_driver_is_refused(make_hub, docker_client, newer_cuda_image):
+    hub = make_hub(f"""
+c.GPUDockerSpawner.profiles = [{{"slug": "new-cuda", "display_name": "New CUDA",
+                                 "image": {newer_cuda_image!r}, "gpus": 1}}]
+""")
+    hub.create_user("sam")
+    r = hub.api("POST", "/users/sam/server", json={"profile": "new-cuda"})
+    if r.status_code in (201, 202):  # the failure may arrive after the POST returned
+        wait_for(lambda: hub.server_model("sam") is None, what="the spawn to fail")
+        message = hub.log_tail(200)
+    else:
+        message = r.json()["message"]
+    assert "needs CUDA 13.9" in message and "supports up to 12.4" in message
+    assert ledger(hub).history(user="sam") == []  # refused before any lease
+    assert hub.containers(docker_client) == []
+
+
+def test_kept_containers_are_recreated_when_the_gpus_differ(make_hub, docker_client):
+    # DockerSpawner's remove=False restarts the old container as it was, GPU pinning
+    # included; the spawner must not let that hand out a GPU the user no longer holds.
+    hub = make_hub("c.GPUDockerSpawner.remove = False\n")
+    hub.create_user("tia")
+    first = hub.start_server("tia", {"profile": "tf-gpu-1"})["state"]["gpu_uuids"]
+    hub.stop_server("tia")
+    assert [c.status for c in hub.containers(docker_client)] == ["exited"]  # kept
+    # Drain tia's old GPU, so her next lease is surely another one.
+    ledger(hub).drain(first[0])
+    second = hub.start_server("tia", {"profile": "tf-gpu-1"})["state"]["gpu_uuids"]
+    assert second != first
+    assert visible_devices(container_of(hub, docker_client, "tia")) == ",".join(second)

@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Spawn benchmarks for GPUDockerSpawner, on real hubs and a real dockerd.
+
+1. REST POST -> ready: `gpu-docker` with 1 simulated GPU versus plain
+   DockerSpawner, same image, same network, alternating in one run.
+2. A storm: N users spawn at once against 4 GPUs, each keeps its server a
+   moment and stops it; time until all have run, lease wait p50/p99 (from the
+   ledger), and a check of the ledger's history for double lending.
+
+    .venv/bin/python bench/bench_spawner.py [--rounds 5] [--storm-users 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import docker  # noqa: E402
+
+from spawner.pool import GPUPool  # noqa: E402
+from tests.fixtures.hub import cleanup_hub, ensure_chp, prepare_hub  # noqa: E402
+
+PLAIN_DOCKERSPAWNER = """
+c.JupyterHub.spawner_class = "docker"
+c.DockerSpawner.image = {image!r}
+c.DockerSpawner.network_name = {network!r}
+c.DockerSpawner.use_internal_ip = True
+c.DockerSpawner.remove = True
+c.DockerSpawner.pull_policy = "never"
+c.DockerSpawner.prefix = {prefix!r}
+"""
+
+
+def build_images() -> tuple[str, str]:
+    subprocess.run(["bash", "tests/harness/docker-up.sh"], cwd=REPO, check=True)
+    base = subprocess.run(["bash", "images/build-base.sh"], cwd=REPO, check=True,
+                          capture_output=True, text=True).stdout.split()[-1]
+    image = subprocess.run([sys.executable, "images/build.py", "--variant", "minimal", "--base-image", base],
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()[-1]
+    return base, image
+
+
+def network(client) -> str:
+    name = "gpuhub-bench"
+    try:
+        client.networks.get(name)
+    except docker.errors.NotFound:
+        client.networks.create(name, driver="bridge")
+    return name
+
+
+def time_to_ready(hub, user: str, options: dict) -> float:
+    began = time.perf_counter()
+    r = hub.api("POST", f"/users/{user}/server", json=options)
+    assert r.status_code in (201, 202), r.text
+    while True:
+        server = hub.server_model(user)
+        if server and server.get("ready"):
+            return time.perf_counter() - began
+        assert server is not None, f"spawn failed:\n{hub.log_tail()}"
+        time.sleep(0.05)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def bench_post_to_ready(client, image: str, net: str, workdir: Path, rounds: int) -> None:
+    gpu_hub = prepare_hub(workdir / "gpu", image, net)
+    plain_hub = prepare_hub(workdir / "plain", image, net)
+    plain_hub.config_file.write_text(plain_hub.config_file.read_text() + PLAIN_DOCKERSPAWNER.format(
+        image=image, network=net, prefix=plain_hub.prefix))
+    try:
+        for hub in (gpu_hub, plain_hub):
+            hub.start()
+            hub.create_user("bench")
+            # Warm-up spawn (first container creation pays one-off costs).
+            time_to_ready(hub, "bench", {"profile": "tf-gpu-1"} if hub is gpu_hub else {})
+            hub.stop_server("bench")
+        results: dict[str, list[float]] = {"gpu-docker (1 simulated GPU)": [], "DockerSpawner": []}
+        stops: dict[str, list[float]] = {k: [] for k in results}
+        for _ in range(rounds):
+            for label, hub, options in (("gpu-docker (1 simulated GPU)", gpu_hub, {"profile": "tf-gpu-1"}),
+                                        ("DockerSpawner", plain_hub, {})):
+                results[label].append(time_to_ready(hub, "bench", options))
+                began = time.perf_counter()
+                hub.stop_server("bench")
+                stops[label].append(time.perf_counter() - began)
+        base = statistics.median(results["DockerSpawner"])
+        print(f"\nREST POST -> ready, {rounds} alternating rounds (seconds)")
+        print(f"{'spawner':32} {'median':>8} {'min':>8} {'max':>8} {'ratio':>7} {'stop med':>9}")
+        for label, values in results.items():
+            med = statistics.median(values)
+            print(f"{label:32} {med:8.2f} {min(values):8.2f} {max(values):8.2f} {med / base:7.3f} "
+                  f"{statistics.median(stops[label]):9.2f}")
+    finally:
+        cleanup_hub(gpu_hub, client)
+        cleanup_hub(plain_hub, client)
+
+
+def bench_storm(client, image: str, net: str, workdir: Path, users: int, hold: float) -> None:
+    hub = prepare_hub(workdir / "storm", image, net, env={"GPUHUB_LEASE_WAIT_TIMEOUT": "600"})
+    hub.start()
+    names = [f"storm{i:02d}" for i in range(users)]
+    for name in names:
+        hub.create_user(name)
+    posted: dict[str, float] = {}
+    errors: list[str] = []
+
+    def one(name: str) -> None:
+        try:
+            posted[name] = time.time()
+            r = hub.api("POST", f"/users/{name}/server", json={"profile": "tf-gpu-1"}, timeout=700)
+            assert r.status_code in (201, 202), r.text
+            hub.wait_ready(name, timeout=700)
+            time.sleep(hold)
+            hub.stop_server(name, timeout=120)
+        except Exception as exc:  # reported below
+            errors.append(f"{name}: {exc}")
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    total = time.perf_counter() - began
+    try:
+        ledger = GPUPool(db_url=f"sqlite:///{hub.directory / 'gpu-pool.sqlite'}")
+        history = ledger.history()
+        waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history if lease.user in posted]
+        overlaps = 0
+        by_gpu: dict[str, list] = {}
+        for lease in history:
+            for uuid in lease.gpu_uuids:
+                by_gpu.setdefault(uuid, []).append((lease.started_at, lease.ended_at))
+        for spans in by_gpu.values():
+            spans.sort()
+            overlaps += sum(1 for a, b in zip(spans, spans[1:]) if a[1] is None or a[1] > b[0])
+        print(f"\nStorm: {users} users spawn at once against 4 GPUs, each holds its server {hold:.0f} s")
+        print(f"{'users':>6} {'all run (s)':>12} {'wait p50 (s)':>13} {'wait p99 (s)':>13} "
+              f"{'leases':>7} {'double lent':>12} {'errors':>7}")
+        print(f"{users:6d} {total:12.1f} {percentile(waits, 0.5):13.2f} {percentile(waits, 0.99):13.2f} "
+              f"{len(history):7d} {overlaps:12d} {len(errors):7d}")
+        for e in errors:
+            print("  error:", e[:300])
+    finally:
+        cleanup_hub(hub, client)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--storm-users", type=int, default=16)
+    parser.add_argument("--hold", type=float, default=2.0, help="seconds each storm user keeps its server")
+    parser.add_argument("--skip-storm", action="store_true")
+    args = parser.parse_args()
+    ensure_chp()
+    _, image = build_images()
+    client = docker.from_env()
+    net = network(client)
+    with tempfile.TemporaryDirectory(prefix="gpuhub-bench-") as tmp:
+        work = Path(tmp)
+        for sub in ("gpu", "plain", "storm"):
+            (work / sub).mkdir()
+        bench_post_to_ready(client, image, net, work, args.rounds)
+        if not args.skip_storm:
+            bench_storm(client, image, net, work, args.storm_users, args.hold)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
