@@ -344,3 +344,23 @@ def test_state_survives_a_new_pool_object(tmp_path):
     second = make_pool(tmp_path)
     assert second.lease(lease.id) == lease
     assert [s.state for s in second.gpus()].count("drained") == 1
+
+
+def test_hand_written_sqlite_statements_agree_with_core(tmp_path):
+    # The hot path runs hand-written SQL on SQLite and Core elsewhere: the
+    # same story told through both must leave the same ledger.
+    results = []
+    for fast in (True, False):
+        pool = make_pool(tmp_path, name=f"{fast}.sqlite", max_gpus_per_user=3, backfill_window=0)
+        pool._engine_ready()
+        pool._fast_sqlite = fast
+        a = pool.try_acquire("alice", "", 2, groups=["ml"])
+        b = pool.try_acquire("bob", "x", 2)
+        with pytest.raises(QuotaExceeded):
+            pool.try_acquire("alice", "more", 2)
+        pool.release(a.id, "culled")
+        c = pool.try_acquire("carol", "", 1)
+        results.append([(l.user, l.server_name, len(l.gpu_uuids), l.groups, l.end_reason, l.ended_at is None)
+                        for l in pool.history()])
+        assert set(c.gpu_uuids) <= set(a.gpu_uuids) and pool.lease(b.id).active
+    assert results[0] == results[1]
