@@ -1,0 +1,207 @@
+"""Benchmark: from the idle culler's DELETE to the GPU being leasable again.
+
+    .venv/bin/python bench/bench_culling.py [--rounds 5]
+
+Starts a real hub (one simulated GPU, the real jupyterhub-idle-culler with a
+GPU timeout of a few seconds), then, each round, spawns a GPU server, leaves
+it idle and waits for the culler.  The clock starts at the culler's
+"Culling server ..." log line, written just before it sends DELETE to the
+hub, and stops when another client of the ledger can lease the GPU (a real
+try_acquire, released at once).  The baseline, run in the same process, is a
+user's own REST DELETE to the same point.  Prints a table; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from spawner.pool import GPUPool  # noqa: E402
+from tests.fixtures.hub import DUMMY_PASSWORD, Hub  # noqa: E402
+from tests.fixtures.services import free_port  # noqa: E402
+
+NETWORK = "gpuhub-bench"
+CULL_LINE = re.compile(r"\[I (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) GPUIdleCuller \S+\] Culling server (\S+) ")
+CULLER_CONFIG = """
+from spawner.culling import configure_culler
+from spawner.settings import load_settings
+configure_culler(c, load_settings())
+"""
+
+
+def run(cmd: list[str]) -> str:
+    return subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def prepare() -> tuple[str, str]:
+    """dockerd, the notebook image and a bridge network, as the test fixtures make them."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception:
+        run(["bash", "tests/harness/docker-up.sh"])
+        client = docker.from_env()
+    image = os.environ.get("GPUHUB_BENCH_IMAGE")
+    if not image:
+        base = run(["bash", "images/build-base.sh"]).splitlines()[-1]
+        image = run([sys.executable, "images/build.py", "--variant", "minimal", "--base-image", base]).splitlines()[-1]
+    try:
+        client.networks.get(NETWORK)
+    except docker.errors.NotFound:
+        client.networks.create(NETWORK, driver="bridge", labels={"org.jupyter.gpuhub.test": "1"})
+    return image, NETWORK
+
+
+def start_hub(image: str, network: str, directory: Path) -> Hub:
+    token = secrets.token_hex(24)
+    prefix = f"gpuhub-b{secrets.token_hex(3)}"
+    port, hub_port, api_port = free_port(), free_port(), free_port()
+    config = directory / "jupyterhub_config.py"
+    config.write_text(textwrap.dedent(f"""
+        load_subconfig({str(REPO / 'hub_config' / 'jupyterhub_config.py')!r})
+        c.JupyterHub.services = [{{"name": "bench-admin", "api_token": {token!r}}}]
+        c.JupyterHub.load_roles = [{{"name": "admin", "services": ["bench-admin"]}}]
+    """) + CULLER_CONFIG)
+    env = {
+        **os.environ,
+        "GPUHUB_BIND_URL": f"http://127.0.0.1:{port}",
+        "GPUHUB_HUB_PORT": str(hub_port),
+        "GPUHUB_PROXY_API_PORT": str(api_port),
+        "GPUHUB_DATA_DIR": str(directory),
+        "GPUHUB_DOCKER_NETWORK": network,
+        "GPUHUB_CONTAINER_PREFIX": prefix,
+        "GPUHUB_HOME_VOLUME": f"{prefix}-home-{{username}}",
+        "GPUHUB_INVENTORY": "simulated",
+        "GPUHUB_SIMULATED_GPUS": "1",
+        "GPUHUB_CPU_IMAGE": image,
+        "GPUHUB_GPU_IMAGE": image,
+        "GPUHUB_AUTHENTICATOR": "dummy",
+        "GPUHUB_DUMMY_PASSWORD": DUMMY_PASSWORD,
+        "GPUHUB_CULL": "true",
+        "GPUHUB_CULL_EVERY": "1",
+        "GPUHUB_CULL_TIMEOUT_GPU": "10",  # longer than a loaded machine's spawn
+        "GPUHUB_CULL_TIMEOUT_CPU": "600",
+        "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(24),
+        "PYTHONUNBUFFERED": "1",
+    }
+    hub = Hub(directory=directory, env=env, config_file=config, port=port, token=token, prefix=prefix,
+              log_path=directory / "hub.log")
+    return hub.start()
+
+
+def wait_leasable(pool: GPUPool, timeout: float = 120) -> float:
+    """Poll until another client can lease the GPU; the wall-clock time it could."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pool.counts().get("free", 0) >= 1:
+            lease = pool.try_acquire("bench-probe", "", 1)
+            if lease is not None:
+                at = time.time()
+                pool.release(lease.id, "stopped")
+                return at
+        time.sleep(0.01)
+    raise TimeoutError("the GPU did not become leasable")
+
+
+def cull_logged_at(hub: Hub, user: str, timeout: float = 30) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in hub.log_path.read_text(errors="replace").splitlines():
+            m = CULL_LINE.search(line)
+            if m and m.group(2) == user:
+                return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
+        time.sleep(0.1)
+    raise TimeoutError(f"no cull of {user} in the log")
+
+
+def container_stop_seconds(hub: Hub, user: str) -> float:
+    """From the spawner's `Stopping container` to its `Released GPU lease`, from the hub log:
+    the part of the path spent waiting for the single-user server to exit."""
+    stamp = r"\[\w (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) "
+    text = hub.log_path.read_text(errors="replace")
+    begin = re.search(stamp + r".*Stopping container " + re.escape(f"{hub.prefix}-{user}") + " ", text)
+    end = re.search(stamp + r".*Released GPU lease \d+ of " + re.escape(user) + " ", text)
+    if not (begin and end):
+        return float("nan")
+    parse = lambda m: datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()  # noqa: E731
+    return parse(end) - parse(begin)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    image, network = prepare()
+    directory = Path(tempfile.mkdtemp(prefix="bench-culling-"))
+    hub = start_hub(image, network, directory)
+    pool = GPUPool(db_url=f"sqlite:///{directory}/gpu-pool.sqlite")
+    culled, stopped = [], []
+    culled_docker, stopped_docker = [], []
+    try:
+        for i in range(args.rounds):
+            user = f"cull{i}"
+            hub.create_user(user)
+            hub.start_server(user, {"profile": "tf-gpu-1"})
+            free_at = wait_leasable(pool)  # the culler stops it: nobody touches it
+            culled.append(free_at - cull_logged_at(hub, user))
+            culled_docker.append(container_stop_seconds(hub, user))
+
+            # Baseline: the user stops it themself, right away (before the culler would).
+            user = f"stop{i}"
+            hub.create_user(user)
+            hub.start_server(user, {"profile": "tf-gpu-1"})
+            sent = time.time()
+            r = hub.api("DELETE", f"/users/{user}/server", token=hub.user_token(user))
+            assert r.status_code in (202, 204), r.text
+            stopped.append(wait_leasable(pool) - sent)
+            stopped_docker.append(container_stop_seconds(hub, user))
+            print(f"round {i + 1}/{args.rounds}: culled {culled[-1]:.3f} s, user stop {stopped[-1]:.3f} s",
+                  file=sys.stderr)
+    finally:
+        pool.close()
+        hub.stop()
+        import docker
+
+        client = docker.from_env()
+        for c in hub.containers(client):
+            c.remove(force=True)
+        for v in client.volumes.list():
+            if v.name.startswith(f"{hub.prefix}-"):
+                v.remove(force=True)
+
+    base = statistics.median(stopped)
+    print()
+    print("GPU leasable again after a stop (1 simulated GPU, real hub, culler, dockerd)")
+    print(f"{'path':<30} {'rounds':>6} {'median s':>9} {'p90 s':>7} {'vs user stop':>13} "
+          f"{'of which container exit s':>26}")
+    for name, values, docker_part in (("culler DELETE -> leasable", culled, culled_docker),
+                                      ("user REST DELETE -> leasable", stopped, stopped_docker)):
+        med = statistics.median(values)
+        print(f"{name:<30} {len(values):>6} {med:>9.3f} {pct(values, 0.9):>7.3f} {med / base:>12.2f}x "
+              f"{statistics.median(docker_part):>26.3f}")
+    print("goal: culler DELETE -> leasable, median < 2 s")
+
+
+if __name__ == "__main__":
+    main()
