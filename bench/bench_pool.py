@@ -98,9 +98,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000, help="acquire+release pairs per process (1 process)")
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    parser.add_argument("--pg-fast", action="store_true",
+                        help="also run PostgreSQL with fsync off: the pool's cost without this disk's fsync time")
     args = parser.parse_args()
 
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    if "postgresql" in backends and args.pg_fast:
+        backends.append("postgresql-fast")
     rows = []
     tmp = tempfile.mkdtemp(prefix="bench-pool-")
     server = None
@@ -112,9 +116,10 @@ def main() -> int:
             else:
                 from tests.fixtures.postgres import create_database, start_postgres
 
-                server = start_postgres(durable=True)
+                durable = backend == "postgresql"
+                server = start_postgres(durable=durable)
                 url = create_database(server, "bench")
-                note = "local server, fsync on"
+                note = "local server, fsync on" if durable else "local server, fsync off"
             make_pool(url).sync_inventory()
             base = floor(url, args.ops // 2)
             for procs in (1, 8):
@@ -135,11 +140,11 @@ def main() -> int:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    header = f"{'backend':<11} {'procs':>5} {'ops':>6} {'ops/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'x floor':>7}  note"
+    header = f"{'backend':<15} {'procs':>5} {'ops':>6} {'ops/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'x floor':>7}  note"
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['backend']:<11} {r['procs']:>5} {r['ops']:>6} {r['ops_s']:>8.0f} {fmt(r['p50'], '7.2f')} "
+        print(f"{r['backend']:<15} {r['procs']:>5} {r['ops']:>6} {r['ops_s']:>8.0f} {fmt(r['p50'], '7.2f')} "
               f"{fmt(r['p99'], '7.2f')} {fmt(r['x_floor'], '7.1f')}  {r['note']}")
     print(f"\ncpus: {os.cpu_count()}; {GPUS} simulated GPUs; each op = try_acquire(1) + release")
     return 0

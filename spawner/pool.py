@@ -777,7 +777,7 @@ class GPUPool(LoggingConfigurable):
             # Bounds the wait for the advisory lock (and any row lock).
             "options": f"-c lock_timeout={int(self.lock_timeout * 1000)}",
         }
-        return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+        return create_engine(url, connect_args=connect_args)
 
     def _unavailable(self, error: Exception) -> PoolUnavailable:
         orig = getattr(error, "orig", None) or error
@@ -883,15 +883,22 @@ class GPUPool(LoggingConfigurable):
         durable=False lets PostgreSQL skip waiting for the commit's fsync; only
         for writes that are safe to lose in a server crash.
         """
+        reconnected = False
         for attempt in range(INTEGRITY_RETRIES):
             try:
-                with self._guard(), (self._host_lock() if write else _nothing()), engine.connect() as conn:
+                with self._guard(), _Reconnect(reconnected), (self._host_lock() if write else _nothing()), \
+                        engine.connect() as conn:
                     if write:
                         conn.execution_options(gpu_pool_write=True)
                     with conn.begin():
                         if write and engine.dialect.name == "postgresql":
                             conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX)
                         return fn(conn, *args)
+            except _Reconnect.Retry:
+                # A pooled connection had died (server restart): the
+                # transaction rolled back with it, so running it again on a
+                # fresh connection is safe.  Once.
+                reconnected = True
             except (sa_exc.IntegrityError, sqlite3.IntegrityError) as e:
                 # Only something that bypassed the lock gets here (the unique
                 # index caught it): re-read the ledger and decide again.
@@ -1655,6 +1662,28 @@ class GPUPool(LoggingConfigurable):
 @contextmanager
 def _nothing():
     yield
+
+
+class _Reconnect:
+    """Turns the first 'connection was invalidated' error into Retry.
+
+    Cheaper than pinging the server before every transaction
+    (pool_pre_ping costs a round trip each time).
+    """
+
+    class Retry(Exception):
+        pass
+
+    def __init__(self, already: bool):
+        self.already = already
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self.already and isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+            raise self.Retry() from exc
+        return False
 
 
 class _CancelledAfter(Exception):

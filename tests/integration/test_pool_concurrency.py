@@ -248,3 +248,12 @@ def test_postgres_lock_held_too_long_is_a_clear_error(postgres_database):
         assert url.password not in str(info.value)
     assert pool.history() == []
     assert pool.try_acquire("alice", "", 1) is not None
+
+
+def test_postgres_restart_is_survived_without_an_error(postgres_server, postgres_database):
+    pool = make_pool(postgres_database)
+    first = pool.try_acquire("alice", "", 1)
+    postgres_server.restart()
+    # The pooled connection died with the server; the next call reconnects.
+    assert pool.release(first.id, "stopped") is True
+    assert pool.try_acquire("bob", "", 1) is not None
