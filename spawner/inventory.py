@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from traitlets import Dict, Int, List, Unicode, validate, TraitError
+from traitlets import Dict, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
 # NVML topology levels (nvmlGpuTopologyLevel_t): lower = closer.
@@ -68,7 +68,6 @@ class Inventory(LoggingConfigurable):
     """Base class: the GPUs of one Docker host."""
 
     host = Unicode(
-        socket.gethostname(),
         config=True,
         help="""Name of the Docker host these GPUs are attached to.
 
@@ -76,6 +75,11 @@ class Inventory(LoggingConfigurable):
         hubs on several hosts.  Defaults to this machine's host name.
         """,
     )
+
+    @default("host")
+    def _default_host(self):
+        # Computed per instance, not at import: the name is the machine's.
+        return socket.gethostname()
 
     def gpus(self) -> list[GPU]:
         """Healthy, leasable units, ordered by index."""
@@ -122,11 +126,8 @@ class StaticInventory(Inventory):
 
         Keys: `uuid` (required; what Docker's device request gets), `index`
         (required), `name`, `memory_mib`, `parent_uuid` (for MIG instances),
-        `pci_bus_id`, `host` (defaults to `StaticInventory.host`).  Example::
-
-            c.StaticInventory.gpus_list = [
-                {"uuid": "GPU-8f6c...", "index": 0, "name": "NVIDIA A100", "memory_mib": 40960},
-            ]
+        `pci_bus_id`, `host` (defaults to `StaticInventory.host`).  Example:
+        `[{"uuid": "GPU-8f6c...", "index": 0, "name": "NVIDIA A100", "memory_mib": 40960}]`.
         """,
     )
 

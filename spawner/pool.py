@@ -583,7 +583,8 @@ class GPUPool(LoggingConfigurable):
         help="""SQLAlchemy URL of the ledger database.
 
         The default is an SQLite file next to the hub's own database (in the
-        directory the hub runs in).  Use PostgreSQL
+        directory the hub runs in; a `.lock` file sits beside it, and every
+        hub process using it must run on this machine).  Use PostgreSQL
         (`postgresql+psycopg://user:password@host/db`, needs the `postgres`
         extra) when several hubs or hosts share GPUs.  The tables are created
         on first use.  The password never appears in logs or messages.
