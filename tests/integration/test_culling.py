@@ -22,13 +22,6 @@ import requests
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
 
-# The test fixture replaces c.JupyterHub.services and load_roles after the
-# project config ran; put the culler back the way apply_settings adds it.
-CULLER_CONFIG = """
-from spawner.culling import configure_culler
-from spawner.settings import load_settings
-configure_culler(c, load_settings())
-"""
 
 
 def culling_hub(make_hub, **env):
@@ -39,7 +32,8 @@ def culling_hub(make_hub, **env):
         "GPUHUB_CULL_TIMEOUT_CPU": "600",
     }
     settings.update({k: str(v) for k, v in env.items()})
-    return make_hub(CULLER_CONFIG, env=settings)
+    # GPUHUB_CULL=true: hub_config adds the culler service exactly as in production.
+    return make_hub(env=settings)
 
 
 def pool_of(hub) -> GPUPool:
