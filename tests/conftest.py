@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.fixtures.hub",
     "tests.fixtures.postgres",
     "tests.fixtures.directory",
+    "tests.fixtures.browser",
 ]
