@@ -169,3 +169,36 @@ def test_crypt_key_may_be_base64_or_several_keys_while_rotating():
 
     b64 = base64.urlsafe_b64encode(bytes(range(32))).decode()
     assert load_settings(directory_env(JUPYTERHUB_CRYPT_KEY=f"{b64};{CRYPT_KEY}")).directory
+
+
+def read_env_file(path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
+
+
+def test_the_production_example_is_complete_and_names_only_real_settings(tmp_path):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "hub_config" / "examples" / "production.env"
+    env = read_env_file(example)
+    source = (Path(__file__).resolve().parents[2] / "spawner" / "settings.py").read_text()
+    commented = {line.lstrip("#").partition("=")[0] for line in example.read_text().splitlines()
+                 if line.startswith("#GPUHUB_")}
+    for name in set(env) | commented:
+        assert name == "JUPYTERHUB_CRYPT_KEY" or f'"{name}"' in source, f"{name} is not a setting"
+    # With its files present and a real key, it is a valid configuration.
+    (tmp_path / "ca.pem").write_text("x")
+    (tmp_path / "pw").write_text("Service-Secret\n")
+    env.update(GPUHUB_DIRECTORY_CA_FILE=str(tmp_path / "ca.pem"),
+               GPUHUB_DIRECTORY_BIND_PASSWORD_FILE=str(tmp_path / "pw"),
+               GPUHUB_DATA_DIR=str(tmp_path), JUPYTERHUB_CRYPT_KEY=CRYPT_KEY)
+    s = load_settings(env)
+    assert s.directory.kind == "active_directory" and s.directory.bind_password == "Service-Secret"
+    assert s.cleanup_servers is False
+    # ...and the placeholder key is refused, naming the variable.
+    with pytest.raises(SettingsError, match="JUPYTERHUB_CRYPT_KEY"):
+        load_settings({**env, "JUPYTERHUB_CRYPT_KEY": read_env_file(example)["JUPYTERHUB_CRYPT_KEY"]})
