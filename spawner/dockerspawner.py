@@ -20,7 +20,7 @@ from typing import Any
 
 from dockerspawner import DockerSpawner
 from tornado import web
-from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, Unicode, Union, Callable, default
+from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default
 
 from .metrics import LEASE_WAIT_SECONDS, register_pool
 from .pool import EndReason, GPUPool, Lease, PoolError

@@ -7,20 +7,18 @@ through the proxy with the user's own token, as a script would.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
 
-import pytest
 import requests
 
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
+
+from ..fixtures.kernels import Kernel
 
 
 
@@ -56,62 +54,6 @@ def wait_for(predicate, timeout: float, what: str, hub=None, interval: float = 0
             return value
         time.sleep(interval)
     raise AssertionError(f"{what} within {timeout} s" + (f"\n{hub.log_tail(80)}" if hub else ""))
-
-
-# ------------------------------------------------------------ kernels by REST
-
-
-class Kernel:
-    """A kernel in a user's server, started and driven through the proxy."""
-
-    def __init__(self, hub, user: str, token: str):
-        self.hub, self.user, self.token = hub, user, token
-        self.base = f"{hub.url}/user/{user}/api"
-        r = requests.post(f"{self.base}/kernels", json={"name": "python3"},
-                          headers=self.headers, timeout=60)
-        assert r.status_code == 201, r.text
-        self.id = r.json()["id"]
-
-    @property
-    def headers(self) -> dict:
-        return {"Authorization": f"token {self.token}"}
-
-    def model(self) -> dict | None:
-        r = requests.get(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=30,
-                         params={"no_track_activity": "1"})
-        return r.json() if r.status_code == 200 else None
-
-    def execute_and_leave(self, code: str, timeout: float = 60) -> None:
-        """Send `code`, wait until the kernel says it is busy with it, then disconnect
-        (the browser tab is closed: nothing is connected while it runs)."""
-        asyncio.run(self._execute(code, timeout))
-
-    async def _execute(self, code: str, timeout: float) -> None:
-        from tornado.httpclient import HTTPRequest
-        from tornado.websocket import websocket_connect
-
-        url = f"{self.base}/kernels/{self.id}/channels".replace("http://", "ws://")
-        ws = await websocket_connect(HTTPRequest(url, headers=self.headers, request_timeout=timeout))
-        msg_id = uuid.uuid4().hex
-        ws.write_message(json.dumps({
-            "header": {"msg_id": msg_id, "username": self.user, "session": uuid.uuid4().hex,
-                       "msg_type": "execute_request", "version": "5.3", "date": ""},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
-        }))
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                raw = await asyncio.wait_for(ws.read_message(), timeout=deadline - time.monotonic())
-                assert raw is not None, "the kernel's websocket closed"
-                msg = json.loads(raw)
-                if (msg.get("msg_type") == "status" and msg["parent_header"].get("msg_id") == msg_id
-                        and msg["content"]["execution_state"] == "busy"):
-                    return
-            raise AssertionError("the kernel never went busy")
-        finally:
-            ws.close()
 
 
 def contents(hub, user: str, token: str, path: str, text: str | None = None) -> str | None:
