@@ -155,6 +155,10 @@ class Demo:
         self.ldap: subprocess.Popen | None = None
         self.hub: subprocess.Popen | None = None
         self.stopping = False
+        # The hub's own children (proxy, idle culler), seen while it ran, as
+        # (pid, start time): if the hub dies without stopping them, they are
+        # still this demo's to stop, and the start time guards against pid reuse.
+        self.hub_children: set[tuple[int, str]] = set()
 
     @property
     def url(self) -> str:
@@ -313,26 +317,17 @@ class Demo:
         say("stopped")
 
     def _stop_leftovers_of_hub(self) -> None:
-        # The proxy and the culler run in the hub's process group (its own
-        # session, made at start); the hub normally stops them itself.  Any
-        # still there (the hub was killed) go now.  The pid file is the
-        # proxy's, written by this hub.
-        pid_file = self.hub_dir / "jupyterhub-proxy.pid"
-        pids = []
-        try:
-            pids.append(int(pid_file.read_text().strip()))
-        except (OSError, ValueError):
-            pass
-        for pid in pids:
-            try:
-                if os.getpgid(pid) == self.hub.pid:
+        # The hub stops its proxy and services at shutdown.  If it was killed,
+        # they survive it (JupyterHub runs each in a session of its own): stop
+        # the ones this demo saw as the hub's children, by pid.
+        for pid, started in sorted(self.hub_children):
+            if _start_time(pid) == started:
+                say(f"stopping what the hub left running (pid {pid})")
+                try:
                     os.kill(pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            os.killpg(self.hub.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+                except ProcessLookupError:
+                    pass
+        (self.hub_dir / "jupyterhub-proxy.pid").unlink(missing_ok=True)
 
     def run(self) -> int:
         # Ctrl-C and TERM both end the wait below; stop() then runs once.
@@ -354,8 +349,10 @@ class Demo:
             directory_env = self.start_directory()
             say("starting the hub")
             self.start_hub(self.hub_env(directory_env, gpus, cpu_image, gpu_image))
+            self.hub_children |= children_of(self.hub.pid)
             self.banner(gpus, cpu_image, gpu_image)
             while not self.stopping:
+                self.hub_children |= children_of(self.hub.pid)
                 if self.hub.poll() is not None:
                     raise DemoError(f"the hub exited ({self.hub.returncode}):\n"
                                     f"{tail(self.dir / 'hub.log', 25)}")
@@ -369,6 +366,29 @@ class Demo:
             return 1
         finally:
             self.stop()
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks
+
+
+def children_of(parent: int) -> set[tuple[int, str]]:
+    """(pid, start time) of the live processes whose parent is `parent` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.add((int(entry.name), fields[19]))
+    return found
 
 
 def tail(path: Path, lines: int) -> str:
