@@ -8,8 +8,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+VARIANTS ?= mkl
 
-.PHONY: help venv deps docker images demo test test-unit test-integration bench clean
+.PHONY: help venv deps docker images test-cuda-image demo test test-unit test-integration bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
@@ -31,6 +32,18 @@ deps: venv
 
 docker:
 	bash tests/harness/docker-up.sh
+
+# Debian base + notebook images (VARIANTS="mkl cuda" adds CUDA), then their sizes.
+images: venv docker
+	images/build-images.sh $(VARIANTS)
+
+# The hub on http://127.0.0.1:8000 with a seeded OpenLDAP directory; Ctrl-C stops it.
+demo: deps docker
+	$(PY) hub_config/demo.py
+
+# Builds the CUDA image (~2.6 GB of wheels, once) and checks it without a GPU.
+test-cuda-image: deps docker
+	GPUHUB_TEST_CUDA_IMAGE=1 $(PY) -m pytest tests/integration/test_images_cuda.py $(PYTEST_ARGS)
 
 test: deps docker
 	$(PY) -m pytest $(PYTEST_ARGS)

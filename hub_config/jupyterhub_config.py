@@ -9,8 +9,14 @@
 # Anything below can still be overridden the usual way: load this file with
 # `load_subconfig(...)` from your own config and set `c.X.y` after it.
 
-from spawner.settings import apply_settings, load_settings
+import sys
+
+from spawner.settings import SettingsError, apply_settings, load_settings
 
 c = get_config()  # noqa: F821 (provided by traitlets when this file is loaded)
 
-apply_settings(c, load_settings())
+try:
+    apply_settings(c, load_settings())
+except SettingsError as error:
+    # One clear line naming the setting, not a traceback.
+    sys.exit(f"GPU JupyterHub configuration error: {error}")

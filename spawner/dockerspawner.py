@@ -230,6 +230,8 @@ class GPUDockerSpawner(DockerSpawner):
             # so validation reports it instead of silently dropping it.
             options = {}
             for key, values in formdata.items():
+                if key == "_xsrf":
+                    continue  # the form's own token, not a choice of the user's
                 if isinstance(values, list) and len(values) == 1:
                     options[key] = values[0]
                 else:

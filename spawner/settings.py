@@ -454,6 +454,15 @@ def configure_directory(c, directory: DirectorySettings) -> None:
         setattr(c.DirectoryAuthenticator, name, value)
 
 
+def _inside_the_hub() -> bool:
+    """True when this config is being loaded by a JupyterHub process."""
+    try:
+        from jupyterhub.app import JupyterHub
+    except ImportError:
+        return False
+    return JupyterHub.initialized()
+
+
 def apply_settings(c, settings: Settings) -> None:
     """Fill a traitlets config object from `settings`."""
     data = settings.data_dir
@@ -466,10 +475,13 @@ def apply_settings(c, settings: Settings) -> None:
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
 
-    gateway = docker_network_gateway(settings.docker_network)
-    c.JupyterHub.hub_ip = gateway
     c.JupyterHub.hub_port = settings.hub_port
-    c.JupyterHub.hub_connect_ip = gateway
+    if _inside_the_hub():
+        # Only the hub needs the bridge; `gpu-pool --config` reads this file too
+        # and must not create Docker networks.
+        gateway = docker_network_gateway(settings.docker_network)
+        c.JupyterHub.hub_ip = gateway
+        c.JupyterHub.hub_connect_ip = gateway
 
     c.JupyterHub.spawner_class = "gpu-docker"
     c.GPUDockerSpawner.network_name = settings.docker_network

@@ -11,5 +11,6 @@ pytest_plugins = [
     "tests.fixtures.hub",
     "tests.fixtures.postgres",
     "tests.fixtures.directory",
+    "tests.fixtures.images",
     "tests.fixtures.browser",
 ]
