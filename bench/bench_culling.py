@@ -16,12 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from datetime import datetime
 from pathlib import Path
@@ -29,78 +26,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import environment, percentile  # noqa: E402
 from spawner.pool import GPUPool  # noqa: E402
-from tests.fixtures.hub import DUMMY_PASSWORD, Hub  # noqa: E402
-from tests.fixtures.services import free_port  # noqa: E402
+from tests.fixtures.hub import Hub, cleanup_hub, prepare_hub  # noqa: E402
 
-NETWORK = "gpuhub-bench"
 CULL_LINE = re.compile(r"\[I (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) GPUIdleCuller \S+\] Culling server (\S+) ")
-CULLER_CONFIG = """
-from spawner.culling import configure_culler
-from spawner.settings import load_settings
-configure_culler(c, load_settings())
-"""
 
 
-def run(cmd: list[str]) -> str:
-    return subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def prepare() -> tuple[str, str]:
-    """dockerd, the notebook image and a bridge network, as the test fixtures make them."""
-    import docker
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception:
-        run(["bash", "tests/harness/docker-up.sh"])
-        client = docker.from_env()
-    image = os.environ.get("GPUHUB_BENCH_IMAGE")
-    if not image:
-        base = run(["bash", "images/build-base.sh"]).splitlines()[-1]
-        image = run([sys.executable, "images/build.py", "--variant", "minimal", "--base-image", base]).splitlines()[-1]
-    try:
-        client.networks.get(NETWORK)
-    except docker.errors.NotFound:
-        client.networks.create(NETWORK, driver="bridge", labels={"org.jupyter.gpuhub.test": "1"})
-    return image, NETWORK
-
-
-def start_hub(image: str, network: str, directory: Path) -> Hub:
-    token = secrets.token_hex(24)
-    prefix = f"gpuhub-b{secrets.token_hex(3)}"
-    port, hub_port, api_port = free_port(), free_port(), free_port()
-    config = directory / "jupyterhub_config.py"
-    config.write_text(textwrap.dedent(f"""
-        load_subconfig({str(REPO / 'hub_config' / 'jupyterhub_config.py')!r})
-        c.JupyterHub.services = [{{"name": "bench-admin", "api_token": {token!r}}}]
-        c.JupyterHub.load_roles = [{{"name": "admin", "services": ["bench-admin"]}}]
-    """) + CULLER_CONFIG)
-    env = {
-        **os.environ,
-        "GPUHUB_BIND_URL": f"http://127.0.0.1:{port}",
-        "GPUHUB_HUB_PORT": str(hub_port),
-        "GPUHUB_PROXY_API_PORT": str(api_port),
-        "GPUHUB_DATA_DIR": str(directory),
-        "GPUHUB_DOCKER_NETWORK": network,
-        "GPUHUB_CONTAINER_PREFIX": prefix,
-        "GPUHUB_HOME_VOLUME": f"{prefix}-home-{{username}}",
-        "GPUHUB_INVENTORY": "simulated",
+def start_hub(client, image: str, network: str, directory: Path) -> Hub:
+    """A hub with one simulated GPU and the real culler on a GPU timeout of seconds."""
+    hub = prepare_hub(directory, image, network, env={
         "GPUHUB_SIMULATED_GPUS": "1",
-        "GPUHUB_CPU_IMAGE": image,
-        "GPUHUB_GPU_IMAGE": image,
-        "GPUHUB_AUTHENTICATOR": "dummy",
-        "GPUHUB_DUMMY_PASSWORD": DUMMY_PASSWORD,
         "GPUHUB_CULL": "true",
         "GPUHUB_CULL_EVERY": "1",
         "GPUHUB_CULL_TIMEOUT_GPU": "10",  # longer than a loaded machine's spawn
         "GPUHUB_CULL_TIMEOUT_CPU": "600",
-        "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(24),
-        "PYTHONUNBUFFERED": "1",
-    }
-    hub = Hub(directory=directory, env=env, config_file=config, port=port, token=token, prefix=prefix,
-              log_path=directory / "hub.log")
+    })
     return hub.start()
 
 
@@ -142,19 +83,14 @@ def container_stop_seconds(hub: Hub, user: str) -> float:
     return parse(end) - parse(begin)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
-    image, network = prepare()
+    client, image, network = environment(os.environ.get("GPUHUB_BENCH_IMAGE"))
     directory = Path(tempfile.mkdtemp(prefix="bench-culling-"))
-    hub = start_hub(image, network, directory)
+    hub = start_hub(client, image, network, directory)
     pool = GPUPool(db_url=f"sqlite:///{directory}/gpu-pool.sqlite")
     culled, stopped = [], []
     culled_docker, stopped_docker = [], []
@@ -180,15 +116,7 @@ def main() -> None:
                   file=sys.stderr)
     finally:
         pool.close()
-        hub.stop()
-        import docker
-
-        client = docker.from_env()
-        for c in hub.containers(client):
-            c.remove(force=True)
-        for v in client.volumes.list():
-            if v.name.startswith(f"{hub.prefix}-"):
-                v.remove(force=True)
+        cleanup_hub(hub, client)
 
     base = statistics.median(stopped)
     print()
@@ -198,7 +126,7 @@ def main() -> None:
     for name, values, docker_part in (("culler DELETE -> leasable", culled, culled_docker),
                                       ("user REST DELETE -> leasable", stopped, stopped_docker)):
         med = statistics.median(values)
-        print(f"{name:<30} {len(values):>6} {med:>9.3f} {pct(values, 0.9):>7.3f} {med / base:>12.2f}x "
+        print(f"{name:<30} {len(values):>6} {med:>9.3f} {percentile(values, 0.9):>7.3f} {med / base:>12.2f}x "
               f"{statistics.median(docker_part):>26.3f}")
     print("goal: culler DELETE -> leasable, median < 2 s")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,10 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import docker  # noqa: E402
-
+from bench.common import environment, percentile  # noqa: E402
 from spawner.pool import GPUPool  # noqa: E402
-from tests.fixtures.hub import cleanup_hub, ensure_chp, prepare_hub  # noqa: E402
+from tests.fixtures.hub import cleanup_hub, prepare_hub  # noqa: E402
 
 PLAIN_DOCKERSPAWNER = """
 c.JupyterHub.spawner_class = "docker"
@@ -40,24 +38,6 @@ c.DockerSpawner.prefix = {prefix!r}
 """
 
 
-def build_images() -> tuple[str, str]:
-    subprocess.run(["bash", "tests/harness/docker-up.sh"], cwd=REPO, check=True)
-    base = subprocess.run(["bash", "images/build-base.sh"], cwd=REPO, check=True,
-                          capture_output=True, text=True).stdout.split()[-1]
-    image = subprocess.run([sys.executable, "images/build.py", "--variant", "minimal", "--base-image", base],
-                           cwd=REPO, check=True, capture_output=True, text=True).stdout.split()[-1]
-    return base, image
-
-
-def network(client) -> str:
-    name = "gpuhub-bench"
-    try:
-        client.networks.get(name)
-    except docker.errors.NotFound:
-        client.networks.create(name, driver="bridge")
-    return name
-
-
 def time_to_ready(hub, user: str, options: dict) -> float:
     began = time.perf_counter()
     r = hub.api("POST", f"/users/{user}/server", json=options)
@@ -68,12 +48,6 @@ def time_to_ready(hub, user: str, options: dict) -> float:
             return time.perf_counter() - began
         assert server is not None, f"spawn failed:\n{hub.log_tail()}"
         time.sleep(0.05)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def bench_post_to_ready(client, image: str, net: str, workdir: Path, rounds: int) -> None:
@@ -166,10 +140,7 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=2.0, help="seconds each storm user keeps its server")
     parser.add_argument("--skip-storm", action="store_true")
     args = parser.parse_args()
-    ensure_chp()
-    _, image = build_images()
-    client = docker.from_env()
-    net = network(client)
+    client, image, net = environment()
     with tempfile.TemporaryDirectory(prefix="gpuhub-bench-") as tmp:
         work = Path(tmp)
         for sub in ("gpu", "plain", "storm"):
