@@ -56,8 +56,9 @@ def shared_pool(config) -> GPUPool:
         kind = config.GPUDockerSpawner.get(
             "inventory_kind", GPUDockerSpawner.class_traits()["inventory_kind"].default_value)
         inventory = inventory_from_config(kind, config=config)
+        # No database access here: the pool records the inventory on first use,
+        # and a CPU server must start even when the ledger is unreachable.
         pool = GPUPool(config=config, inventory=inventory)
-        pool.sync_inventory()
         register_pool(pool.counts)
         _shared_pools[id(config)] = pool
     return pool

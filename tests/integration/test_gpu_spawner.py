@@ -349,3 +349,18 @@ def test_kept_containers_are_recreated_when_the_gpus_differ(make_hub, docker_cli
     second = hub.start_server("tia", {"profile": "tf-gpu-1"})["state"]["gpu_uuids"]
     assert second != first
     assert visible_devices(container_of(hub, docker_client, "tia")) == ",".join(second)
+
+
+def test_unreachable_ledger_refuses_gpu_spawns_clearly_and_leaks_no_password(make_hub, docker_client):
+    from ..fixtures.services import free_port
+
+    secret = "s3cret-ledger-pass"
+    hub = make_hub(env={"GPUHUB_POOL_DB_URL": f"postgresql+psycopg://gpuhub:{secret}@127.0.0.1:{free_port()}/ledger"})
+    hub.create_user("vic")
+    r = hub.api("POST", "/users/vic/server", json={"profile": "tf-gpu-1"})
+    assert r.status_code == 503, r.text
+    assert "unavailable" in r.json()["message"] and secret not in r.text
+    assert hub.server_model("vic") is None and hub.containers(docker_client) == []
+    # A CPU server needs no ledger and still starts.
+    hub.start_server("vic", {"profile": "tf-cpu"})
+    assert secret not in hub.log_path.read_text()
