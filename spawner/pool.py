@@ -1361,12 +1361,16 @@ class GPUPool(LoggingConfigurable):
                 result = await asyncio.shield(fut)
                 break
             except asyncio.CancelledError:
-                if fut.done():
-                    result = fut.result()
-                    break
+                # Noted even when the thread has already finished: a cancel
+                # can land after its result reached the loop but before this
+                # task resumed, and must not be dropped.
                 cancelled = True
+                if fut.done():
+                    break
         if cancelled:
-            raise _CancelledAfter(result)
+            if fut.cancelled() or fut.exception() is not None:
+                raise asyncio.CancelledError()  # the thread did nothing to undo
+            raise _CancelledAfter(fut.result())
         return result
 
     async def _run_attempt(self, req: _Request, waiter_id: int | None, enqueue: bool) -> _Outcome:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -123,6 +124,41 @@ def test_cancel_racing_a_grant_leaves_no_lease(tmp_path):
     asyncio.run(main())
     assert pool.leases() == []
     assert queue_rows(pool) == []
+
+
+@pytest.mark.parametrize("held", [4, 0], ids=["waiting", "granting"])
+def test_a_cancel_is_never_lost_whenever_it_lands(tmp_path, held):
+    # JupyterHub cancels a pending spawn (start timeout, user's cancel); the
+    # acquire must then raise CancelledError, not keep waiting or return a
+    # lease nobody will use.  The moments vary: before the task starts, while
+    # its database attempt runs in a thread, and - by blocking the loop until
+    # that thread is done - after the attempt finished but before the task
+    # resumed, where a cancel once went unnoticed.
+    pool = make_pool(tmp_path, poll_interval=0.01)
+    if held:
+        pool.try_acquire("alice", "", held)
+    kept = [l.id for l in pool.leases()]
+
+    async def main():
+        for i in range(24):
+            task = asyncio.ensure_future(pool.acquire("bob", f"s{i}", 1, timeout=30))
+            for _ in range(i % 3):
+                await asyncio.sleep(0)
+            if i % 2:
+                time.sleep(0.03)  # the attempt's thread finishes while the loop is blocked
+            elif i % 4 == 2:
+                await asyncio.sleep(0.02)  # a later attempt, or the wait between attempts
+            if not task.cancel():  # granted before the cancel: the caller got it, a normal stop
+                pool.release(task.result().id, "stopped")
+                continue
+            await asyncio.wait({task}, timeout=5)
+            assert task.done(), f"moment {i}: the cancelled acquire kept waiting"
+            with pytest.raises(asyncio.CancelledError):
+                task.result()
+            assert queue_rows(pool) == [], f"moment {i}"
+            assert [l.id for l in pool.leases()] == kept, f"moment {i}"
+
+    asyncio.run(main())
 
 
 def test_fifo_earliest_waiter_that_fits_is_served_first(tmp_path):
