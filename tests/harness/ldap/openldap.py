@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import seed
 from .common import Directory, PortBusy, port_is_free, stop_process, wait_for_port
-from .install import ensure_packages, which
+from ..apt import ensure_packages, which
 from .tls import make_server_cert
 
 BASE_DN = "dc=gpuhub,dc=test"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from . import seed
 from .common import Directory, PortBusy, port_is_free, repo_root, stop_process, wait_for_port
-from .install import ensure_packages, which
+from ..apt import ensure_packages, which
 
 REALM = "GPUHUB.TEST"
 DOMAIN = "GPUHUB"
