@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+import docker.errors
 from dockerspawner import DockerSpawner
 from tornado import web
 from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default
@@ -610,7 +611,17 @@ class GPUDockerSpawner(DockerSpawner):
             await self._remove_stale_container()
             await self._prepare_home_volume(profile.image)
             self._emit(60, f"Creating your container from {profile.image}")
-            result = await super().start()
+            try:
+                result = await super().start()
+            except docker.errors.APIError as exc:
+                if "device driver" in str(exc):
+                    # dockerd found no NVIDIA hook at start: say so, not Docker's riddle.
+                    raise web.HTTPError(
+                        503,
+                        "This host's Docker cannot give containers GPUs: the NVIDIA Container Toolkit "
+                        "is missing or dockerd was started without it. Ask an administrator.",
+                    ) from None
+                raise
             self._emit(80, "Container started; waiting for JupyterLab")
             return result
         except BaseException:

@@ -19,8 +19,23 @@ PIDFILE=$STATE_DIR/dockerd.pid
 
 say() { echo "docker-up: $*" >&2; }
 
+# Does the daemon accept NVIDIA device requests?  It does when it found
+# nvidia-container-runtime-hook (real or the test double) on its PATH at start.
+report_gpu_requests() {
+    local image
+    image=$(docker images --format '{{.Repository}}:{{.Tag}}' | grep -m1 '^gpuhub/debian-base:' || true)
+    if [ -z "$image" ]; then
+        say "NVIDIA device requests: not checked yet (no local image to try them with)"
+    elif docker run --rm --network none --gpus '"device=GPU-probe"' --entrypoint /bin/true "$image" >/dev/null 2>&1; then
+        say "NVIDIA device requests (--gpus): accepted"
+    else
+        say "NVIDIA device requests (--gpus): REFUSED; restart dockerd with nvidia-container-runtime-hook on its PATH"
+    fi
+}
+
 if docker info >/dev/null 2>&1; then
     say "a Docker engine already answers; using it"
+    report_gpu_requests
     exit 0
 fi
 
