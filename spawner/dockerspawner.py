@@ -25,7 +25,7 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default
 
 from .metrics import LEASE_WAIT_SECONDS, register_pool
 from .pool import EndReason, GPUPool, Lease, PoolError
-from .inventory import inventory_from_config
+from .inventory import inventory_from_config, parse_cuda_version
 from .profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles
 
 # Labels on every container this spawner creates; the reconciler reads them.
@@ -70,12 +70,12 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _parse_version(text: str | None) -> tuple[int, int] | None:
-    if not text or text.lower() in ("none", ""):
+def _image_cuda_version(label: str | None) -> tuple[int, int] | None:
+    """The CUDA version an image's label declares; None for CPU images ("none") or no label."""
+    if not label or label.strip().lower() == "none":
         return None
     try:
-        major, _, minor = text.strip().partition(".")
-        return int(major), int(minor.split(".")[0] or 0)
+        return parse_cuda_version(label)
     except ValueError:
         return None
 
@@ -503,7 +503,7 @@ class GPUDockerSpawner(DockerSpawner):
         except Exception:
             return  # a missing image fails later with Docker's own message
         labels = (info.get("Config") or {}).get("Labels") or {}
-        needed = _parse_version(labels.get(LABEL_CUDA))
+        needed = _image_cuda_version(labels.get(LABEL_CUDA))
         if needed is None:
             return
         driver = self.pool.inventory.cuda_driver_version()

@@ -116,6 +116,15 @@ def parse_cuda_version(text: str) -> tuple[int, int] | None:
         raise ValueError(f"not a CUDA version (want MAJOR.MINOR, like 12.4): {text!r}") from None
 
 
+def _checked_cuda_version(owner: str, value: str) -> str:
+    """Trait validation shared by the inventories whose CUDA version is configured."""
+    try:
+        parse_cuda_version(value)
+    except ValueError as e:
+        raise TraitError(f"{owner}.cuda_version: {e}") from None
+    return value
+
+
 class StaticInventory(Inventory):
     """GPUs listed in the configuration."""
 
@@ -153,11 +162,7 @@ class StaticInventory(Inventory):
 
     @validate("cuda_version")
     def _check_cuda_version(self, proposal):
-        try:
-            parse_cuda_version(proposal.value)
-        except ValueError as e:
-            raise TraitError(f"StaticInventory.cuda_version: {e}") from None
-        return proposal.value
+        return _checked_cuda_version("StaticInventory", proposal.value)
 
     def gpus(self) -> list[GPU]:
         units = [
@@ -215,11 +220,7 @@ class SimulatedInventory(Inventory):
 
     @validate("cuda_version")
     def _check_cuda_version(self, proposal):
-        try:
-            parse_cuda_version(proposal.value)
-        except ValueError as e:
-            raise TraitError(f"SimulatedInventory.cuda_version: {e}") from None
-        return proposal.value
+        return _checked_cuda_version("SimulatedInventory", proposal.value)
 
     @staticmethod
     def uuid_for(host: str, index: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import socket
 import subprocess
 import time
@@ -133,3 +134,17 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
+
+
+def serve_until_interrupted(server) -> int:
+    """Run a started directory `server` until Ctrl-C or TERM (from `make demo`), then stop it."""
+    sys.stdout.flush()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: signal.default_int_handler(signal.SIGINT, None))
+    try:
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0

@@ -19,13 +19,12 @@ import base64
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from . import seed
-from .common import Directory, PortBusy, port_is_free, stop_process, wait_for_port
+from .common import Directory, PortBusy, port_is_free, serve_until_interrupted, stop_process, wait_for_port
 from ..apt import ensure_packages, which
 from .tls import make_server_cert
 
@@ -210,18 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         args.config_out.chmod(0o600)  # it holds the service account's password
     print(f"OpenLDAP on {directory.url} (StartTLS) and {directory.ldaps_url}, pid {directory.pid}")
     print(f"users: {', '.join(directory.users)}; passwords are in tests/harness/ldap/seed.py")
-    sys.stdout.flush()
-    # Ctrl-C or a TERM from `make demo` stops the directory too.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: signal.default_int_handler(signal.SIGINT, None))
-    try:
-        server.proc.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
-
+    return serve_until_interrupted(server)
 
 if __name__ == "__main__":
     sys.exit(main())

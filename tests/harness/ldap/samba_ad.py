@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -31,7 +30,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import seed
-from .common import Directory, PortBusy, port_is_free, repo_root, stop_process, wait_for_port
+from .common import (Directory, PortBusy, port_is_free, repo_root, serve_until_interrupted, stop_process,
+                     wait_for_port)
 from ..apt import ensure_packages, which
 
 REALM = "GPUHUB.TEST"
@@ -278,18 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         args.config_out.chmod(0o600)  # it holds the service account's password
     print(f"Samba AD on {directory.ldaps_url} and {directory.url} (StartTLS), pid {directory.pid}")
     print(f"users: {', '.join(directory.users)}; passwords are in tests/harness/ldap/seed.py")
-    sys.stdout.flush()
-    # Ctrl-C or a TERM from `make demo` stops the directory too.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: signal.default_int_handler(signal.SIGINT, None))
-    try:
-        server.proc.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
-
+    return serve_until_interrupted(server)
 
 if __name__ == "__main__":
     sys.exit(main())
