@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Callable, Iterable
 
 from traitlets import Bool, Float
@@ -31,11 +32,22 @@ class ReconcileReport:
     containers_stopped: list[str] = field(default_factory=list)
 
 
+# When this process (the hub) started: leases older than that cannot belong
+# to a spawn of this process that has not yet recorded its lease.
+PROCESS_STARTED = datetime.now(timezone.utc)
+
+
 def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterable[int],
-              log=None) -> ReconcileReport:
-    """One pass over the ledger and Docker on `host` (see the module docstring)."""
+              log=None, min_age: float = 30.0, process_started: datetime | None = None) -> ReconcileReport:
+    """One pass over the ledger and Docker on `host` (see the module docstring).
+
+    A lease granted to this process less than `min_age` seconds ago is left
+    alone: its spawn may not have recorded it on the spawner yet.  Leases
+    from before `process_started` (a previous hub's) are judged at once.
+    """
     report = ReconcileReport()
     tracked = set(tracked_lease_ids)
+    cutoff = max(datetime.now(timezone.utc) - timedelta(seconds=min_age), process_started or PROCESS_STARTED)
     # Only containers lent GPUs by this ledger: other hubs on this Docker host
     # (with their own ledgers) are none of our business.
     containers = docker_client.containers.list(
@@ -52,7 +64,7 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
 
     active = {lease.id: lease for lease in pool.leases(host=host)}
     for lease_id, lease in active.items():
-        if lease_id in tracked:
+        if lease_id in tracked or lease.started_at > cutoff:
             report.kept.append(lease_id)
             continue
         for container in by_lease.get(lease_id, []):
@@ -92,6 +104,12 @@ class Reconciler(LoggingConfigurable):
         config=True,
         help="Seconds between reconcile passes after the one at hub start.",
     )
+    min_lease_age = Float(
+        30.0,
+        config=True,
+        help="Leases younger than this many seconds are never ended by a reconcile pass: a spawn "
+        "that was just granted one may not have recorded it yet.",
+    )
 
     def __init__(self, pool_factory: Callable[[], GPUPool], docker_factory: Callable, host: str,
                  tracked_lease_ids: Callable[[], set[int]], **kwargs):
@@ -105,7 +123,8 @@ class Reconciler(LoggingConfigurable):
         try:
             pool = self._pool_factory()
             client = self._docker_factory()
-            return await asyncio.to_thread(reconcile, pool, client, self._host, self._tracked(), self.log)
+            return await asyncio.to_thread(reconcile, pool, client, self._host, self._tracked(), self.log,
+                                           self.min_lease_age)
         except PoolError as exc:
             self.log.error("GPU ledger reconcile skipped: %s", exc)
         except Exception:

@@ -1,0 +1,79 @@
+"""The ledger <-> Docker reconciler against the real daemon."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from spawner.dockerspawner import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from spawner.inventory import SimulatedInventory
+from spawner.pool import GPUPool
+from spawner.reconcile import reconcile
+
+HOST = "reconcile-test-host"
+
+
+@pytest.fixture
+def pool(tmp_path):
+    inventory = SimulatedInventory(count=4, host=HOST)
+    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=inventory)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def containers(docker_client, base_image):
+    made = []
+    tag = secrets.token_hex(3)
+
+    def run(name: str, lease_id: int | str, gpus: tuple[str, ...], ledger: str):
+        container = docker_client.containers.run(
+            base_image, ["sleep", "300"], name=f"gpuhub-reconcile-{tag}-{name}", detach=True,
+            network_mode="none",
+            labels={LABEL_LEASE: str(lease_id), LABEL_GPUS: ",".join(gpus), LABEL_HOST: HOST,
+                    LABEL_POOL: ledger})
+        made.append(container)
+        return container
+
+    yield run
+    for container in made:
+        try:
+            container.remove(force=True)
+        except Exception:
+            pass
+
+
+def names(docker_client) -> set[str]:
+    return {c.name for c in docker_client.containers.list()}
+
+
+def test_reconcile_keeps_tracked_ends_orphans_and_stops_unleased_containers(pool, containers, docker_client):
+    ledger = pool_identity(pool)
+    tracked = pool.try_acquire("ann", "", 1)
+    orphan_with_container = pool.try_acquire("bob", "", 1)
+    orphan_without_container = pool.try_acquire("cat", "", 1)
+    kept = containers("ann", tracked.id, tracked.gpu_uuids, ledger)
+    orphaned = containers("bob", orphan_with_container.id, orphan_with_container.gpu_uuids, ledger)
+    unleased = containers("dan", 9999, ("GPU-nobody-lent-this",), ledger)
+    other_hub = containers("eve", 9999, ("GPU-of-another-ledger",), "another-ledger")
+
+    report = reconcile(pool, docker_client, HOST, {tracked.id}, min_age=0,
+                       process_started=datetime.now(timezone.utc))
+
+    assert report.kept == [tracked.id]
+    assert sorted(report.ended) == sorted([orphan_with_container.id, orphan_without_container.id])
+    assert {lease.id for lease in pool.leases()} == {tracked.id}
+    assert {lease.end_reason for lease in pool.history() if lease.id != tracked.id} == {"reconciled"}
+    running = names(docker_client)
+    assert kept.name in running and other_hub.name in running
+    assert orphaned.name not in running and unleased.name not in running
+
+
+def test_a_lease_just_granted_is_not_taken_from_its_spawn(pool, docker_client):
+    # The spawn that got it has not recorded it yet: not tracked, but young.
+    young = pool.try_acquire("fay", "", 1)
+    report = reconcile(pool, docker_client, HOST, set(), min_age=60,
+                       process_started=datetime.now(timezone.utc) - timedelta(hours=1))
+    assert report.ended == [] and [lease.id for lease in pool.leases()] == [young.id]
