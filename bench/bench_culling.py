@@ -91,7 +91,7 @@ def main() -> None:
     client, image, network = environment(os.environ.get("GPUHUB_BENCH_IMAGE"))
     directory = Path(tempfile.mkdtemp(prefix="bench-culling-"))
     hub = start_hub(client, image, network, directory)
-    pool = GPUPool(db_url=f"sqlite:///{directory}/gpu-pool.sqlite")
+    pool = hub.ledger()
     culled, stopped = [], []
     culled_docker, stopped_docker = [], []
     try:
@@ -115,7 +115,6 @@ def main() -> None:
             print(f"round {i + 1}/{args.rounds}: culled {culled[-1]:.3f} s, user stop {stopped[-1]:.3f} s",
                   file=sys.stderr)
     finally:
-        pool.close()
         cleanup_hub(hub, client)
 
     base = statistics.median(stopped)

@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import environment, percentile  # noqa: E402
-from spawner.pool import GPUPool  # noqa: E402
 from tests.fixtures.hub import cleanup_hub, prepare_hub  # noqa: E402
 
 PLAIN_DOCKERSPAWNER = """
@@ -111,7 +110,7 @@ def bench_storm(client, image: str, net: str, workdir: Path, users: int, hold: f
         t.join(900)
     total = time.perf_counter() - began
     try:
-        ledger = GPUPool(db_url=f"sqlite:///{hub.directory / 'gpu-pool.sqlite'}")
+        ledger = hub.ledger()
         history = ledger.history()
         waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history if lease.user in posted]
         overlaps = 0

@@ -608,7 +608,9 @@ class GPUDockerSpawner(DockerSpawner):
             self._set_lease(lease)
             self._emit(40, f"Leased {len(lease.gpu_uuids)} {gpus}: {', '.join(lease.gpu_uuids)}")
         try:
-            await self._remove_stale_container()
+            if not self.remove:
+                # With remove=True DockerSpawner replaces any leftover container itself.
+                await self._remove_stale_container()
             await self._prepare_home_volume(profile.image)
             self._emit(60, f"Creating your container from {profile.image}")
             try:

@@ -16,8 +16,8 @@ import time
 import requests
 
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool
 
+from ..fixtures.hub import wait_for
 from ..fixtures.kernels import Kernel
 
 
@@ -34,26 +34,8 @@ def culling_hub(make_hub, **env):
     return make_hub(env=settings)
 
 
-def pool_of(hub) -> GPUPool:
-    return GPUPool(db_url=f"sqlite:///{hub.directory}/gpu-pool.sqlite")
-
-
 def leases_of(hub, user: str):
-    pool = pool_of(hub)
-    try:
-        return [lease for lease in pool.history() if lease.user == user]
-    finally:
-        pool.close()
-
-
-def wait_for(predicate, timeout: float, what: str, hub=None, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what} within {timeout} s" + (f"\n{hub.log_tail(80)}" if hub else ""))
+    return hub.ledger().history(user=user)
 
 
 def contents(hub, user: str, token: str, path: str, text: str | None = None) -> str | None:
@@ -106,7 +88,7 @@ def test_idle_gpu_server_is_culled_its_gpu_goes_to_the_waiting_user_and_files_su
 
     # The ledger's CLI shows who was culled, and when.
     out = subprocess.run(
-        [sys.executable, "-m", "spawner.cli", "--db-url", f"sqlite:///{hub.directory}/gpu-pool.sqlite",
+        [sys.executable, "-m", "spawner.cli", "--db-url", hub.pool_db_url,
          "--json", "history", "--user", "alice"],
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -13,13 +13,7 @@ import time
 import pytest
 import requests
 
-from spawner.pool import GPUPool
-
-from ..fixtures.hub import Hub
-
-
-def ledger(hub: Hub) -> GPUPool:
-    return GPUPool(db_url=f"sqlite:///{hub.directory / 'gpu-pool.sqlite'}")
+from ..fixtures.hub import Hub, wait_for
 
 
 def visible_devices(container) -> str:
@@ -38,16 +32,6 @@ def container_of(hub: Hub, docker_client, user: str, server_name: str = ""):
     matches = [c for c in hub.containers(docker_client) if c.name == name]
     assert matches, f"no container {name}: {[c.name for c in hub.containers(docker_client)]}"
     return matches[0]
-
-
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_gpu_profiles_see_exactly_their_leased_gpus(make_hub, docker_client):
@@ -74,7 +58,7 @@ def test_gpu_profiles_see_exactly_their_leased_gpus(make_hub, docker_client):
     assert not cpu.attrs["HostConfig"].get("DeviceRequests")
     assert "gpu_lease_id" not in hub.server_model("cat")["state"]
 
-    active = {lease.user: set(lease.gpu_uuids) for lease in ledger(hub).leases()}
+    active = {lease.user: set(lease.gpu_uuids) for lease in hub.ledger().leases()}
     assert active == seen
 
 
@@ -123,7 +107,7 @@ def test_exhausted_pool_queues_then_starts_when_a_gpu_frees(make_hub, docker_cli
     messages = _progress_messages(hub, "gus", until="in the queue")
     assert any("1st in the queue" in m for m in messages), messages
     assert hub.server_model("gus")["pending"] == "spawn"
-    assert len(ledger(hub).queue()) == 1
+    assert len(hub.ledger().queue()) == 1
 
     freed = set(hub.server_model("eve")["state"]["gpu_uuids"])
     hub.stop_server("eve")
@@ -141,7 +125,7 @@ c.Spawner.poll_interval = 1
 
 
 def _reason_of_last_lease(hub: Hub, user: str) -> str:
-    history = [lease for lease in ledger(hub).history(user=user)]
+    history = [lease for lease in hub.ledger().history(user=user)]
     assert history, f"no lease history for {user}"
     last = max(history, key=lambda lease: lease.started_at)
     assert last.ended_at is not None, f"lease {last.id} of {user} still active"
@@ -169,20 +153,20 @@ def test_every_way_a_server_ends_releases_its_lease(make_hub, docker_client):
     # The container crashes: the hub's poll notices and the lease ends.
     container_of(hub, docker_client, "crashed").kill()
     hub.wait_stopped("crashed", timeout=30)
-    wait_for(lambda: not ledger(hub).leases(user="crashed"), what="crashed lease to end")
+    wait_for(lambda: not hub.ledger().leases(user="crashed"), what="crashed lease to end")
     assert _reason_of_last_lease(hub, "crashed") == "died"
 
     # Removed behind the hub's back.
     hub.start_server("removed", {"profile": "tf-gpu-1"})
     container_of(hub, docker_client, "removed").remove(force=True)
     hub.wait_stopped("removed", timeout=30)
-    wait_for(lambda: not ledger(hub).leases(user="removed"), what="removed lease to end")
+    wait_for(lambda: not hub.ledger().leases(user="removed"), what="removed lease to end")
     assert _reason_of_last_lease(hub, "removed") == "died"
 
     # Hub shutdown (cleanup_servers=True) stops servers and ends their leases.
     hub.start_server("at-shutdown", {"profile": "tf-gpu-1"})
     hub.stop()
-    assert ledger(hub).leases() == []
+    assert hub.ledger().leases() == []
     assert _reason_of_last_lease(hub, "at-shutdown") == "stopped"
     assert hub.containers(docker_client) == []
 
@@ -223,7 +207,7 @@ def test_bad_options_get_clear_errors_and_leak_nothing(make_hub, docker_client):
     # Not a JSON object at all.
     r = hub.api("POST", "/users/mallory/server", data="[1, 2]")
     assert r.status_code == 400, r.text
-    assert ledger(hub).leases() == [] and ledger(hub).queue() == []
+    assert hub.ledger().leases() == [] and hub.ledger().queue() == []
     assert hub.containers(docker_client) == []
     # And the user can still start a server they are allowed.
     hub.start_server("mallory", {"profile": "tf-gpu-1"})
@@ -236,7 +220,7 @@ def test_named_servers_share_the_users_gpu_quota(make_hub):
     r = hub.api("POST", "/users/nina/servers/second", json={"profile": "tf-gpu-1"})
     assert r.status_code == 403, r.text
     assert "limit" in r.json()["message"]
-    assert len(ledger(hub).leases(user="nina")) == 1
+    assert len(hub.ledger().leases(user="nina")) == 1
 
 
 def test_hub_restart_without_cleanup_adopts_running_leases(make_hub, docker_client):
@@ -244,15 +228,15 @@ def test_hub_restart_without_cleanup_adopts_running_leases(make_hub, docker_clie
     hub.create_user("olga")
     before = hub.start_server("olga", {"profile": "tf-gpu-1"})
     hub.stop()
-    assert len(ledger(hub).leases()) == 1  # the server kept running through the restart
+    assert len(hub.ledger().leases()) == 1  # the server kept running through the restart
     hub.start()
     after = hub.server_model("olga")
     assert after and after["ready"]
     assert after["state"]["gpu_lease_id"] == before["state"]["gpu_lease_id"]
     time.sleep(2)  # let the start-up reconcile pass run
-    assert [lease.id for lease in ledger(hub).leases()] == [before["state"]["gpu_lease_id"]]
+    assert [lease.id for lease in hub.ledger().leases()] == [before["state"]["gpu_lease_id"]]
     hub.stop_server("olga")
-    assert ledger(hub).leases() == []
+    assert hub.ledger().leases() == []
 
 
 def test_hub_killed_mid_spawn_leaves_ledger_matching_docker(make_hub, docker_client):
@@ -260,12 +244,12 @@ def test_hub_killed_mid_spawn_leaves_ledger_matching_docker(make_hub, docker_cli
     hub.create_user("pete")
     r = hub.api("POST", "/users/pete/server", json={"profile": "tf-gpu-1"})
     assert r.status_code in (201, 202)
-    wait_for(lambda: ledger(hub).leases(user="pete"), timeout=30, what="pete's lease")
+    wait_for(lambda: hub.ledger().leases(user="pete"), timeout=30, what="pete's lease")
     hub.kill()
     hub.start()
 
     def consistent():
-        leases = {lease.id for lease in ledger(hub).leases()}
+        leases = {lease.id for lease in hub.ledger().leases()}
         running = {int(c.labels["org.jupyter.gpuhub.lease-id"]) for c in hub.containers(docker_client, all=False)
                    if c.labels.get("org.jupyter.gpuhub.lease-id")}
         tracked = set()
@@ -278,7 +262,7 @@ def test_hub_killed_mid_spawn_leaves_ledger_matching_docker(make_hub, docker_cli
     # And pete can start again.
     if hub.server_model("pete") is None:
         hub.start_server("pete", {"profile": "tf-gpu-1"})
-    assert len(ledger(hub).leases(user="pete")) == 1
+    assert len(hub.ledger().leases(user="pete")) == 1
 
 
 def test_spawn_form_lists_allowed_profiles_with_free_gpus(make_hub):
@@ -332,7 +316,7 @@ c.GPUDockerSpawner.profiles = [{{"slug": "new-cuda", "display_name": "New CUDA",
     else:
         message = r.json()["message"]
     assert "needs CUDA 13.9" in message and "supports up to 12.4" in message
-    assert ledger(hub).history(user="sam") == []  # refused before any lease
+    assert hub.ledger().history(user="sam") == []  # refused before any lease
     assert hub.containers(docker_client) == []
 
 
@@ -345,7 +329,7 @@ def test_kept_containers_are_recreated_when_the_gpus_differ(make_hub, docker_cli
     hub.stop_server("tia")
     assert [c.status for c in hub.containers(docker_client)] == ["exited"]  # kept
     # Drain tia's old GPU, so her next lease is surely another one.
-    ledger(hub).drain(first[0])
+    hub.ledger().drain(first[0])
     second = hub.start_server("tia", {"profile": "tf-gpu-1"})["state"]["gpu_uuids"]
     assert second != first
     assert visible_devices(container_of(hub, docker_client, "tia")) == ",".join(second)
