@@ -31,7 +31,7 @@ deps: venv
 	@command -v configurable-http-proxy >/dev/null || npm install -g --silent configurable-http-proxy
 
 docker:
-	bash tests/harness/docker-up.sh
+	bash devservices/docker-up.sh
 
 # Debian base + notebook images (VARIANTS="mkl cuda" adds CUDA), then their sizes.
 images: venv docker

@@ -27,7 +27,7 @@ def environment(image: str | None = None):
         client = docker.from_env()
         client.ping()
     except Exception:
-        subprocess.run(["bash", "tests/harness/docker-up.sh"], cwd=REPO, check=True)
+        subprocess.run(["bash", "devservices/docker-up.sh"], cwd=REPO, check=True)
         client = docker.from_env()
     if not image:
         base = run(["bash", "images/build-base.sh"]).splitlines()[-1]

@@ -6,7 +6,7 @@
 What it does, in order:
 
 1. installs what is missing: configurable-http-proxy (npm), a Docker engine
-   (tests/harness/docker-up.sh), slapd (Debian's package, by the harness);
+   (devservices/docker-up.sh), slapd (Debian's package, by the harness);
 2. builds the notebook images it needs, each cached by the hash of its inputs
    (a second run builds nothing): the Debian base, the TensorFlow MKL image,
    and the CUDA image only when NVML finds a GPU;
@@ -39,8 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.harness.ldap import openldap as ldap_harness  # noqa: E402
-from tests.harness.ldap import seed  # noqa: E402
+from devservices.ldap import openldap as ldap_harness  # noqa: E402
+from devservices.ldap import seed  # noqa: E402
 
 PY = sys.executable
 SIMULATED_GPUS = 4
@@ -77,9 +77,9 @@ def ensure_proxy() -> None:
 def ensure_docker() -> None:
     if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
         return
-    say("starting a Docker engine (tests/harness/docker-up.sh)")
-    if subprocess.run(["bash", str(REPO / "tests" / "harness" / "docker-up.sh")]).returncode != 0:
-        raise DemoError("no Docker engine answers and tests/harness/docker-up.sh could not start one")
+    say("starting a Docker engine (devservices/docker-up.sh)")
+    if subprocess.run(["bash", str(REPO / "devservices" / "docker-up.sh")]).returncode != 0:
+        raise DemoError("no Docker engine answers and devservices/docker-up.sh could not start one")
 
 
 def nvml_gpu_count() -> int:
@@ -179,7 +179,7 @@ class Demo:
         # Own session: Ctrl-C reaches only this script, which stops the
         # directory after the hub (whose logins need it until the end).
         self.ldap = subprocess.Popen(
-            [PY, "-m", "tests.harness.ldap.openldap", "--dir", str(ldap_dir),
+            [PY, "-m", "devservices.ldap.openldap", "--dir", str(ldap_dir),
              "--port", str(self.args.ldap_port), "--ldaps-port", str(self.args.ldaps_port)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # (module, class): the classes whose own options the reference documents.
 CLASSES = [
+    ("spawner.lending", "GPULendingSpawner"),
     ("spawner.dockerspawner", "GPUDockerSpawner"),
     ("spawner.pool", "GPUPool"),
     ("spawner.inventory", "Inventory"),

@@ -1,7 +1,7 @@
 """DirectoryAuthenticator against real directories: OpenLDAP and Samba AD on 127.0.0.1.
 
 Every test that takes `directory` runs against both.  Users, passwords, groups
-and uid/gid numbers come from the fixture (tests/harness/ldap/seed.py).
+and uid/gid numbers come from the fixture (devservices/ldap/seed.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from traitlets.config import Config
 
 from spawner import auth
 from spawner.auth import DirectoryAuthenticator
-from tests.harness.ldap.common import Directory
-from tests.harness.ldap.tls import make_ca
+from devservices.ldap.common import Directory
+from devservices.ldap.tls import make_ca
 
 
 def make(directory: Directory, tls: str = "starttls", **overrides) -> DirectoryAuthenticator:

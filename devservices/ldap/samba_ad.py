@@ -2,7 +2,7 @@
 
 Used by the `samba_ad` pytest fixture and by hand:
 
-    python -m tests.harness.ldap.samba_ad --dir .demo/samba-ad --config-out .demo/ad_config.py
+    python -m devservices.ldap.samba_ad --dir .demo/samba-ad --config-out .demo/ad_config.py
 
 Samba's LDAP server cannot move off ports 389 and 636, so those are used, on
 127.0.0.1 only (`interfaces = 127.0.0.1`, `bind interfaces only = yes`).  Only
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         args.config_out.write_text(directory.config_py(tls="ldaps"))
         args.config_out.chmod(0o600)  # it holds the service account's password
     print(f"Samba AD on {directory.ldaps_url} and {directory.url} (StartTLS), pid {directory.pid}")
-    print(f"users: {', '.join(directory.users)}; passwords are in tests/harness/ldap/seed.py")
+    print(f"users: {', '.join(directory.users)}; passwords are in devservices/ldap/seed.py")
     return serve_until_interrupted(server)
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Used by the `openldap` pytest fixture and by `make demo`:
 
-    python -m tests.harness.ldap.openldap --dir .demo/openldap --config-out .demo/ldap_config.py
+    python -m devservices.ldap.openldap --dir .demo/openldap --config-out .demo/ldap_config.py
 
 starts slapd in the foreground until interrupted and writes the hub settings
 (c.DirectoryAuthenticator...) for it to --config-out.
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         args.config_out.write_text(directory.config_py())
         args.config_out.chmod(0o600)  # it holds the service account's password
     print(f"OpenLDAP on {directory.url} (StartTLS) and {directory.ldaps_url}, pid {directory.pid}")
-    print(f"users: {', '.join(directory.users)}; passwords are in tests/harness/ldap/seed.py")
+    print(f"users: {', '.join(directory.users)}; passwords are in devservices/ldap/seed.py")
     return serve_until_interrupted(server)
 
 if __name__ == "__main__":

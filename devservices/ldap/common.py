@@ -50,6 +50,30 @@ class Directory:
         """The user's groups, nested membership included, as seeded."""
         return seed.groups_of(user, self.kind)
 
+    def settings_env(self, password_file: str | None = None, allowed_groups: str | None = None,
+                     admin_groups: str | None = None) -> dict[str, str]:
+        """The GPUHUB_DIRECTORY_* settings a production hub would get for this directory
+        (StartTLS; the service account's password from `password_file` when given)."""
+        env = {
+            "GPUHUB_AUTHENTICATOR": "ldap",
+            "GPUHUB_DIRECTORY": self.kind,
+            "GPUHUB_DIRECTORY_SERVER": self.host,
+            "GPUHUB_DIRECTORY_PORT": str(self.port),
+            "GPUHUB_DIRECTORY_TLS": "starttls",
+            "GPUHUB_DIRECTORY_CA_FILE": self.ca_file,
+            "GPUHUB_DIRECTORY_TLS_SERVER_NAME": self.tls_server_name or "",
+            "GPUHUB_DIRECTORY_BIND_DN": self.bind_dn,
+            "GPUHUB_DIRECTORY_USER_BASE": self.user_base,
+            "GPUHUB_DIRECTORY_GROUP_BASE": self.group_base,
+            "GPUHUB_DIRECTORY_ALLOWED_GROUPS": allowed_groups or self.allowed_group,
+            "GPUHUB_DIRECTORY_ADMIN_GROUPS": admin_groups or self.admin_group,
+        }
+        if password_file:
+            env["GPUHUB_DIRECTORY_BIND_PASSWORD_FILE"] = str(password_file)
+        else:
+            env["GPUHUB_DIRECTORY_BIND_PASSWORD"] = self.bind_password
+        return env
+
     def authenticator_config(self, tls: str = "starttls", **overrides) -> dict:
         """Traits for spawner.auth.DirectoryAuthenticator that log in against this directory.
 
