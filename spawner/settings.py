@@ -11,6 +11,7 @@ import base64
 import binascii
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,25 @@ def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())
 
 
+def _groups(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Group names or DNs.  A DN has commas of its own, so the separator is
+    chosen by what the value holds: a JSON list; else `;` or newlines when
+    any entry is a DN (has `=`); else commas (plain names)."""
+    raw = env.get(name, "").strip()
+    if raw.startswith("["):
+        try:
+            items = json.loads(raw)
+        except ValueError as exc:
+            raise SettingsError(f"{name} looks like a JSON list but is not one: {exc}") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise SettingsError(f"{name} must be a JSON list of strings")
+    elif "=" in raw:
+        items = re.split(r"[;\n]", raw)
+    else:
+        items = raw.split(",")
+    return tuple(item.strip() for item in items if item.strip())
+
+
 DIRECTORY_KINDS = ("openldap", "active_directory")
 TLS_MODES = ("ldaps", "starttls", "plain")
 # The variables that only mean something with GPUHUB_DIRECTORY set.
@@ -288,11 +308,11 @@ def load_directory_settings(env: Mapping[str, str]) -> DirectorySettings | None:
         raise SettingsError(
             "GPUHUB_DIRECTORY_USER_BASE is not set: where users are searched, "
             "e.g. ou=people,dc=example,dc=com")
-    allowed = _list(env, "GPUHUB_DIRECTORY_ALLOWED_GROUPS")
+    allowed = _groups(env, "GPUHUB_DIRECTORY_ALLOWED_GROUPS")
     if not allowed:
         raise SettingsError(
-            "GPUHUB_DIRECTORY_ALLOWED_GROUPS is empty: name the groups (names or DNs, comma "
-            "separated) whose members may use the hub")
+            "GPUHUB_DIRECTORY_ALLOWED_GROUPS is empty: name the groups whose members may use the "
+            "hub (names separated by commas, or DNs separated by semicolons)")
     return DirectorySettings(
         kind=kind,
         server=server,
@@ -305,7 +325,7 @@ def load_directory_settings(env: Mapping[str, str]) -> DirectorySettings | None:
         user_base=user_base,
         group_base=env.get("GPUHUB_DIRECTORY_GROUP_BASE", "").strip() or user_base,
         allowed_groups=allowed,
-        admin_groups=_list(env, "GPUHUB_DIRECTORY_ADMIN_GROUPS"),
+        admin_groups=_groups(env, "GPUHUB_DIRECTORY_ADMIN_GROUPS"),
         allow_plaintext=allow_plaintext,
     )
 

@@ -1,5 +1,7 @@
 """GPUHUB_* settings: defaults, and errors that name the setting."""
 
+import json
+
 import pytest
 
 from spawner.settings import SettingsError, load_settings
@@ -85,6 +87,31 @@ def test_openldap_defaults_to_verified_starttls_on_389():
     assert traits["group_search_base"] == "ou=groups,dc=example,dc=com"
     assert traits["lookup_dn_search_user"] == "cn=hub,ou=services,dc=example,dc=com"
     assert traits["lookup_dn_search_password"] == "Bind-Secret-1"
+
+
+GPU_DN = "cn=gpu,ou=groups,dc=example,dc=com"
+ML_DN = "CN=ML Team,OU=Groups,DC=example,DC=com"
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (GPU_DN, [GPU_DN]),
+    (f"{GPU_DN}; {ML_DN}", [GPU_DN, ML_DN]),
+    (f"{GPU_DN}\n{ML_DN}\n", [GPU_DN, ML_DN]),
+    (json.dumps([GPU_DN, "plain-name"]), [GPU_DN, "plain-name"]),
+    ("gpu-users,ml-team", ["gpu-users", "ml-team"]),
+])
+def test_group_settings_keep_a_dn_whole(raw, expected):
+    # A DN has commas of its own: split on them and nobody matches.
+    traits = authenticator_traits(directory_env(GPUHUB_DIRECTORY_CA_FILE=__file__,
+                                                GPUHUB_DIRECTORY_ALLOWED_GROUPS=raw,
+                                                GPUHUB_DIRECTORY_ADMIN_GROUPS=raw))
+    assert traits["allowed_groups"] == expected
+    assert traits["admin_groups"] == expected
+
+
+def test_group_setting_that_is_broken_json_names_the_variable():
+    with pytest.raises(SettingsError, match="GPUHUB_DIRECTORY_ALLOWED_GROUPS"):
+        load_settings(directory_env(GPUHUB_DIRECTORY_ALLOWED_GROUPS='["cn=gpu,dc=x"'))
 
 
 def test_active_directory_defaults_to_ldaps_on_636_and_groups_under_the_user_base():
