@@ -136,7 +136,9 @@ def _status_text(statuses: list[GPUStatus], counts: dict, waiting: int) -> str:
     rows = []
     for s in statuses:
         state = s.state
-        if s.lease and s.drained:
+        if s.lease and s.lease.problem:
+            state = f"lent (stuck: {s.lease.problem})"
+        elif s.lease and s.drained:
             state = "lent (draining)"
         elif state == "lent" and not s.present:
             state = "lent (missing)"

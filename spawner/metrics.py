@@ -1,12 +1,17 @@
 """Pool metrics on the hub's own /hub/metrics endpoint.
 
 JupyterHub serves prometheus_client's default registry, so registering here is
-all it takes.  The GPU gauges are read from the ledger at scrape time (one
-small query), so they are right even when another hub or the CLI changed it.
+all it takes.  The GPU gauges come from the ledger (one small query), so they
+are right even when another hub or the CLI changed it; the query runs off the
+hub's event loop (a scrape must never wait on the database), so a scrape
+shows the counts read at the previous scrape or lease change, at most
+`STALE_AFTER` seconds old, and no sample when the ledger stopped answering.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Callable
 
 from prometheus_client import REGISTRY, Histogram
@@ -19,17 +24,51 @@ LEASE_WAIT_SECONDS = Histogram(
 )
 
 
+STALE_AFTER = 60.0
+
+
 class PoolCollector:
     """Reports gpuhub_gpus{state} and gpuhub_lease_queue_length from pool.counts()."""
 
     def __init__(self, counts: Callable[[], dict]):
         self._counts = counts
+        self._latest: dict | None = None
+        self._read_at = 0.0
+        self._refreshing: asyncio.Task | None = None
+
+    def refresh_soon(self) -> None:
+        """Read the counts again, off the event loop (at once, outside the hub)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            try:
+                self._store(self._counts())
+            except Exception:
+                pass
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = loop.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        from .ledger_io import ledger_call
+
+        try:
+            self._store(await ledger_call(self._counts, timeout=10.0))
+        except Exception:
+            pass  # an unreachable ledger: the samples go stale and then disappear
+
+    def _store(self, counts: dict) -> None:
+        self._latest, self._read_at = counts, time.monotonic()
+
+    def describe(self):
+        # Lets the registry learn the names without a ledger read at registration.
+        yield GaugeMetricFamily("gpuhub_gpus", "GPUs in the pool by state.", labels=["state"])
+        yield GaugeMetricFamily("gpuhub_lease_queue_length", "Spawns waiting for GPUs.")
 
     def collect(self):
-        try:
-            counts = self._counts()
-        except Exception:
-            # A scrape must never fail the hub; an unreachable ledger shows as no sample.
+        counts = self._latest if time.monotonic() - self._read_at < STALE_AFTER else None
+        self.refresh_soon()
+        if counts is None:
             return
         gpus = GaugeMetricFamily("gpuhub_gpus", "GPUs in the pool by state.", labels=["state"])
         for state in ("free", "lent", "drained"):
@@ -48,3 +87,9 @@ def register_pool(counts: Callable[[], dict]) -> None:
     if _registered is None:
         _registered = PoolCollector(counts)
         REGISTRY.register(_registered)
+
+
+def pool_changed() -> None:
+    """A lease began or ended in this process: refresh the gauges soon."""
+    if _registered is not None:
+        _registered.refresh_soon()

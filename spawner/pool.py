@@ -102,7 +102,7 @@ from traitlets.config import LoggingConfigurable
 
 from .inventory import GPU, TOPOLOGY_SYSTEM, Inventory, InventoryError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: gpu_pool_leases.problem
 # Key of the PostgreSQL advisory lock that serialises writes to the ledger
 # (an arbitrary 63-bit constant: "gpupool" in ASCII).
 PG_LOCK_KEY = 0x677075706F6F6C
@@ -189,6 +189,8 @@ class Lease:
     started_at: datetime
     ended_at: datetime | None = None
     end_reason: str | None = None
+    problem: str | None = None
+    """Set while the lease's server has ended but its container would not stop."""
 
     @property
     def active(self) -> bool:
@@ -214,6 +216,7 @@ class Lease:
             "started_at": _iso(self.started_at),
             "ended_at": _iso(self.ended_at),
             "end_reason": self.end_reason,
+            "problem": self.problem,
         }
 
 
@@ -352,6 +355,9 @@ leases_table = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("ended_at", UTCDateTime),
     Column("end_reason", String(32)),
+    # Why a lease whose server ended is still lent (a container that would
+    # not stop); the reconciler ends it once the container is gone.
+    Column("problem", Text),
     Index("ix_gpu_pool_leases_user", "user_name"),
     Index("ix_gpu_pool_leases_started", "started_at"),
     # ids are never reused, even after the newest lease is undone, because
@@ -827,6 +833,10 @@ class GPUPool(LoggingConfigurable):
         version = conn.execute(select(meta_table.c.value).where(meta_table.c.key == "schema_version")).scalar()
         if version is None:
             conn.execute(insert(meta_table).values(key="schema_version", value=str(SCHEMA_VERSION)))
+        elif int(version) < 2:
+            # 1 -> 2: a column that ledgers made by 0.1 lack.
+            conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
+            conn.execute(update(meta_table).where(meta_table.c.key == "schema_version").values(value="2"))
         elif int(version) > SCHEMA_VERSION:
             raise PoolUnavailable(
                 f"The GPU ledger has schema version {version}, newer than this code understands "
@@ -1435,6 +1445,15 @@ class GPUPool(LoggingConfigurable):
             self._notify()
         return ended
 
+    def set_problem(self, lease_id: int, problem: str) -> bool:
+        """Note why an active lease stays lent after its server ended (shown by `gpu-pool status`)."""
+        if isinstance(lease_id, bool) or not isinstance(lease_id, int):
+            raise InvalidRequest(f"A lease id is a whole number, not {lease_id!r}")
+        problem = str(problem)[:500]
+        return bool(self._write(lambda conn: conn.execute(
+            update(leases_table).where(leases_table.c.id == lease_id, leases_table.c.ended_at.is_(None))
+            .values(problem=problem)).rowcount))
+
     def _end_leases(self, conn, ids: list[int], reason: str, now: datetime) -> None:
         conn.execute(
             update(leases_table)
@@ -1543,6 +1562,7 @@ class GPUPool(LoggingConfigurable):
                     r.started_at,
                     r.ended_at,
                     r.end_reason,
+                    r.problem,
                 )
                 uuids[r.id] = []
             if r.uuid is not None:

@@ -6,7 +6,9 @@ polled every server it knew) and then every `interval` seconds:
 - a lease held by a server the hub tracks, whose container runs: kept (adopted);
 - an active lease on this host that no tracked server holds: its container,
   if any, is stopped and removed, and the lease ends with reason `reconciled`
-  (a hub killed mid-spawn, a server lost from the hub's database);
+  (a hub killed mid-spawn, a server lost from the hub's database, a stop
+  that failed) -- but only once the removal succeeded: while Docker cannot
+  remove it, the GPU stays lent and the next pass tries again;
 - a running container that carries GPUs without an active lease: stopped and
   removed, so no one uses a GPU the ledger thinks is free.
 """
@@ -21,7 +23,7 @@ from typing import Callable, Iterable
 from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
-from .dockerspawner import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from .labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from .pool import EndReason, GPUPool, PoolError
 
 
@@ -50,8 +52,9 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
     cutoff = max(datetime.now(timezone.utc) - timedelta(seconds=min_age), process_started or PROCESS_STARTED)
     # Only containers lent GPUs by this ledger: other hubs on this Docker host
     # (with their own ledgers) are none of our business.
+    # ignore_removed: a container removed while we list them must not abort the pass.
     containers = docker_client.containers.list(
-        all=True, filters={"label": [LABEL_LEASE, f"{LABEL_POOL}={pool_identity(pool)}"]})
+        all=True, ignore_removed=True, filters={"label": [LABEL_LEASE, f"{LABEL_POOL}={pool_identity(pool)}"]})
     by_lease: dict[int, list] = {}
     for container in containers:
         labels = container.labels
@@ -67,8 +70,10 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
         if lease_id in tracked or lease.started_at > cutoff:
             report.kept.append(lease_id)
             continue
-        for container in by_lease.get(lease_id, []):
-            _remove(container, report, log, f"its lease {lease_id} is held by no server the hub tracks")
+        removed = [_remove(container, report, log, f"its lease {lease_id} is held by no server the hub tracks")
+                   for container in by_lease.get(lease_id, [])]
+        if not all(removed):
+            continue  # the GPU may still be in use: the lease stays until the removal succeeds
         if pool.release(lease_id, EndReason.RECONCILED):
             report.ended.append(lease_id)
             if log:
@@ -83,16 +88,22 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
     return report
 
 
-def _remove(container, report: ReconcileReport, log, why: str) -> None:
+def _remove(container, report: ReconcileReport, log, why: str) -> bool:
+    """Remove the container; True once Docker confirms it is gone."""
+    import docker.errors
+
     try:
         container.remove(force=True)
-    except Exception as exc:  # already gone, or the daemon refused: reported, retried next pass
+    except docker.errors.NotFound:
+        return True  # already gone
+    except Exception as exc:  # the daemon refused or failed: reported, retried next pass
         if log:
             log.error("Could not remove container %s (%s): %s", container.name, why, exc)
-        return
+        return False
     report.containers_stopped.append(container.name)
     if log:
         log.warning("Removed container %s: %s", container.name, why)
+    return True
 
 
 class Reconciler(LoggingConfigurable):
@@ -160,7 +171,7 @@ def start_in_hub(config=None) -> None:
     if not JupyterHub.initialized():
         return
     app = JupyterHub.instance()
-    from .dockerspawner import shared_pool
+    from .lending import shared_pool, take_over_spawn_limit
 
     def tracked() -> set[int]:
         ids = set()
@@ -181,6 +192,7 @@ def start_in_hub(config=None) -> None:
 
     async def run():
         await app._start_future
+        take_over_spawn_limit(app)
         reconciler = Reconciler(pool, docker_client, pool().inventory.host, tracked,
                                 config=app.config, log=app.log)
         if reconciler.enabled:

@@ -20,4 +20,5 @@ pytest_plugins = [
     "tests.fixtures.directory",
     "tests.fixtures.images",
     "tests.fixtures.browser",
+    "tests.fixtures.faults",
 ]

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from spawner import auth
-from tests.harness.ldap.common import Directory
+from devservices.ldap.common import Directory
 
 AUTHENTICATOR = "spawner.auth.DirectoryAuthenticator"
 
@@ -125,3 +125,38 @@ def test_hub_with_plain_ldap_not_allowed_does_not_start(make_hub, openldap):
     with pytest.raises(Exception):
         hub.start(timeout=60)
     assert "allow_plaintext" in hub.log_path.read_text(errors="replace")
+
+
+def group_dn(directory: Directory, name: str) -> str:
+    """The DN of a directory group, looked up as the hub's service account would."""
+    import ssl
+
+    import ldap3
+
+    tls = ldap3.Tls(ca_certs_file=directory.ca_file, validate=ssl.CERT_REQUIRED,
+                    valid_names=[directory.tls_server_name] if directory.tls_server_name else None)
+    server = ldap3.Server(directory.host, port=directory.port, tls=tls, connect_timeout=5)
+    with ldap3.Connection(server, directory.bind_dn, directory.bind_password,
+                          auto_bind=ldap3.AUTO_BIND_TLS_BEFORE_BIND) as conn:
+        conn.search(directory.group_base, f"(cn={ldap3.utils.conv.escape_filter_chars(name)})", attributes=[])
+        assert conn.entries, f"no group {name} under {directory.group_base}"
+        return conn.entries[0].entry_dn
+
+
+def test_group_dns_in_the_settings_let_members_in(make_hub, directory):
+    # GPUHUB_DIRECTORY_*_GROUPS as DNs: their commas must not split them.
+    allowed = group_dn(directory, directory.allowed_group)
+    admins = group_dn(directory, directory.admin_group)
+    hub = make_hub(env={
+        **directory.settings_env(allowed_groups=f"{allowed}; cn=nobody-is-here,{directory.group_base}",
+                                 admin_groups=admins),
+        "JUPYTERHUB_CRYPT_KEY": secrets.token_hex(32),
+    })
+    for name in ("alice", "carol"):
+        user = directory.users[name]
+        r = form_login(hub, user.name, user.password)
+        assert r.status_code == 302, form_error(r)[:2000]
+        assert user_model(hub, user.name)["admin"] is (directory.admin_group in directory.groups_of(name))
+    frank = directory.users["frank"]
+    r = form_login(hub, frank.name, frank.password)
+    assert r.status_code == 403 and auth.MSG_NOT_ALLOWED in form_error(r)

@@ -9,7 +9,7 @@ holds, and that it holds none once stopped.
 The hub is the project's one config (hub_config/jupyterhub_config.py) driven
 by GPUHUB_* variables, with the directory login against the seeded OpenLDAP,
 4 simulated GPUs and the real dockerd (whose NVIDIA device path is real, with
-a test double of NVIDIA's hook: see tests/harness/docker-up.sh).
+a test double of NVIDIA's hook: see devservices/docker-up.sh).
 
 Screenshots of each step land in test-artifacts/test_browser.../; on failure
 also the page's HTML and the browser console.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 
-from tests.harness.ldap.common import Directory
+from devservices.ldap.common import Directory
 
 # Generous but bounded: 2 cores, a container start and JupyterLab's first load.
 SPAWN_TIMEOUT = 180
@@ -44,18 +44,7 @@ def directory_login_env(directory: Directory, tmp_path) -> dict[str, str]:
     password_file.write_text(directory.bind_password + "\n")
     password_file.chmod(0o600)
     return {
-        "GPUHUB_AUTHENTICATOR": "ldap",
-        "GPUHUB_DIRECTORY": directory.kind,
-        "GPUHUB_DIRECTORY_SERVER": directory.host,
-        "GPUHUB_DIRECTORY_PORT": str(directory.port),
-        "GPUHUB_DIRECTORY_TLS": "starttls",
-        "GPUHUB_DIRECTORY_CA_FILE": directory.ca_file,
-        "GPUHUB_DIRECTORY_BIND_DN": directory.bind_dn,
-        "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE": str(password_file),
-        "GPUHUB_DIRECTORY_USER_BASE": directory.user_base,
-        "GPUHUB_DIRECTORY_GROUP_BASE": directory.group_base,
-        "GPUHUB_DIRECTORY_ALLOWED_GROUPS": directory.allowed_group,
-        "GPUHUB_DIRECTORY_ADMIN_GROUPS": directory.admin_group,
+        **directory.settings_env(password_file=str(password_file)),
         "GPUHUB_SIMULATED_GPUS": "4",
         "JUPYTERHUB_CRYPT_KEY": secrets.token_hex(32),
     }

@@ -1,0 +1,130 @@
+"""Home volumes: a user's named volume, owned by their directory uid, and kept that way.
+
+Docker fills a new named volume from the image's home, owned by the image's
+user (uid 1000).  When the directory gives the user another uid, a
+short-lived container (no network, only CHOWN/DAC_OVERRIDE/FOWNER,
+no-new-privileges) copies the starter files in and hands the volume over.
+Who owns the home is recorded by a marker file *inside* the volume, written
+only after the hand-over succeeded: a hand-over that failed, timed out or was
+cancelled is simply resumed at the next start, and it touches only files not
+yet owned by the new uid, so a repeated one is cheap.  The marker travels
+with the data (shared storage included); Docker's volume labels cannot, and
+cannot change.  A home that belongs to a directory uid is never handed to
+the fallback uid: that spawn is refused with a message to log in again.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import docker.errors
+from tornado import web
+
+from .labels import LABEL_HOME_OWNER, LABEL_USER
+
+MARKER = ".gpuhub-owner"
+MOUNT = "/mnt/home"
+
+# volume name -> owner ("uid:gid") already checked by this hub process.
+_known_owner: dict[str, str] = {}
+
+
+async def _recorded_owner(spawner, name: str, image: str) -> str | None:
+    """The owner the volume's marker records, read through a container that never starts."""
+    reader = await spawner.docker(
+        "create_container", image=image, command=["true"], network_disabled=True,
+        labels={LABEL_USER: spawner.user.name},
+        host_config=spawner.client.create_host_config(
+            binds={name: {"bind": MOUNT, "mode": "ro"}}, network_mode="none", cap_drop=["ALL"]),
+    )
+    try:
+        stream, _ = await spawner.docker("get_archive", reader["Id"], f"{MOUNT}/{MARKER}")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile(MARKER)
+            return member.read().decode().strip() if member else None
+    except docker.errors.NotFound:
+        return None
+    finally:
+        await spawner.docker("remove_container", reader["Id"], force=True)
+
+
+async def prepare_home_volume(spawner, image: str, uid: int, gid: int) -> None:
+    """Make the user's home volume theirs (see the module docstring); raise HTTPError if refused."""
+    owner = f"{uid}:{gid}"
+    name = spawner._render_templates(spawner.home_volume_name)
+    try:
+        volume = await spawner.docker("inspect_volume", name)
+    except docker.errors.NotFound:
+        volume = None
+    fallback = f"{spawner.fallback_uid}:{spawner.fallback_gid}"
+    if volume is None:
+        _known_owner.pop(name, None)
+        # The label says whom the volume was made for (labels never change).
+        volume = {"Labels": {LABEL_USER: spawner.user.name, LABEL_HOME_OWNER: owner}}
+        await spawner.docker("create_volume", name=name, labels=volume["Labels"])
+        if owner == fallback:
+            # Docker's copy-up from the image gives a new volume to the image's
+            # user, which the fallback identity is: nothing to hand over.
+            _known_owner[name] = owner
+            return
+        recorded = None
+    elif _known_owner.get(name) == owner:
+        return
+    else:
+        recorded = await _recorded_owner(spawner, name, spawner.home_volume_prep_image or image)
+    # Without a marker no hand-over ever finished; the label is the owner the
+    # volume was made for, true only for copy-up homes (the fallback identity).
+    label = (volume or {}).get("Labels", {}) or {}
+    claimed = recorded or label.get(LABEL_HOME_OWNER)
+    verified = recorded or (claimed if claimed == fallback else None)
+    if verified == owner:
+        _known_owner[name] = owner
+        return
+    if owner == fallback and not spawner.has_directory_identity() and claimed not in (None, fallback):
+        raise web.HTTPError(
+            409,
+            f"Your home belongs to your directory account (uid {claimed.split(':')[0]}), but the hub "
+            "has no directory identity for you right now. Log out and log in again, then start "
+            "your server.")
+    await _hand_over(spawner, name, image, owner)
+    _known_owner[name] = owner
+
+
+async def _hand_over(spawner, name: str, image: str, owner: str) -> None:
+    uid, gid = owner.split(":")
+    home = spawner.home_mount_point
+    # Copy starter files without overwriting, give the new owner only what is
+    # not theirs yet, and record the owner last: only a finished hand-over counts.
+    script = (
+        f"cp -an {home}/. {MOUNT}/ 2>/dev/null; "
+        f"find {MOUNT} \\( ! -user {uid} -o ! -group {gid} \\) -exec chown -h {owner} {{}} + && "
+        f"printf '%s\\n' {owner} > {MOUNT}/{MARKER}.new && chown {owner} {MOUNT}/{MARKER}.new && "
+        f"mv -f {MOUNT}/{MARKER}.new {MOUNT}/{MARKER}"
+    )
+    prep = await spawner.docker(
+        "create_container",
+        image=spawner.home_volume_prep_image or image,
+        entrypoint=["/bin/sh", "-c"],
+        command=[script],
+        user="0:0",
+        network_disabled=True,
+        labels={LABEL_USER: spawner.user.name},
+        host_config=spawner.client.create_host_config(
+            binds={name: {"bind": MOUNT, "mode": "rw"}},
+            cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"],
+            security_opt=["no-new-privileges"], network_mode="none",
+        ),
+    )
+    try:
+        await spawner.docker("start", prep["Id"])
+        try:
+            result = await spawner.docker("wait", prep["Id"], timeout=spawner.home_prep_timeout)
+        except Exception:
+            raise web.HTTPError(
+                503, f"Handing your home volume {name} to your account took longer than "
+                f"{spawner.home_prep_timeout:g} s; start again to resume it.") from None
+        if result.get("StatusCode", 1) != 0:
+            raise web.HTTPError(500, f"Could not give the home volume {name} to your account")
+    finally:
+        await spawner.docker("remove_container", prep["Id"], force=True)

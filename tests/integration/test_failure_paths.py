@@ -1,0 +1,305 @@
+"""The ledger and Docker agree on every failure path (the real hub, dockerd and ledger).
+
+Faults a healthy daemon or database cannot be made to show on demand (a
+`docker stop` that fails, an inspect that answers 500, a database that stops
+answering) are injected in front of the real ones (tests/fixtures/faults.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import requests
+
+from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+
+from ..fixtures.hub import Hub, wait_for
+from .test_gpu_spawner import container_of
+
+RECONCILE_FAST = """
+c.Reconciler.interval = 1
+c.Reconciler.min_lease_age = 0
+c.Spawner.poll_interval = 1
+"""
+
+
+def lease_of(hub: Hub, lease_id: int):
+    return hub.ledger().lease(lease_id)
+
+
+def test_a_stop_that_fails_keeps_the_gpu_lent_until_the_container_is_gone(make_hub, docker_client,
+                                                                         docker_faults):
+    hub = make_hub(RECONCILE_FAST, env={"DOCKER_HOST": docker_faults.url})
+    hub.create_user("stuck")
+    state = hub.start_server("stuck", {"profile": "tf-gpu-1"})["state"]
+    lease_id = state["gpu_lease_id"]
+    container = container_of(hub, docker_client, "stuck")
+    # `docker stop` times out (a GPU process stuck in the kernel) and so does removal.
+    docker_faults.fail("POST", r"/containers/[^/]+/(stop|kill)$", 500, "container did not stop in time")
+    docker_faults.fail("DELETE", r"/containers/[^/]+$", 500, "container did not stop in time")
+
+    r = hub.api("DELETE", "/users/stuck/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_stopped("stuck")  # the hub forgets the server...
+    time.sleep(3)  # ...and a few reconcile passes fail to remove the container
+    container.reload()
+    assert container.status == "running"
+    lease = lease_of(hub, lease_id)
+    assert lease.active, "the GPU was freed while its container runs"
+    assert "would not stop" in (lease.problem or "")
+    # An admin sees why: gpu-pool status names the stuck container.
+    import contextlib
+    import io
+
+    from spawner.cli import main as gpu_pool
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert gpu_pool(["--db-url", hub.pool_db_url, "status"]) == 0
+    assert "would not stop" in out.getvalue() and container.name in out.getvalue()
+    # The next user cannot get that GPU.
+    others = {s.gpu.uuid for s in hub.ledger().gpus() if s.lease is None}
+    assert state["gpu_uuids"][0] not in others
+
+    # Docker recovers: the reconciler removes the container, then ends the lease.
+    docker_faults.clear()
+    wait_for(lambda: not lease_of(hub, lease_id).active, timeout=30, what="the lease to end", hub=hub)
+    assert lease_of(hub, lease_id).end_reason == "reconciled"
+    assert container.name not in {c.name for c in docker_client.containers.list(all=True)}
+
+
+def test_an_inspect_that_answers_500_is_not_a_dead_server(make_hub, docker_client, docker_faults):
+    hub = make_hub("c.Spawner.poll_interval = 1\n", env={"DOCKER_HOST": docker_faults.url})
+    hub.create_user("flaky")
+    state = hub.start_server("flaky", {"profile": "tf-gpu-1"})["state"]
+    docker_faults.fail("GET", r"/containers/[^/]+/json$", 500, "daemon is unwell")
+    time.sleep(4)  # several polls, every one answered 500
+    docker_faults.clear()
+    server = hub.server_model("flaky")
+    assert server and server["ready"], "a 500 from Docker was taken for a dead server"
+    assert [lease.id for lease in hub.ledger().leases()] == [state["gpu_lease_id"]]
+    assert container_of(hub, docker_client, "flaky").status == "running"
+    hub.stop_server("flaky")
+    assert hub.ledger().leases() == []
+
+
+def test_a_kept_container_survives_reconcile_after_a_restart_on_the_same_gpu(make_hub, docker_client):
+    # One GPU: the restart gets the same GPU under a new lease.  The kept
+    # container must be remade with the new lease, or the reconciler removes it.
+    hub = make_hub("c.GPUDockerSpawner.remove = False\n" + RECONCILE_FAST,
+                   env={"GPUHUB_SIMULATED_GPUS": "1"})
+    hub.create_user("kept")
+    first = hub.start_server("kept", {"profile": "tf-gpu-1"})["state"]
+    hub.stop_server("kept")
+    second = hub.start_server("kept", {"profile": "tf-gpu-1"})["state"]
+    assert second["gpu_uuids"] == first["gpu_uuids"] and second["gpu_lease_id"] != first["gpu_lease_id"]
+    time.sleep(4)  # several reconcile passes
+    server = hub.server_model("kept")
+    assert server and server["ready"], hub.log_tail(40)
+    container = container_of(hub, docker_client, "kept")
+    assert container.status == "running"
+    assert container.labels[LABEL_LEASE] == str(second["gpu_lease_id"])
+    assert [lease.id for lease in hub.ledger().leases()] == [second["gpu_lease_id"]]
+
+
+# The directory identity a login would put in auth_state, read from a file the
+# test edits (the lowest layer: what the authenticator hands the spawner).
+IDENTITY_HOOK = """
+import json, pathlib
+IDENTITIES = pathlib.Path({path!r})
+def _identity(spawner, auth_state):
+    spawner._auth_state = json.loads(IDENTITIES.read_text()).get(spawner.user.name, {{}})
+c.Spawner.auth_state_hook = _identity
+"""
+
+
+@pytest.fixture
+def identity_hub(make_hub, tmp_path):
+    identities = tmp_path / "identities.json"
+    identities.write_text("{}")
+
+    def make(extra: str = "", **kwargs) -> tuple[Hub, callable]:
+        hub = make_hub(IDENTITY_HOOK.format(path=str(identities)) + extra, **kwargs)
+
+        def set_identity(user: str, uid: int | None = None, gid: int | None = None) -> None:
+            known = json.loads(identities.read_text())
+            known[user] = {k: v for k, v in (("uid_number", uid), ("gid_number", gid)) if v is not None}
+            identities.write_text(json.dumps(known))
+
+        return hub, set_identity
+
+    return make
+
+
+def home_owner(container) -> str:
+    code, out = container.exec_run(["stat", "-c", "%u:%g", "/home/jovyan"])
+    assert code == 0, out
+    return out.decode().strip()
+
+
+def can_write_home(container) -> bool:
+    code, _ = container.exec_run(["sh", "-c", "touch /home/jovyan/probe && rm /home/jovyan/probe"])
+    return code == 0
+
+
+def test_a_home_whose_first_handover_failed_is_handed_over_next_time(identity_hub, docker_client,
+                                                                     docker_faults):
+    hub, set_identity = identity_hub(env={"DOCKER_HOST": docker_faults.url})
+    hub.create_user("hana")
+    set_identity("hana", 23456, 23456)
+    # The hand-over container never starts (the first start call of this spawn).
+    docker_faults.fail("POST", r"/containers/[^/]+/start$", 500, "injected: start failed", times=1)
+    hub.refused_spawn("hana", {"profile": "tf-cpu"})
+    docker_faults.clear()
+    hub.start_server("hana", {"profile": "tf-cpu"})
+    container = container_of(hub, docker_client, "hana")
+    assert home_owner(container) == "23456:23456"
+    assert can_write_home(container)
+
+
+def test_a_home_changes_owner_once_and_is_never_given_to_the_fallback_uid(identity_hub, docker_client,
+                                                                          docker_faults):
+    hub, set_identity = identity_hub(env={"DOCKER_HOST": docker_faults.url})
+    hub.create_user("ivo")
+    set_identity("ivo", 23457, 23457)
+    hub.start_server("ivo", {"profile": "tf-cpu"})
+    hub.stop_server("ivo")
+    # The directory gives ivo a new uid: his home follows, once.
+    set_identity("ivo", 34567, 34567)
+    hub.start_server("ivo", {"profile": "tf-cpu"})
+    container = container_of(hub, docker_client, "ivo")
+    assert home_owner(container) == "34567:34567" and can_write_home(container)
+    hub.stop_server("ivo")
+    docker_faults.seen.clear()
+    hub.start_server("ivo", {"profile": "tf-cpu"})
+    creates = [p for m, p in docker_faults.seen if m == "POST" and p.endswith("/containers/create")]
+    assert len(creates) == 1, f"an unchanged home was handed over again: {creates}"
+    hub.stop_server("ivo")
+
+    # No directory identity this time (no auth_state): refused, not remapped to uid 1000.
+    set_identity("ivo")
+    _, message = hub.refused_spawn("ivo", {"profile": "tf-cpu"})
+    assert "log in again" in message
+    volume = docker_client.volumes.get(f"{hub.prefix}-home-ivo")
+    owner = docker_client.containers.run(hub.env["GPUHUB_CPU_IMAGE"], entrypoint=["stat", "-c", "%u", "/h"],
+                                         volumes={volume.name: {"bind": "/h", "mode": "ro"}},
+                                         network_mode="none", remove=True)
+    assert owner.decode().strip() == "34567"
+
+
+@pytest.mark.parametrize("uid, gid, what", [(0, 1000, "uidNumber 0"), (23458, 0, "gidNumber 0"),
+                                             (-5, 1000, "uidNumber -5")])
+def test_directory_identities_that_would_run_as_root_are_refused(identity_hub, docker_client, uid, gid, what):
+    hub, set_identity = identity_hub()
+    hub.create_user("rooty")
+    set_identity("rooty", uid, gid)
+    _, message = hub.refused_spawn("rooty", {"profile": "tf-gpu-1"})
+    assert what in message and "will not run a server as" in message
+    assert hub.containers(docker_client) == []
+    assert hub.ledger().history(user="rooty") == []  # refused before any lease
+
+
+def test_a_reconcile_pass_survives_a_container_removed_while_listing(docker_client, docker_faults, base_image,
+                                                                    tmp_path):
+    import docker as docker_sdk
+    from datetime import datetime, timezone
+
+    from spawner.inventory import SimulatedInventory
+    from spawner.pool import GPUPool
+    from spawner.reconcile import reconcile
+
+    host = "race-host"
+    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=2, host=host))
+    made = []
+    try:
+        def run(name, lease_id, gpus):
+            container = docker_client.containers.run(
+                base_image, ["sleep", "300"], name=f"gpuhub-race-{name}-{tmp_path.name[-6:]}", detach=True,
+                network_mode="none", labels={LABEL_LEASE: str(lease_id), LABEL_GPUS: gpus, LABEL_HOST: host,
+                                             LABEL_POOL: pool_identity(pool)})
+            made.append(container)
+            return container
+
+        vanishing = run("vanishing", 9998, "GPU-gone")
+        unleased = run("unleased", 9999, "GPU-nobody-lent")
+        orphan = pool.try_acquire("olive", "", 1)
+        # Between the listing and the inspection of each container, one disappears.
+        docker_faults.after("GET", r"/containers/json$", lambda: vanishing.remove(force=True))
+        client = docker_sdk.DockerClient(base_url=docker_faults.url)
+        report = reconcile(pool, client, host, set(), min_age=0, process_started=datetime.now(timezone.utc))
+        assert report.ended == [orphan.id]
+        assert unleased.name in report.containers_stopped
+    finally:
+        for container in made:
+            try:
+                container.remove(force=True)
+            except Exception:
+                pass
+        pool.close()
+
+
+# ------------------------------------------------------------ the hub's limits
+
+def test_a_busy_pool_is_not_a_hub_failure(make_hub):
+    # Three "all GPUs are lent" answers in a row with consecutive_failure_limit 2:
+    # the hub must not count them as failures (and exit).
+    hub = make_hub("c.Spawner.consecutive_failure_limit = 2\n",
+                   env={"GPUHUB_SIMULATED_GPUS": "1", "GPUHUB_LEASE_WAIT_TIMEOUT": "1"})
+    for user in ("holder", "w1", "w2", "w3"):
+        hub.create_user(user)
+    hub.start_server("holder", {"profile": "tf-gpu-1"})
+    for user in ("w1", "w2", "w3"):
+        r = hub.api("POST", f"/users/{user}/server", json={"profile": "tf-gpu-1"})
+        assert r.status_code == 429, r.text
+        assert "lent" in r.json()["message"]
+    time.sleep(3)  # the hub aborts 2 s after the limit is reached
+    assert hub.process.poll() is None, hub.log_tail(40)
+    assert hub.api("GET", "/").status_code == 200
+
+
+def test_cpu_spawns_start_while_gpu_spawns_wait_under_the_spawn_limit(make_hub):
+    hub = make_hub("c.JupyterHub.concurrent_spawn_limit = 2\n", env={"GPUHUB_SIMULATED_GPUS": "1"})
+    for user in ("holder", "q1", "q2", "cpu"):
+        hub.create_user(user)
+    hub.start_server("holder", {"profile": "tf-gpu-1"})
+    for user in ("q1", "q2"):
+        r = hub.api("POST", f"/users/{user}/server", json={"profile": "tf-gpu-1"})
+        assert r.status_code == 202, r.text
+    wait_for(lambda: len(hub.ledger().queue()) == 2, what="two queued GPU spawns", hub=hub)
+    # Two spawns are pending, JupyterHub's limit; but they only wait for GPUs.
+    server = hub.start_server("cpu", {"profile": "tf-cpu"})
+    assert server["ready"]
+    assert len(hub.ledger().queue()) == 2
+
+
+# ------------------------------------------------------ an unanswering database
+
+def test_a_ledger_that_stops_answering_never_freezes_the_hub(make_hub, postgres_url, blackhole, docker_client):
+    from sqlalchemy.engine import make_url
+
+    real = make_url(postgres_url)
+    hole = blackhole(real.host, real.port)
+    hub = make_hub("c.GPUDockerSpawner.ledger_timeout = 3\n",
+                   env={"GPUHUB_POOL_DB_URL": real.set(port=hole.port).render_as_string(hide_password=False)})
+    hub.create_user("gina")
+    hub.create_user("hugo")
+    hub.start_server("gina", {"profile": "tf-gpu-1"})
+    hole.drop()  # no answer, and no TCP reset, ever
+
+    r = hub.api("POST", "/users/hugo/server", json={"profile": "tf-gpu-1"}, timeout=30)
+    assert r.status_code == 503, r.text
+    assert "did not answer" in r.json()["message"]
+    # Meanwhile the hub answers at once, again and again.
+    for _ in range(5):
+        assert hub.api("GET", "/", timeout=1).status_code == 200
+    session = requests.Session()
+    session.get(f"{hub.url}/hub/login", timeout=5)
+    session.post(f"{hub.url}/hub/login", data={"username": "hugo", "password": "test-password-not-secret",
+                                               "_xsrf": session.cookies.get("_xsrf")}, timeout=5)
+    form = session.get(f"{hub.url}/hub/spawn", timeout=10)
+    assert form.status_code == 200 and "availability unknown right now" in form.text
+    # A CPU server needs no ledger.
+    assert hub.start_server("hugo", {"profile": "tf-cpu"})["ready"]
+    hub.api("GET", "/", timeout=1)
