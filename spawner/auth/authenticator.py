@@ -36,6 +36,16 @@ _refusal_holder: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
 )
 
 
+def _kind_default(trait: str):
+    """A traitlets default for `trait`: the value kinds.KINDS gives the configured directory."""
+
+    @default(trait)
+    def _default(self):
+        return getattr(KINDS[self.directory], trait)
+
+    return _default
+
+
 class DirectoryAuthenticator(LDAPAuthenticator):
     """Log in against Active Directory or OpenLDAP; sync groups; keep uid/gid."""
 
@@ -216,29 +226,16 @@ class DirectoryAuthenticator(LDAPAuthenticator):
         # "alice@example.com" both become "alice".
         return True
 
-    @default("user_attribute")
-    def _default_user_attribute(self) -> str:
-        return KINDS[self.directory].user_attribute
-
     @default("lookup_dn_user_dn_attribute")
     def _default_lookup_dn_user_dn_attribute(self) -> str:
         return self.user_attribute
 
-    @default("lookup_dn_search_filter")
-    def _default_lookup_dn_search_filter(self) -> str:
-        return KINDS[self.directory].lookup_dn_search_filter
-
-    @default("group_search_filter")
-    def _default_group_search_filter(self) -> str:
-        return KINDS[self.directory].group_search_filter
-
-    @default("group_nesting_depth")
-    def _default_group_nesting_depth(self) -> int:
-        return KINDS[self.directory].group_nesting_depth
-
-    @default("valid_username_regex")
-    def _default_valid_username_regex(self) -> str:
-        return KINDS[self.directory].valid_username_regex
+    # The defaults that depend on the directory kind, from the table in kinds.py.
+    _default_user_attribute = _kind_default("user_attribute")
+    _default_lookup_dn_search_filter = _kind_default("lookup_dn_search_filter")
+    _default_group_search_filter = _kind_default("group_search_filter")
+    _default_group_nesting_depth = _kind_default("group_nesting_depth")
+    _default_valid_username_regex = _kind_default("valid_username_regex")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
