@@ -15,30 +15,25 @@ class SettingsError(ValueError):
     """A deployment setting is missing or wrong; the message names it."""
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, minimum: int | None = None) -> int:
+def _number(env: Mapping[str, str], name: str, default, minimum, convert, what: str):
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
-        value = int(raw)
+        value = convert(raw)
     except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+        raise SettingsError(f"{name}={raw!r} is not {what}") from None
     if minimum is not None and value < minimum:
         raise SettingsError(f"{name}={value} must be at least {minimum}")
     return value
 
 
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: int | None = None) -> int:
+    return _number(env, name, default, minimum, int, "an integer")
+
+
 def env_float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number") from None
-    if value < minimum:
-        raise SettingsError(f"{name}={value} must be at least {minimum}")
-    return value
+    return _number(env, name, default, minimum, float, "a number")
 
 
 def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
