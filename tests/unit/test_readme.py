@@ -21,7 +21,8 @@ def test_configuration_reference_lists_every_option_with_its_current_default():
 
 
 def test_every_gpuhub_setting_is_documented():
-    source = (Path(__file__).resolve().parents[2] / "spawner" / "settings.py").read_text()
+    package = Path(__file__).resolve().parents[2] / "spawner" / "settings"
+    source = "".join(p.read_text() for p in sorted(package.glob("*.py")))
     names = set(re.findall(r'"(GPUHUB_[A-Z0-9_]+)"', source))
     missing = sorted(n for n in names if f"`{n}`" not in README)
     assert not missing, f"GPUHUB settings missing from README: {missing}"

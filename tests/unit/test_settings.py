@@ -212,7 +212,8 @@ def test_the_production_example_is_complete_and_names_only_real_settings(tmp_pat
 
     example = Path(__file__).resolve().parents[2] / "hub_config" / "examples" / "production.env"
     env = read_env_file(example)
-    source = (Path(__file__).resolve().parents[2] / "spawner" / "settings.py").read_text()
+    package = Path(__file__).resolve().parents[2] / "spawner" / "settings"
+    source = "".join(p.read_text() for p in sorted(package.glob("*.py")))
     commented = {line.lstrip("#").partition("=")[0] for line in example.read_text().splitlines()
                  if line.startswith("#GPUHUB_")}
     for name in set(env) | commented:

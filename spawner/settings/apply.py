@@ -1,0 +1,114 @@
+"""Settings applied to a traitlets config: what jupyterhub_config.py sets from Settings.
+
+The one place that knows which class's option each setting becomes (JupyterHub,
+the proxy, GPUDockerSpawner, the pool, the authenticator, the culler).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .directory import DirectorySettings
+from .hub import Settings, default_profiles
+from .parsing import SettingsError
+
+
+def docker_network_gateway(name: str) -> str:
+    """The gateway address of the Docker bridge `name`, made here if missing.
+
+    The hub listens on that address only: containers on the bridge reach it,
+    nothing outside this machine can.
+    """
+    import docker
+
+    try:
+        client = docker.from_env()
+        try:
+            network = client.networks.get(name)
+        except docker.errors.NotFound:
+            network = client.networks.create(name, driver="bridge")
+        network.reload()
+        return network.attrs["IPAM"]["Config"][0]["Gateway"]
+    except Exception as exc:
+        raise SettingsError(
+            f"GPUHUB_DOCKER_NETWORK={name!r}: cannot reach Docker to find or create the bridge ({exc})"
+        ) from None
+
+
+def configure_directory(c, directory: DirectorySettings) -> None:
+    """Set c.DirectoryAuthenticator from the GPUHUB_DIRECTORY_* settings."""
+    for name, value in directory.authenticator_config().items():
+        setattr(c.DirectoryAuthenticator, name, value)
+
+
+def _inside_the_hub() -> bool:
+    """True when this config is being loaded by a JupyterHub process."""
+    try:
+        from jupyterhub.app import JupyterHub
+    except ImportError:
+        return False
+    return JupyterHub.initialized()
+
+
+def apply_settings(c, settings: Settings) -> None:
+    """Fill a traitlets config object from `settings`."""
+    data = settings.data_dir
+    data.mkdir(parents=True, exist_ok=True)
+
+    c.JupyterHub.bind_url = settings.bind_url
+    c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+    c.JupyterHub.cleanup_servers = settings.cleanup_servers
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
+    c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
+
+    c.JupyterHub.hub_port = settings.hub_port
+    if _inside_the_hub():
+        # Only the hub needs the bridge; `gpu-pool --config` reads this file too
+        # and must not create Docker networks.
+        gateway = docker_network_gateway(settings.docker_network)
+        c.JupyterHub.hub_ip = gateway
+        c.JupyterHub.hub_connect_ip = gateway
+
+    c.JupyterHub.spawner_class = "gpu-docker"
+    c.GPUDockerSpawner.network_name = settings.docker_network
+    c.GPUDockerSpawner.prefix = settings.container_prefix
+    c.GPUDockerSpawner.home_volume_name = settings.home_volume
+    c.GPUDockerSpawner.pull_policy = "never"  # images are built here, never pulled
+    c.GPUDockerSpawner.inventory_kind = settings.inventory
+    c.GPUDockerSpawner.profiles = settings.profiles or default_profiles(settings)
+    c.GPUDockerSpawner.lease_wait_timeout = settings.lease_wait_timeout
+    c.GPUDockerSpawner.http_timeout = 120
+    c.SimulatedInventory.count = settings.simulated_gpus
+    c.SimulatedInventory.cuda_version = settings.simulated_cuda_version
+    if settings.simulated_utilization_file:
+        c.SimulatedInventory.utilization_file = settings.simulated_utilization_file
+    c.GPUPool.db_url = settings.pool_db_url
+    if settings.max_gpus_per_user is not None:
+        c.GPUPool.max_gpus_per_user = settings.max_gpus_per_user
+
+    if settings.authenticator == "dummy":
+        print("WARNING: GPUHUB_AUTHENTICATOR=dummy: every user name logs in with one shared "
+              "password. For tests only.", file=sys.stderr)
+        c.JupyterHub.authenticator_class = "dummy"
+        c.DummyAuthenticator.password = settings.dummy_password
+        c.Authenticator.allow_all = True
+    else:
+        c.JupyterHub.authenticator_class = "gpu-directory"
+        if settings.directory is not None:
+            configure_directory(c, settings.directory)
+        else:
+            print("GPUHUB_DIRECTORY is not set: the directory login takes its settings from "
+                  "c.DirectoryAuthenticator in a config file loaded after this one "
+                  "(see hub_config/examples/).", file=sys.stderr)
+    if settings.admin_users:
+        c.Authenticator.admin_users = set(settings.admin_users)
+
+    if settings.cull:
+        from ..culling import configure_culler
+
+        configure_culler(c, settings)
+
+    from ..reconcile import start_in_hub
+
+    start_in_hub()

@@ -1,0 +1,171 @@
+"""The hub's deployment settings: GPUHUB_* for ports, data, Docker, GPUs, images, culling.
+
+Settings is everything jupyterhub_config.py needs, read and checked in one go by
+load_settings (the directory login's part comes from directory.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import urlparse
+
+from .directory import DirectorySettings, check_crypt_key, load_directory_settings
+from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
+
+DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
+DEFAULT_GPU_IMAGE = "gpuhub/notebook-cuda:latest"
+
+
+@dataclass(frozen=True)
+class Settings:
+    bind_url: str = "http://127.0.0.1:8000"
+    hub_port: int = 8081
+    proxy_api_port: int = 8001
+    data_dir: Path = Path(".")
+    docker_network: str = "gpuhub"
+    container_prefix: str = "gpuhub"
+    home_volume: str = "gpuhub-home-{username}"
+    inventory: str = "nvml"
+    simulated_gpus: int = 4
+    simulated_cuda_version: str = "12.4"
+    simulated_utilization_file: str = ""
+    pool_db_url: str = ""
+    cpu_image: str = DEFAULT_CPU_IMAGE
+    gpu_image: str = DEFAULT_GPU_IMAGE
+    profiles: list | None = None
+    authenticator: str = "ldap"
+    dummy_password: str = ""
+    admin_users: tuple[str, ...] = ()
+    lease_wait_timeout: float = 300.0
+    max_gpus_per_user: int | None = None
+    cleanup_servers: bool = True
+    cull: bool = True
+    cull_timeout_cpu: int = 3600
+    cull_timeout_gpu: int = 900
+    cull_every: int = 60
+    gpu_idle_percent: float = 0.0
+    gpu_idle_minutes: float = 30.0
+    cull_keep_busy: bool = True
+    activity_interval: int = 0
+    directory: "DirectorySettings | None" = None
+    extra: dict = field(default_factory=dict)
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    data_dir = Path(env.get("GPUHUB_DATA_DIR", "").strip() or ".").resolve()
+
+    bind_url = env.get("GPUHUB_BIND_URL", "").strip() or Settings.bind_url
+    host = urlparse(bind_url).hostname
+    if not host or urlparse(bind_url).scheme not in ("http", "https"):
+        raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} must be a URL like http://127.0.0.1:8000")
+
+    inventory = env_choice(env, "GPUHUB_INVENTORY", "nvml", ("nvml", "simulated", "static"))
+    authenticator = env_choice(env, "GPUHUB_AUTHENTICATOR", "ldap", ("ldap", "dummy"))
+    dummy_password = env.get("GPUHUB_DUMMY_PASSWORD", "")
+    if authenticator == "dummy" and not dummy_password:
+        raise SettingsError(
+            "GPUHUB_AUTHENTICATOR=dummy needs GPUHUB_DUMMY_PASSWORD (a shared password; for tests only)")
+    directory = None
+    if authenticator == "ldap":
+        directory = load_directory_settings(env)
+        if directory is not None:
+            check_crypt_key(env)
+    elif env.get("GPUHUB_DIRECTORY", "").strip():
+        raise SettingsError(
+            f"GPUHUB_DIRECTORY is set but GPUHUB_AUTHENTICATOR={authenticator}: the directory is "
+            "only used with GPUHUB_AUTHENTICATOR=ldap")
+
+    profiles = None
+    profiles_file = env.get("GPUHUB_PROFILES_FILE", "").strip()
+    if profiles_file:
+        try:
+            profiles = json.loads(Path(profiles_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"GPUHUB_PROFILES_FILE={profiles_file!r} cannot be read as JSON: {exc}") from None
+        if not isinstance(profiles, list):
+            raise SettingsError("GPUHUB_PROFILES_FILE must hold a JSON list of profiles")
+
+    cull_cpu = env_int(env, "GPUHUB_CULL_TIMEOUT_CPU", Settings.cull_timeout_cpu, minimum=1)
+    cull_gpu = env_int(env, "GPUHUB_CULL_TIMEOUT_GPU", Settings.cull_timeout_gpu, minimum=1)
+    gpu_idle_percent = env_float(env, "GPUHUB_GPU_IDLE_PERCENT", 0.0)
+    if gpu_idle_percent > 100:
+        raise SettingsError(f"GPUHUB_GPU_IDLE_PERCENT={gpu_idle_percent} must be between 0 and 100")
+
+    hub_port = env_int(env, "GPUHUB_HUB_PORT", Settings.hub_port, minimum=1)
+    proxy_api_port = env_int(env, "GPUHUB_PROXY_API_PORT", Settings.proxy_api_port, minimum=1)
+    public_port = urlparse(bind_url).port or (443 if bind_url.startswith("https") else 80)
+    if len({hub_port, proxy_api_port, public_port}) < 3:
+        raise SettingsError(
+            f"GPUHUB_HUB_PORT ({hub_port}), GPUHUB_PROXY_API_PORT ({proxy_api_port}) and the port of "
+            f"GPUHUB_BIND_URL ({public_port}) must all differ")
+
+    return Settings(
+        bind_url=bind_url,
+        hub_port=hub_port,
+        proxy_api_port=proxy_api_port,
+        data_dir=data_dir,
+        docker_network=env.get("GPUHUB_DOCKER_NETWORK", "").strip() or Settings.docker_network,
+        container_prefix=env.get("GPUHUB_CONTAINER_PREFIX", "").strip() or Settings.container_prefix,
+        home_volume=env.get("GPUHUB_HOME_VOLUME", "").strip() or Settings.home_volume,
+        inventory=inventory,
+        simulated_gpus=env_int(env, "GPUHUB_SIMULATED_GPUS", Settings.simulated_gpus, minimum=0),
+        simulated_cuda_version=env.get("GPUHUB_SIMULATED_CUDA_VERSION", "").strip() or Settings.simulated_cuda_version,
+        simulated_utilization_file=env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "").strip(),
+        pool_db_url=env.get("GPUHUB_POOL_DB_URL", "").strip() or f"sqlite:///{data_dir / 'gpu-pool.sqlite'}",
+        cpu_image=env.get("GPUHUB_CPU_IMAGE", "").strip() or DEFAULT_CPU_IMAGE,
+        gpu_image=env.get("GPUHUB_GPU_IMAGE", "").strip() or DEFAULT_GPU_IMAGE,
+        profiles=profiles,
+        authenticator=authenticator,
+        dummy_password=dummy_password,
+        admin_users=tuple(u.strip() for u in env.get("GPUHUB_ADMIN_USERS", "").split(",") if u.strip()),
+        lease_wait_timeout=env_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", Settings.lease_wait_timeout),
+        max_gpus_per_user=(env_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0)
+                           if env.get("GPUHUB_MAX_GPUS_PER_USER", "").strip() else None),
+        cleanup_servers=env_bool(env, "GPUHUB_CLEANUP_SERVERS", True),
+        cull=env_bool(env, "GPUHUB_CULL", True),
+        cull_timeout_cpu=cull_cpu,
+        cull_timeout_gpu=cull_gpu,
+        cull_every=env_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
+        gpu_idle_percent=gpu_idle_percent,
+        gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),
+        cull_keep_busy=env_bool(env, "GPUHUB_CULL_KEEP_BUSY", True),
+        activity_interval=env_int(env, "GPUHUB_ACTIVITY_INTERVAL", 0, minimum=0),
+        directory=directory,
+    )
+
+
+def default_profiles(settings: Settings) -> list[dict]:
+    return [
+        {
+            "slug": "tf-cpu",
+            "display_name": "TensorFlow CPU (MKL/oneDNN)",
+            "description": "CPU TensorFlow with the oneDNN (MKL) optimisations on. No GPU.",
+            "image": settings.cpu_image,
+            "gpus": 0,
+            "cpu_limit": 2.0,
+            "mem_limit": "4G",
+        },
+        {
+            "slug": "tf-gpu-1",
+            "display_name": "TensorFlow + 1 GPU",
+            "description": "TensorFlow with CUDA on one NVIDIA GPU lent to you alone.",
+            "image": settings.gpu_image,
+            "gpus": 1,
+            "cpu_limit": 2.0,
+            "mem_limit": "8G",
+        },
+        {
+            "slug": "tf-gpu-2",
+            "display_name": "TensorFlow + 2 GPUs",
+            "description": "TensorFlow with CUDA on two NVIDIA GPUs, close together on the host.",
+            "image": settings.gpu_image,
+            "gpus": 2,
+            "cpu_limit": 2.0,
+            "mem_limit": "16G",
+        },
+    ]
