@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from jupyterhub.spawner import Spawner
@@ -26,8 +24,10 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default,
 from .inventory import inventory_from_config
 from .ledger_io import ledger_call
 from .metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
-from .pool import EndReason, GPUPool, Lease, PoolError, WaitTimeout
-from .profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles
+from . import admission
+from .pool import EndReason, GPUPool, Lease, PoolError, WaitTimeout, ordinal
+from .lease_ending import HeldLease, settle_lease, stop_reason, stop_requester
+from .profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, options_form_html
 
 # One pool per hub process, shared by every spawner instance.
 _shared_pools: dict[int, GPUPool] = {}
@@ -49,69 +49,11 @@ def shared_pool(config, kind: str | None = None) -> GPUPool:
     return pool
 
 
-def ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def stop_requester():
-    """Who asked for the stop now in progress: the hub's request handler's
-    current user (a User or a Service), or None (hub shutdown, poll).
-
-    JupyterHub gives a spawner no such argument, but the stop runs inside the
-    handler's coroutine chain, so its frame is on the stack.
-    """
-    try:
-        from jupyterhub.handlers.base import BaseHandler
-    except ImportError:  # pragma: no cover - the hub is always there
-        return None
-    frame = sys._getframe(1)
-    for _ in range(80):
-        if frame is None:
-            break
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, BaseHandler):
-            return getattr(candidate, "_jupyterhub_user", None)
-        frame = frame.f_back
-    return None
-
-
-@dataclass(frozen=True)
-class HeldLease:
-    """A lease whose server has ended but whose release waits for the engine's word."""
-
-    id: int
-    gpu_uuids: tuple[str, ...]
-    host: str
-    reason: str
-
-
 class IdentityRefused(web.HTTPError):
     """The directory identity cannot be used for a container (uid 0, gid 0, malformed)."""
 
     def __init__(self, message: str):
         super().__init__(403, message)
-
-
-# Starts in progress in this hub process that are not waiting in the GPU
-# queue: what `concurrent_start_limit` counts.
-_starting: set[int] = set()
-# JupyterHub's concurrent_spawn_limit, once `take_over_spawn_limit` moved it here.
-_hub_spawn_limit = 0
-
-
-def take_over_spawn_limit(app) -> None:
-    """Apply JupyterHub's `concurrent_spawn_limit` to starts only, not to queued GPU spawns.
-
-    JupyterHub counts every pending spawn, queued ones included, so a few
-    GPU users waiting for GPUs would turn every CPU user away with 429.  The
-    hub's handlers read the limit from the web application's settings; it is
-    set to 0 there and applied by `GPULendingSpawner._admit_start` instead.
-    """
-    global _hub_spawn_limit
-    settings = app.tornado_application.settings
-    _hub_spawn_limit = settings.get("concurrent_spawn_limit") or 0
-    settings["concurrent_spawn_limit"] = 0
 
 
 class GPULendingSpawner(Spawner):
@@ -298,35 +240,11 @@ class GPULendingSpawner(Spawner):
             self.mem_limit = profile.mem_limit
 
     async def _render_options_form(self) -> str:
-        from html import escape
-
-        allowed = self._allowed_profiles()
-        if not allowed:
-            return "<p>No profile is available to you; ask an administrator for access.</p>"
         try:
             counts = await self._ledger(self.pool.counts)
-            free = counts.get("free", 0)
-            total = free + counts.get("lent", 0)
         except PoolError:
-            free, total = None, None
-        default = self.default_profile or allowed[0].slug
-        rows = []
-        for profile in allowed:
-            if profile.gpus == 0:
-                availability = "no GPU"
-            elif free is None:
-                availability = f"{profile.gpus} GPU(s); availability unknown right now"
-            else:
-                availability = f"{profile.gpus} GPU(s); {free} of {total} free now"
-            checked = " checked" if profile.slug == default else ""
-            rows.append(
-                f'<div class="radio"><label>'
-                f'<input type="radio" name="profile" value="{escape(profile.slug)}"{checked}> '
-                f"<strong>{escape(profile.display_name)}</strong> "
-                f'<span class="gpu-availability">({escape(availability)})</span>'
-                f'<br><small>{escape(profile.description)}</small></label></div>'
-            )
-        return "\n".join(rows)
+            counts = None
+        return options_form_html(self._allowed_profiles(), self.default_profile, counts)
 
     # ---------------------------------------------------------------- progress
 
@@ -431,52 +349,12 @@ class GPULendingSpawner(Spawner):
 
     async def _settle(self, held: HeldLease) -> None:
         """Release `held` once the engine confirms nothing given it still runs; else keep it lent."""
-        # A container Docker is still removing (auto-removal after a stop) is
-        # given a few seconds to go; one that stays is stuck.
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                holders = await self.lease_holders(held.id)
-            except Exception as exc:  # the engine could not say: the GPU may be in use
-                holders, why = ["(unknown)"], f"the engine could not be asked ({exc})"
-            else:
-                why = f"{', '.join(holders)} would not stop"
-            if not holders or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.5)
-        if not holders:
-            try:
-                ended = await self._ledger(self.pool.release, held.id, held.reason)
-            except PoolError as exc:
-                # The reconciler ends it later (its container is gone by then).
-                self.log.error("Could not release GPU lease %s of %s: %s", held.id, self._log_name, exc)
-            else:
-                if ended:
-                    pool_changed()
-                    self.log.info("Released GPU lease %s of %s (%s): %s", held.id, self._log_name,
-                                  held.reason, ", ".join(held.gpu_uuids))
-            return
-        self.log.error(
-            "GPU lease %s of %s (%s) stays lent: %s. The reconciler retries removing it and ends "
-            "the lease once it is gone.", held.id, self._log_name, ", ".join(held.gpu_uuids), why)
-        try:
-            await self._ledger(self.pool.set_problem, held.id, why)
-        except PoolError as exc:
-            self.log.error("Could not record the problem of GPU lease %s: %s", held.id, exc)
+        await settle_lease(held, self.lease_holders, self._ledger, self.pool, self.log, self._log_name)
 
     # ------------------------------------------------------ end reasons
 
     def _stop_reason(self) -> str:
-        requester = stop_requester()
-        if requester is None:
-            return EndReason.STOPPED  # hub shutdown or an internal stop
-        if getattr(requester, "kind", "user") == "service":
-            if requester.name in self.cull_services:
-                return EndReason.CULLED
-            return EndReason.ADMIN
-        if requester.name != self.user.name:
-            return EndReason.ADMIN
-        return EndReason.STOPPED
+        return stop_reason(stop_requester(), self.user.name, self.cull_services)
 
     async def poll(self):
         status = await super().poll()
@@ -541,15 +419,10 @@ class GPULendingSpawner(Spawner):
 
     def _admit_start(self) -> None:
         """Count this start against `concurrent_start_limit`, or refuse it with 429."""
-        limit = self.concurrent_start_limit if self.concurrent_start_limit >= 0 else _hub_spawn_limit
-        if limit and len(_starting) >= limit:
-            raise web.HTTPError(
-                429, f"{len(_starting)} servers are starting right now, the most this hub starts at "
-                "once; try again in a minute.")
-        _starting.add(id(self))
+        admission.admit(id(self), self.concurrent_start_limit)
 
     def _leave_starting(self) -> None:
-        _starting.discard(id(self))
+        admission.leave(id(self))
 
     async def lease_for_start(self, profile: Profile) -> None:
         """Take the profile's GPUs from the pool (queueing, with progress), or raise HTTPError."""
@@ -568,7 +441,7 @@ class GPULendingSpawner(Spawner):
             status = 429 if isinstance(exc, WaitTimeout) else exc.status_code
             raise web.HTTPError(status, str(exc)) from None
         finally:
-            _starting.add(id(self))
+            admission.resume(id(self))
         LEASE_WAIT_SECONDS.observe(time.monotonic() - began)
         pool_changed()
         self._set_lease(lease)

@@ -144,3 +144,35 @@ def choose_profile(user_options: Any, profiles: list[Profile], user_groups: Iter
             403, f"Profile {profile.slug!r} is for members of {', '.join(profile.groups)}; you are not one."
         )
     return profile
+
+
+def options_form_html(allowed: list[Profile], default_slug: str, counts: dict | None) -> str:
+    """The spawn form: the profiles a user may choose, each GPU one with how many GPUs are
+    free now (`counts` from the pool; None when the ledger did not answer)."""
+    from html import escape
+
+    if not allowed:
+        return "<p>No profile is available to you; ask an administrator for access.</p>"
+    if counts is None:
+        free = total = None
+    else:
+        free = counts.get("free", 0)
+        total = free + counts.get("lent", 0)
+    default = default_slug or allowed[0].slug
+    rows = []
+    for profile in allowed:
+        if profile.gpus == 0:
+            availability = "no GPU"
+        elif free is None:
+            availability = f"{profile.gpus} GPU(s); availability unknown right now"
+        else:
+            availability = f"{profile.gpus} GPU(s); {free} of {total} free now"
+        checked = " checked" if profile.slug == default else ""
+        rows.append(
+            f'<div class="radio"><label>'
+            f'<input type="radio" name="profile" value="{escape(profile.slug)}"{checked}> '
+            f"<strong>{escape(profile.display_name)}</strong> "
+            f'<span class="gpu-availability">({escape(availability)})</span>'
+            f'<br><small>{escape(profile.description)}</small></label></div>'
+        )
+    return "\n".join(rows)

@@ -171,7 +171,8 @@ def start_in_hub(config=None) -> None:
     if not JupyterHub.initialized():
         return
     app = JupyterHub.instance()
-    from .lending import shared_pool, take_over_spawn_limit
+    from .admission import take_over_spawn_limit
+    from .lending import shared_pool
 
     def tracked() -> set[int]:
         ids = set()
