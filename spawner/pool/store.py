@@ -32,11 +32,16 @@ from .models import PoolError, PoolUnavailable
 PG_LOCK_KEY = 0x677075706F6F6C
 INTEGRITY_RETRIES = 5
 
-_PG_LOCK = select(func.pg_advisory_xact_lock(PG_LOCK_KEY))
-# Same lock, and no wait for the commit's fsync: for writes whose loss in a
+# The write lock, and the database's clock once it is held (lease times are ordered).
+_PG_LOCK = select(func.pg_advisory_xact_lock(PG_LOCK_KEY), func.clock_timestamp())
+# Same, and no wait for the commit's fsync: for writes whose loss in a
 # server crash is harmless (a release, a queue heartbeat): the GPU would look
 # lent until reconciled, never lent twice.
-_PG_LOCK_LAX = select(func.pg_advisory_xact_lock(PG_LOCK_KEY), func.set_config("synchronous_commit", "off", True))
+_PG_LOCK_LAX = select(
+    func.pg_advisory_xact_lock(PG_LOCK_KEY), func.set_config("synchronous_commit", "off", True), func.clock_timestamp()
+)
+_PG_NOW = select(func.clock_timestamp())
+_NOW_KEY = "gpu_pool_now"
 
 
 # --- SQLite's fast path: Core statements compiled once ----------------------
@@ -135,6 +140,8 @@ class Store:
         self._lock_fd: int | None = None
         self._thread_lock = threading.Lock()
         self.fast_sqlite = False  # set when the engine is SQLite (see _Compiled)
+        # This machine's clock.  The ledger never records it (see now()): hub
+        # processes on machines whose clocks disagree share one queue.
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
     # --- naming -------------------------------------------------------------
@@ -212,8 +219,20 @@ class Store:
                 with self.guard():
                     engine = self._make_engine()
                     self._on_create(self, engine)
+                    self._check_clock(engine)
                 self._engine = engine
         return self._engine
+
+    def _check_clock(self, engine: Engine) -> None:
+        """Say so when this machine's clock is off the database's (which the ledger uses)."""
+        mine = self.clock()
+        theirs = self.transact(engine, self.now, write=False)
+        off = (mine - theirs).total_seconds()
+        if abs(off) > 2:
+            self.log.warning(
+                "This machine's clock is %.1f s %s the GPU ledger database's; the ledger keeps "
+                "the database's time (lease times, queue heartbeats)", abs(off), "ahead of" if off > 0 else "behind",
+            )
 
     def close(self) -> None:
         """Close the database connections and the lock file."""
@@ -320,8 +339,12 @@ class Store:
                         conn.execution_options(gpu_pool_write=True)
                     with conn.begin():
                         if write and engine.dialect.name == "postgresql":
-                            conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX)
-                        return fn(conn, *args)
+                            locked_at = conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX).first()[-1]
+                            conn.info[_NOW_KEY] = locked_at
+                        try:
+                            return fn(conn, *args)
+                        finally:
+                            conn.info.pop(_NOW_KEY, None)
             except _Reconnect.Retry:
                 # A pooled connection had died (server restart): the
                 # transaction rolled back with it, so running it again on a
@@ -341,8 +364,20 @@ class Store:
         return self.transact(self.engine(), fn, *args, write=False)
 
     def now(self, conn) -> datetime:
-        """The time to record in this transaction."""
-        return self.clock()
+        """The database's clock: the time to record, and to judge heartbeats by.
+
+        Hubs on several machines share a PostgreSQL ledger; their own clocks
+        may disagree by seconds, the server's is one for all.  An SQLite
+        ledger lives on one machine (see the lock file), whose clock SQLite's
+        'now' reads, in milliseconds only; it is read here in microseconds,
+        so that short leases keep their length.
+        """
+        at = conn.info.get(_NOW_KEY)  # PostgreSQL: read with the write lock
+        if at is not None:
+            return at
+        if conn.dialect.name == "postgresql":
+            return conn.execute(_PG_NOW).scalar_one()
+        return datetime.now(UTC)
 
     # --- statements ------------------------------------------------------------------
 
