@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .grant import Outcome
-from .models import Lease, WaitTimeout
+from .models import Lease, PoolError, PoolUnavailable, WaitTimeout
 from .policy import timeout_message
 from .validation import Request
 
@@ -115,9 +115,27 @@ class Wait:
         position = 0
         started = loop.time()
         try:
+            failing = False
             while True:
                 wake.clear()
-                outcome = await self._run_attempt(req, waiter_id, enqueue=loop.time() < deadline)
+                try:
+                    outcome = await self._run_attempt(req, waiter_id, enqueue=loop.time() < deadline)
+                except PoolUnavailable as e:
+                    # A lock held a moment too long, a connection lost: the
+                    # next turn may succeed.  Waiting is what this call does,
+                    # so it waits, up to its own timeout.
+                    remaining = deadline - loop.time()
+                    if not e.transient or remaining <= 0:
+                        raise
+                    if not failing:
+                        self.log.warning("GPU ledger error while %s/%s waits; retrying: %s",
+                                         req.user, req.server_name, e)
+                    failing = True
+                    await self._sleep(wake, min(poll_interval, remaining))
+                    continue
+                if failing:
+                    self.log.info("GPU ledger answers again; %s/%s keeps waiting", req.user, req.server_name)
+                    failing = False
                 if outcome.waiter_id is not None:
                     waiter_id = outcome.waiter_id
                 if outcome.lease is not None:
@@ -139,7 +157,10 @@ class Wait:
                 await self._sleep(wake, min(poll_interval, remaining))
         except BaseException:
             if waiter_id is not None:
-                await uncancellable_quiet(self.remove_waiter, waiter_id)
+                try:
+                    await uncancellable_quiet(self.remove_waiter, waiter_id)
+                except PoolError as e:  # its row goes stale and is removed by others
+                    self.log.warning("Could not remove GPU queue row %d: %s", waiter_id, e)
             raise
         finally:
             self.wakeups.unsubscribe(loop, wake)

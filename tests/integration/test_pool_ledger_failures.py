@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.test_pool_clock import slow_clock_keeps_its_place
+from tests.unit.test_pool_failures import slow_clock_keeps_its_place
 
 
 def test_postgres_a_hub_whose_clock_is_behind_keeps_its_place_in_the_queue(postgres_database):
