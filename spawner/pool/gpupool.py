@@ -87,6 +87,56 @@ class GPUPool(LoggingConfigurable):
         help="Seconds to wait for a connection to a PostgreSQL ledger.",
     )
 
+    statement_timeout = Float(
+        10.0,
+        config=True,
+        help="""PostgreSQL: seconds one statement may run on the server before the server cancels it.
+
+        Ledger statements take milliseconds; this stops a call that the server
+        is slow to answer (a stuck lock, an overloaded server) instead of
+        letting it hang.  Waiting for the ledger's write lock is bounded by
+        `lock_timeout` instead.
+        """,
+    )
+
+    call_timeout = Float(
+        15.0,
+        config=True,
+        help="""PostgreSQL: seconds after which a ledger call that got no answer is abandoned.
+
+        A server that stops answering without closing the connection (a host
+        or network path gone dead, a frozen server) would otherwise hold a
+        call until the kernel gives up on the connection, minutes later.
+        After this many seconds the connection is shut down and the call
+        fails with "the GPU ledger is unavailable" (a spawn then gets a 503).
+        Also sent to the kernel as the connection's TCP user timeout.  Must
+        be above `lock_timeout`, which a write may spend waiting for the lock.
+        """,
+    )
+
+    tcp_keepalives_idle = Int(
+        10,
+        config=True,
+        help="""PostgreSQL: seconds a ledger connection may sit idle before TCP keepalive probes start.
+
+        With `tcp_keepalives_interval` and `tcp_keepalives_count`, a pooled
+        connection to a server that vanished is found dead within about
+        idle + interval x count seconds instead of hours.
+        """,
+    )
+
+    tcp_keepalives_interval = Int(
+        5,
+        config=True,
+        help="PostgreSQL: seconds between TCP keepalive probes on a ledger connection.",
+    )
+
+    tcp_keepalives_count = Int(
+        3,
+        config=True,
+        help="PostgreSQL: unanswered TCP keepalive probes after which a ledger connection counts as dead.",
+    )
+
     poll_interval = Float(
         0.5,
         config=True,
@@ -152,7 +202,10 @@ class GPUPool(LoggingConfigurable):
                 raise TraitError(f"GPUPool.group_gpu_limits[{group!r}] must be an int >= 0 or None, not {limit!r}")
         return proposal.value
 
-    @validate("lock_timeout", "connect_timeout", "poll_interval", "waiter_stale_after")
+    @validate(
+        "lock_timeout", "connect_timeout", "poll_interval", "waiter_stale_after", "statement_timeout",
+        "call_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+    )
     def _check_positive(self, proposal):
         if not proposal.value > 0:
             raise TraitError(f"GPUPool.{proposal.trait.name} must be > 0")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import math
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -123,6 +124,53 @@ class _Reconnect:
         return False
 
 
+class _Watchdog:
+    """Shuts down the connection of a PostgreSQL call that got no answer in time.
+
+    A server that stops answering without closing the connection leaves the
+    driver waiting in the kernel; no server-side timeout reaches it.  One
+    thread per store checks the calls in flight and shuts down the socket of
+    any past its deadline, so the call fails at once with a connection error.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._calls: dict[int, list] = {}  # id -> [deadline, socket fd, fired]
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def watch(self, fd: int, seconds: float):
+        entry = [time.monotonic() + seconds, fd, False]
+        key = id(entry)
+        with self._lock:
+            self._calls[key] = entry
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="gpu-ledger-watchdog")
+                self._thread.start()
+        try:
+            yield entry
+        finally:
+            with self._lock:
+                self._calls.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            with self._lock:  # held while shutting down: the call cannot end (and its fd be reused) meanwhile
+                for entry in self._calls.values():
+                    if not entry[2] and entry[0] <= now:
+                        entry[2] = True
+                        try:
+                            sock = socket.socket(fileno=entry[1])
+                            try:
+                                sock.shutdown(socket.SHUT_RDWR)
+                            finally:
+                                sock.detach()
+                        except OSError:
+                            pass
+
+
 class Store:
     """Connections and transactions for one ledger database.
 
@@ -140,6 +188,7 @@ class Store:
         self._lock_fd: int | None = None
         self._thread_lock = threading.Lock()
         self.fast_sqlite = False  # set when the engine is SQLite (see _Compiled)
+        self._watchdog = _Watchdog()
         # This machine's clock.  The ledger never records it (see now()): hub
         # processes on machines whose clocks disagree share one queue.
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
@@ -167,8 +216,19 @@ class Store:
             return self._make_sqlite_engine(url)
         connect_args = {
             "connect_timeout": max(1, math.ceil(cfg.connect_timeout)),
-            # Bounds the wait for the advisory lock (and any row lock).
-            "options": f"-c lock_timeout={int(cfg.lock_timeout * 1000)}",
+            # lock_timeout bounds the wait for the advisory lock (and any row
+            # lock); statement_timeout any statement the server is slow with.
+            "options": (
+                f"-c lock_timeout={int(cfg.lock_timeout * 1000)} "
+                f"-c statement_timeout={int(cfg.statement_timeout * 1000)}"
+            ),
+            # A server gone silent: idle connections are probed, and data
+            # left unacknowledged fails the connection (see also _Watchdog).
+            "keepalives": 1,
+            "keepalives_idle": cfg.tcp_keepalives_idle,
+            "keepalives_interval": cfg.tcp_keepalives_interval,
+            "keepalives_count": cfg.tcp_keepalives_count,
+            "tcp_user_timeout": int(cfg.call_timeout * 1000),
         }
         return create_engine(url, connect_args=connect_args)
 
@@ -337,7 +397,7 @@ class Store:
                         engine.connect() as conn:
                     if write:
                         conn.execution_options(gpu_pool_write=True)
-                    with conn.begin():
+                    with self._bounded(conn), conn.begin():
                         if write and engine.dialect.name == "postgresql":
                             locked_at = conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX).first()[-1]
                             conn.info[_NOW_KEY] = locked_at
@@ -356,6 +416,24 @@ class Store:
                 self.log.warning("GPU ledger write conflicted (%s); retrying", type(getattr(e, "orig", e)).__name__)
                 time.sleep(0.01 * (attempt + 1))
         raise PoolUnavailable("The GPU ledger kept changing under this request; try again")
+
+    @contextmanager
+    def _bounded(self, conn):
+        """PostgreSQL: fail the transaction when the server leaves it unanswered past call_timeout."""
+        if conn.dialect.name != "postgresql":
+            yield
+            return
+        seconds = self.settings.call_timeout
+        with self._watchdog.watch(conn.connection.driver_connection.pgconn.socket, seconds) as call:
+            try:
+                yield
+            except Exception as e:
+                if call[2]:
+                    raise PoolUnavailable(
+                        f"The GPU ledger database {self.safe_url} did not answer within {seconds:g} s "
+                        "(GPUPool.call_timeout); try again in a moment"
+                    ) from e
+                raise
 
     def write(self, fn: Callable, *args, durable: bool = True):
         return self.transact(self.engine(), fn, *args, write=True, durable=durable)
