@@ -72,6 +72,7 @@ from .gpupool import GPUPool
 from .models import (
     EndReason,
     GPUStatus,
+    HostConflict,
     InvalidRequest,
     Lease,
     PoolError,
@@ -100,6 +101,7 @@ __all__ = [
     "GPUPool",
     "EndReason",
     "GPUStatus",
+    "HostConflict",
     "InvalidRequest",
     "Lease",
     "PoolError",

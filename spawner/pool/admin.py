@@ -81,3 +81,34 @@ def set_drained(store: Store, conn, uuid: str, host: str | None, drained: bool) 
             .values(drained=drained, drained_at=store.now(conn) if drained else None)
         )
     return row.host, row.uuid
+
+
+def rehome(conn, old: str, new: str) -> dict[str, int]:
+    """Move host `old`'s GPUs and active leases to the name `new` (a renamed host).
+
+    GPUs already recorded under `new` keep that row (drained if either was);
+    ended leases keep the name they ran under, for accounting.
+    """
+    g, l, lg = gpus_table, leases_table, lease_gpus_table
+    old_rows = conn.execute(select(g).where(g.c.host == old)).all()
+    if not old_rows:
+        raise UnknownGPU(f"No GPUs under host '{old}' in the ledger; `gpu-pool status` lists the hosts")
+    new_rows = {r.uuid: r for r in conn.execute(select(g).where(g.c.host == new))}
+    active_new = {r.uuid for r in conn.execute(select(lg.c.uuid).where(lg.c.host == new, lg.c.ended_at.is_(None)))}
+    active_old = {r.uuid for r in conn.execute(select(lg.c.uuid).where(lg.c.host == old, lg.c.ended_at.is_(None)))}
+    both = sorted(active_old & active_new)
+    if both:
+        raise InvalidRequest(
+            f"GPU {both[0]} has an active lease under both '{old}' and '{new}'; stop one of those servers first"
+        )
+    for r in old_rows:
+        if r.uuid in new_rows:
+            if r.drained and not new_rows[r.uuid].drained:
+                conn.execute(update(g).where(g.c.host == new, g.c.uuid == r.uuid).values(
+                    drained=True, drained_at=r.drained_at))
+            conn.execute(delete(g).where(g.c.host == old, g.c.uuid == r.uuid))
+        else:
+            conn.execute(update(g).where(g.c.host == old, g.c.uuid == r.uuid).values(host=new))
+    moved = conn.execute(update(l).where(l.c.host == old, l.c.ended_at.is_(None)).values(host=new)).rowcount
+    conn.execute(update(lg).where(lg.c.host == old, lg.c.ended_at.is_(None)).values(host=new))
+    return {"gpus": len(old_rows), "leases": moved}

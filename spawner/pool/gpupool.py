@@ -418,6 +418,22 @@ class GPUPool(LoggingConfigurable):
         self.log.info("Undrained GPU %s on %s", status.gpu.uuid, status.gpu.host)
         return status
 
+    def rehome(self, old_host: str, new_host: str) -> dict[str, int]:
+        """Move the ledger's GPUs and active leases of `old_host` to the name `new_host`.
+
+        For a renamed machine (or a hub container recreated under a new host
+        name): run it while the hub is stopped.  Returns {"gpus", "leases"} moved.
+        """
+        old_host = validation.name(old_host, "The old host name")
+        new_host = validation.name(new_host, "The new host name")
+        if old_host == new_host:
+            raise InvalidRequest("The old and new host names are the same")
+        moved = self._write(admin.rehome, old_host, new_host)
+        self.log.warning("Moved %d GPU(s) and %d active lease(s) from host %s to %s",
+                         moved["gpus"], moved["leases"], old_host, new_host)
+        self._topology.clear()
+        return moved
+
     # --- reading (reads.py) ---------------------------------------------------------
 
     def lease(self, lease_id: int) -> Lease | None:

@@ -11,15 +11,18 @@ from datetime import datetime
 from sqlalchemy import insert, select, update
 
 from ..inventory import GPU
-from .schema import NAME_MAX, gpus_table
+from .models import HostConflict
+from .schema import NAME_MAX, gpus_table, lease_gpus_table
 
 
 def sync(conn, host: str, units: list[GPU], now: datetime, log) -> None:
     """Record `units`, the GPUs of inventory host `host`; mark the host's others missing.
 
     GPUs of the host that the inventory no longer lists are not lent again
-    (their active leases stay until they end).
+    (their active leases stay until they end).  Refuses (HostConflict) when
+    the ledger holds one of these GPUs under another host name.
     """
+    check_host_identity(conn, units)
     hosts = {host} | {g.host for g in units}
     existing = {
         (r.host, r.uuid)
@@ -47,3 +50,37 @@ def sync(conn, host: str, units: list[GPU], now: datetime, log) -> None:
         conn.execute(
             update(gpus_table).where(gpus_table.c.host == gone_host, gpus_table.c.uuid == uuid).values(present=False)
         )
+
+
+def check_host_identity(conn, units: list[GPU]) -> None:
+    """Refuse GPUs the ledger already lends or lists as present under another host name.
+
+    A GPU's uuid is unique in the world, so the same uuid under two host
+    names is one GPU known by two names: a renamed machine, a hub container
+    recreated with a new host name.  Lending it under both would hand it to
+    two users.  Rows the other name marked missing, with no active lease,
+    are history and do not conflict.
+    """
+    by_uuid = {g.uuid: g.host for g in units}
+    if not by_uuid:
+        return
+    g, lg = gpus_table, lease_gpus_table
+    active = select(lg.c.uuid).where(lg.c.host == g.c.host, lg.c.uuid == g.c.uuid, lg.c.ended_at.is_(None))
+    rows = conn.execute(
+        select(g.c.host, g.c.uuid).where(
+            g.c.uuid.in_(list(by_uuid)), g.c.present.is_(True) | active.exists()
+        )
+    ).all()
+    clashes = sorted((r.host, r.uuid) for r in rows if r.host != by_uuid[r.uuid])
+    if not clashes:
+        return
+    old = clashes[0][0]
+    new = by_uuid[clashes[0][1]]
+    more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
+    raise HostConflict(
+        f"GPU {clashes[0][1]}{more} of this host is in the GPU ledger under host name '{old}', but this hub "
+        f"calls its host '{new}' (c.Inventory.host; by default the machine's host name). Lending it under "
+        f"both names could give one GPU to two users, so the pool refuses to start. If this machine was "
+        f"renamed or the hub's container recreated, either set c.Inventory.host = '{old}', or stop the hub "
+        f"and move the ledger's records to the new name: gpu-pool rehome '{old}' '{new}'"
+    )

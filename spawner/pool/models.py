@@ -61,6 +61,13 @@ class PoolUnavailable(PoolError):
         self.transient = transient
 
 
+class HostConflict(PoolUnavailable):
+    """The ledger holds this host's GPUs under another host name (a renamed host)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, transient=False)
+
+
 class WaitTimeout(PoolError):
     """No GPUs came free within the wait's timeout."""
 
