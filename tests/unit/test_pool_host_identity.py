@@ -62,3 +62,16 @@ def test_keeping_the_old_name_works_and_gpus_marked_missing_elsewhere_do_not_con
     new = GPUPool(inventory=StaticInventory(host="new-box", gpus_list=[{"uuid": "GPU-moved", "index": 0}]),
                   db_url=url)
     assert new.try_acquire("dave", "", 1).gpu_uuids == ("GPU-moved",)
+
+
+def test_the_gpuhub_gpu_host_setting_names_this_host_in_the_ledger(tmp_path):
+    from traitlets.config import Config
+
+    from spawner.inventory import inventory_from_config
+    from spawner.settings import apply_settings, load_settings
+
+    c = Config()
+    apply_settings(c, load_settings({"GPUHUB_GPU_HOST": "gpu-box", "GPUHUB_DATA_DIR": str(tmp_path),
+                                     "GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x",
+                                     "GPUHUB_CULL": "false"}))
+    assert inventory_from_config("static", config=c).host == "gpu-box"
