@@ -34,28 +34,19 @@ HEARTBEAT = update(_w).where(_w.c.id == bindparam("wid")).values(heartbeat_at=bi
 
 DELETE_WAITER = delete(_w).where(_w.c.id == bindparam("wid"))
 
-INSERT_WAITER = insert(_w).values(
-    owner=bindparam("owner"),
-    user_name=bindparam("user_name"),
-    server_name=bindparam("server_name"),
-    count=bindparam("count"),
-    groups=bindparam("groups"),
-    hosts=bindparam("hosts"),
-    enqueued_at=bindparam("enqueued_at"),
-    heartbeat_at=bindparam("heartbeat_at"),
+
+def _insert(table, *columns: str):
+    """INSERT INTO table (columns) VALUES (:column, ...)."""
+    return insert(table).values({c: bindparam(c) for c in columns})
+
+
+INSERT_WAITER = _insert(
+    _w, "owner", "user_name", "server_name", "count", "groups", "hosts", "enqueued_at", "heartbeat_at"
 )
 
-INSERT_LEASE = insert(_l).values(
-    user_name=bindparam("user_name"),
-    server_name=bindparam("server_name"),
-    host=bindparam("host"),
-    groups=bindparam("groups"),
-    started_at=bindparam("started_at"),
-)
+INSERT_LEASE = _insert(_l, "user_name", "server_name", "host", "groups", "started_at")
 
-INSERT_LEASE_GPU = insert(_lg).values(
-    lease_id=bindparam("lease_id"), uuid=bindparam("uuid"), host=bindparam("host"), position=bindparam("position")
-)
+INSERT_LEASE_GPU = _insert(_lg, "lease_id", "uuid", "host", "position")
 
 END_LEASE = (
     update(_l)

@@ -11,6 +11,7 @@ import pytest
 
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, PoolUnavailable
+from tests.unit.test_pool_queue import until
 
 HOST = "node-1"
 
@@ -18,14 +19,6 @@ HOST = "node-1"
 def make_pool(url, **kwargs) -> GPUPool:
     kwargs.setdefault("poll_interval", 0.05)
     return GPUPool(inventory=SimulatedInventory(count=1, host=HOST), db_url=url, **kwargs)
-
-
-async def wait_for(condition, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 def skew(pool: GPUPool, seconds: float) -> None:
@@ -46,9 +39,9 @@ def slow_clock_keeps_its_place(url: str) -> None:
 
     async def main():
         alice = asyncio.create_task(slow.acquire("alice", "", 1, timeout=20))
-        await wait_for(lambda: [w.user for w in hub.queue()] == ["alice"])
+        await until(lambda: [w.user for w in hub.queue()] == ["alice"])
         bob = asyncio.create_task(hub.acquire("bob", "", 1, timeout=20))
-        await wait_for(lambda: len(hub.queue()) == 2)
+        await until(lambda: len(hub.queue()) == 2)
         await asyncio.sleep(0.5)  # both hubs poll the queue several times
         assert [w.user for w in hub.queue()] == ["alice", "bob"]
         hub.release(holder.id)
@@ -85,7 +78,7 @@ def test_a_ledger_locked_for_a_moment_does_not_fail_the_waiters(tmp_path):
             asyncio.create_task(pool.acquire(u, "", 1, timeout=30, on_wait=lambda p, w, f: positions.append(p)))
             for u in ("alice", "bob")
         ]
-        await wait_for(lambda: len(pool.queue()) == 2)
+        await until(lambda: len(pool.queue()) == 2)
         # Locked for 1 s: every turn of both waiters in that time fails to get the lock.
         await asyncio.to_thread(hold_write_lock, path, 1.0)
         assert not any(w.done() for w in waiters)
@@ -108,7 +101,7 @@ def test_a_ledger_that_stays_locked_fails_the_wait_at_its_timeout(tmp_path):
 
     async def main():
         waiter = asyncio.create_task(pool.acquire("alice", "", 1, timeout=1.5))
-        await wait_for(lambda: len(pool.queue()) == 1)
+        await until(lambda: len(pool.queue()) == 1)
         blocker = asyncio.create_task(asyncio.to_thread(hold_write_lock, path, 3.0))
         loop = asyncio.get_running_loop()
         start = loop.time()
