@@ -278,8 +278,12 @@ class Store:
             if self._engine is None:
                 with self.guard():
                     engine = self._make_engine()
-                    self._on_create(self, engine)
-                    self._check_clock(engine)
+                    try:
+                        self._on_create(self, engine)
+                        self._check_clock(engine)
+                    except BaseException:
+                        engine.dispose()  # the next call makes a new one: keep no connections
+                        raise
                 self._engine = engine
         return self._engine
 
