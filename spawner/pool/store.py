@@ -404,7 +404,7 @@ class Store:
                     with self._bounded(conn), conn.begin():
                         if write and engine.dialect.name == "postgresql":
                             locked_at = conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX).first()[-1]
-                            conn.info[_NOW_KEY] = locked_at
+                            conn.info[_NOW_KEY] = locked_at.astimezone(UTC)
                         try:
                             return fn(conn, *args)
                         finally:
@@ -458,7 +458,7 @@ class Store:
         if at is not None:
             return at
         if conn.dialect.name == "postgresql":
-            return conn.execute(_PG_NOW).scalar_one()
+            return conn.execute(_PG_NOW).scalar_one().astimezone(UTC)
         return datetime.now(UTC)
 
     # --- statements ------------------------------------------------------------------
