@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=what)
         p.add_argument("uuid")
         p.add_argument("--host", help="the GPU's host, when its uuid is listed on several")
+    p = sub.add_parser("rehome", parents=[common],
+                       help="give a renamed host's GPUs and active leases its new name (hub stopped)")
+    p.add_argument("old_host")
+    p.add_argument("new_host")
     p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
     p.add_argument("lease_id", type=int)
     p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])
@@ -238,6 +242,10 @@ def _run(args, pool: GPUPool, out) -> int:
         else:
             text = f"GPU {status.gpu.uuid} on {status.gpu.host} is lendable again."
         emit(text, status.to_dict())
+    elif args.command == "rehome":
+        moved = pool.rehome(args.old_host, args.new_host)
+        emit(f"Moved {moved['gpus']} GPU(s) and {moved['leases']} active lease(s) from host "
+             f"{args.old_host} to {args.new_host}.", moved)
     elif args.command == "release":
         lease = pool.lease(args.lease_id)
         if lease is None:

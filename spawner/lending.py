@@ -25,7 +25,7 @@ from .inventory import inventory_from_config
 from .ledger_io import ledger_call
 from .metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from . import admission
-from .pool import EndReason, GPUPool, Lease, PoolError, WaitTimeout, ordinal
+from .pool import EndReason, GPUPool, Lease, PoolError, ordinal
 from .lease_ending import HeldLease, settle_lease, stop_reason, stop_requester
 from .profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, options_form_html
 
@@ -437,9 +437,7 @@ class GPULendingSpawner(Spawner):
             )
         except PoolError as exc:
             self._emit(100, str(exc))
-            # A busy pool is an answer (429), not a failure of the hub.
-            status = 429 if isinstance(exc, WaitTimeout) else exc.status_code
-            raise web.HTTPError(status, str(exc)) from None
+            raise web.HTTPError(exc.status_code, str(exc)) from None
         finally:
             admission.resume(id(self))
         LEASE_WAIT_SECONDS.observe(time.monotonic() - began)

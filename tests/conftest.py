@@ -17,6 +17,7 @@ pytest_plugins = [
     "tests.fixtures.docker",
     "tests.fixtures.hub",
     "tests.fixtures.postgres",
+    "tests.fixtures.tcp_proxy",
     "tests.fixtures.directory",
     "tests.fixtures.images",
     "tests.fixtures.browser",

@@ -76,6 +76,8 @@ def apply_settings(c, settings: Settings) -> None:
     c.GPUDockerSpawner.home_volume_name = settings.home_volume
     c.GPUDockerSpawner.pull_policy = "never"  # images are built here, never pulled
     c.GPUDockerSpawner.inventory_kind = settings.inventory
+    if settings.gpu_host:
+        c.Inventory.host = settings.gpu_host
     c.GPUDockerSpawner.profiles = settings.profiles or default_profiles(settings)
     c.GPUDockerSpawner.lease_wait_timeout = settings.lease_wait_timeout
     c.GPUDockerSpawner.http_timeout = 120

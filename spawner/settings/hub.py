@@ -30,6 +30,7 @@ class Settings:
     container_prefix: str = "gpuhub"
     home_volume: str = "gpuhub-home-{username}"
     inventory: str = "nvml"
+    gpu_host: str = ""
     simulated_gpus: int = 4
     simulated_cuda_version: str = "12.4"
     simulated_utilization_file: str = ""
@@ -65,6 +66,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} must be a URL like http://127.0.0.1:8000")
 
     inventory = env_choice(env, "GPUHUB_INVENTORY", "nvml", ("nvml", "simulated", "static"))
+    gpu_host = env.get("GPUHUB_GPU_HOST", "").strip()
+    if any(ord(ch) < 32 for ch in gpu_host) or len(gpu_host) > 255:
+        raise SettingsError(f"GPUHUB_GPU_HOST={gpu_host!r} must be a host name (at most 255 characters)")
     authenticator = env_choice(env, "GPUHUB_AUTHENTICATOR", "ldap", ("ldap", "dummy"))
     dummy_password = env.get("GPUHUB_DUMMY_PASSWORD", "")
     if authenticator == "dummy" and not dummy_password:
@@ -113,6 +117,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         container_prefix=env.get("GPUHUB_CONTAINER_PREFIX", "").strip() or Settings.container_prefix,
         home_volume=env.get("GPUHUB_HOME_VOLUME", "").strip() or Settings.home_volume,
         inventory=inventory,
+        gpu_host=gpu_host,
         simulated_gpus=env_int(env, "GPUHUB_SIMULATED_GPUS", Settings.simulated_gpus, minimum=0),
         simulated_cuda_version=env.get("GPUHUB_SIMULATED_CUDA_VERSION", "").strip() or Settings.simulated_cuda_version,
         simulated_utilization_file=env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "").strip(),

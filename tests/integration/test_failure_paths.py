@@ -276,17 +276,17 @@ def test_cpu_spawns_start_while_gpu_spawns_wait_under_the_spawn_limit(make_hub):
 
 # ------------------------------------------------------ an unanswering database
 
-def test_a_ledger_that_stops_answering_never_freezes_the_hub(make_hub, postgres_url, blackhole, docker_client):
+def test_a_ledger_that_stops_answering_never_freezes_the_hub(make_hub, postgres_url, blackhole_proxy, docker_client):
     from sqlalchemy.engine import make_url
 
     real = make_url(postgres_url)
-    hole = blackhole(real.host, real.port)
+    hole = blackhole_proxy(real.port)
     hub = make_hub("c.GPUDockerSpawner.ledger_timeout = 3\n",
                    env={"GPUHUB_POOL_DB_URL": real.set(port=hole.port).render_as_string(hide_password=False)})
     hub.create_user("gina")
     hub.create_user("hugo")
     hub.start_server("gina", {"profile": "tf-gpu-1"})
-    hole.drop()  # no answer, and no TCP reset, ever
+    hole.blackhole()  # no answer, and no TCP reset, ever
 
     r = hub.api("POST", "/users/hugo/server", json={"profile": "tf-gpu-1"}, timeout=30)
     assert r.status_code == 503, r.text

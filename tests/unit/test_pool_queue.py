@@ -76,7 +76,7 @@ def test_timeout_says_what_happened_and_leaves_the_queue(tmp_path):
     assert info.value.position == 2
     assert str(info.value).startswith("All 4 GPUs are lent; you were 2nd in the queue")
     assert "try again later" in str(info.value)
-    assert info.value.status_code == 503
+    assert info.value.status_code == 429
     assert queue_rows(pool) == []
 
 

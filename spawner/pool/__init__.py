@@ -1,0 +1,126 @@
+"""The GPU lease ledger: a locked pool that never lends one GPU twice.
+
+A lease lends one or more GPUs of one host to one user's server.  The ledger
+lives in SQL (SQLite by default, PostgreSQL for several hubs or hosts) and
+keeps every lease after it ends: it is the accounting record.
+
+Exclusivity
+    The database enforces it, not Python: a partial unique index over the
+    active rows of `gpu_pool_lease_gpus` allows one active lease per
+    (host, uuid).  Every change runs in one transaction under the ledger's
+    write lock (SQLite: ``BEGIN IMMEDIATE`` with a busy timeout; PostgreSQL:
+    a transaction-scoped advisory lock), so N GPUs are granted all at once or
+    not at all, and two hub processes, or a hub and the ``gpu-pool`` CLI, can
+    never hand out one GPU twice.  Should anything bypass the lock, the
+    unique index rejects the second lease and the request is retried.
+
+Fair queue
+    A request that cannot be met now may wait (``acquire(timeout=...)``) in a
+    queue that lives in the database (``gpu_pool_waiters``), shared by every
+    process using the ledger.  The policy is FIFO with bounded backfill:
+
+    - Requests are served in arrival order.  When GPUs free up, the earliest
+      waiters that fit are served first.
+    - A later request may pass an earlier one that cannot be met yet (say a
+      1-GPU request behind a 4-GPU one while 2 GPUs are free), but only while
+      the earlier one has waited less than ``GPUPool.backfill_window``
+      seconds.  After that, free GPUs on its hosts are held for it until it
+      is served or gives up, so a big request cannot starve behind small
+      ones.  A big request blocks small ones at most for its own timeout,
+      which the spawner bounds by its start timeout.
+    - A request that can never be met (more GPUs than any host has, over its
+      quota) is refused at once instead of queueing.
+
+    Waiters refresh a heartbeat while they wait; the rows of waiters whose
+    process died are ignored after ``waiter_stale_after`` seconds and deleted.
+    A waiter in the same process as a release wakes at once (an asyncio
+    event); waiters in other processes poll every ``poll_interval`` seconds.
+    A cancelled wait removes its queue row and leaves no lease behind.
+
+Placement
+    A lease never spans hosts.  Among hosts that fit, the one with the fewest
+    free GPUs is chosen (keeping big blocks free for big requests); on a host,
+    a multi-GPU lease takes the GPUs closest in the inventory's topology (NVML
+    topology levels), and a single-GPU lease takes the most isolated free GPU
+    so that close pairs stay free.  Drained GPUs and GPUs missing from the
+    inventory are never lent.
+
+Quotas
+    ``max_gpus_per_user`` caps the GPUs one user holds across all their named
+    servers; ``group_gpu_limits`` gives members of a JupyterHub group their
+    own cap (a user gets the largest cap of their groups; None = no cap).
+    The user's groups are recorded on each lease, for per-group accounting.
+
+Layout (one concern per module; data flows inventory -> pool -> spawner)
+    models.py          values and errors (pure data)
+    schema.py          the tables
+    statements.py      the hot-path statements, built from the tables
+    store.py           engine, connections, locks, transactions, retries
+                       (every SQLite/PostgreSQL difference)
+    validation.py      checks of the caller's input
+    placement.py       which free GPUs a lease gets (pure)
+    policy.py          quotas and the fair queue's order (pure)
+    grant.py           the grant transaction
+    waiting.py         acquire()'s wait in the queue, cancellation
+    admin.py           release, reconcile, drain
+    reads.py           leases, history, GPU states, the queue
+    inventory_sync.py  recording the inventory's GPUs
+    gpupool.py         GPUPool: the configurable facade composing them
+"""
+
+from .gpupool import GPUPool
+from .models import (
+    EndReason,
+    GPUStatus,
+    HostConflict,
+    InvalidRequest,
+    Lease,
+    PoolError,
+    PoolUnavailable,
+    QuotaExceeded,
+    UnknownGPU,
+    Unsatisfiable,
+    Waiter,
+    WaitTimeout,
+    ordinal,
+)
+from .schema import (
+    NAME_MAX,
+    SCHEMA_VERSION,
+    UTCDateTime,
+    gpus_table,
+    lease_gpus_table,
+    leases_table,
+    meta_table,
+    metadata,
+    waiters_table,
+)
+from .store import INTEGRITY_RETRIES, PG_LOCK_KEY
+
+__all__ = [
+    "GPUPool",
+    "EndReason",
+    "GPUStatus",
+    "HostConflict",
+    "InvalidRequest",
+    "Lease",
+    "PoolError",
+    "PoolUnavailable",
+    "QuotaExceeded",
+    "UnknownGPU",
+    "Unsatisfiable",
+    "Waiter",
+    "WaitTimeout",
+    "ordinal",
+    "NAME_MAX",
+    "SCHEMA_VERSION",
+    "UTCDateTime",
+    "gpus_table",
+    "lease_gpus_table",
+    "leases_table",
+    "meta_table",
+    "metadata",
+    "waiters_table",
+    "INTEGRITY_RETRIES",
+    "PG_LOCK_KEY",
+]

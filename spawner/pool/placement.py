@@ -1,0 +1,120 @@
+"""Placement: which free GPUs a lease gets, from a snapshot of the free GPUs.
+
+Pure decisions over plain data (host -> [(index, uuid)] free) and a distance
+function; `Topology` only caches the inventory's distances (NVML calls are slow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ..inventory import TOPOLOGY_SYSTEM, Inventory
+
+Free = dict[str, list[tuple[int, str]]]  # host -> [(index, uuid)] free GPUs, by index
+Distance = Callable[[str, str, str], int]  # (host, uuid a, uuid b) -> topology level
+
+
+class Topology:
+    """Topology distances of GPU pairs, cached, from this host's inventory.
+
+    Another host's topology is unknown here: its GPUs all count as far apart.
+    A failing topology query is a missed preference, never an error.
+    """
+
+    def __init__(self, inventory: Inventory | None, log):
+        self.inventory = inventory
+        self.log = log
+        self._distance: dict[str, dict[str, dict[str, int]]] = {}
+        self._neighbours: dict[str, dict[str, tuple[set[str], list[tuple[int, str]]]]] = {}
+
+    def clear(self) -> None:
+        self._distance.clear()
+        self._neighbours.clear()
+
+    def distance(self, host: str, a: str, b: str) -> int:
+        row = self._distance.setdefault(host, {}).setdefault(a, {})
+        d = row.get(b)
+        if d is None:
+            if a == b:
+                d = 0
+            elif self.inventory is not None and self.inventory.host == host:
+                try:
+                    d = int(self.inventory.distance(a, b))
+                except Exception as e:  # topology is a preference, never a failure
+                    self.log.debug("No topology for %s/%s: %s", a, b, e)
+                    d = TOPOLOGY_SYSTEM
+            else:
+                d = TOPOLOGY_SYSTEM
+            row[b] = d
+            self._distance[host].setdefault(b, {})[a] = d
+        return d
+
+    def neighbours(self, host: str, uuid: str, free_set: set[str]) -> list[tuple[int, str]]:
+        """Other GPUs of `host`, nearest first (cached; extended as GPUs appear)."""
+        cache = self._neighbours.setdefault(host, {})
+        entry = cache.get(uuid)
+        if entry is None or not free_set <= entry[0]:
+            known = (entry[0] if entry else set()) | free_set | {uuid}
+            others = sorted((self.distance(host, uuid, o), o) for o in known if o != uuid)
+            entry = cache[uuid] = (known, others)
+        return entry[1]
+
+    def choose(self, free: Free, hosts: Iterable[str] | None, count: int) -> tuple[str, list[str]] | None:
+        return choose(free, hosts, count, self.distance, self.neighbours)
+
+
+def pick_on_host(
+    host: str,
+    free: list[tuple[int, str]],
+    count: int,
+    dist: Distance,
+    neighbours: Callable[[str, str, set[str]], list[tuple[int, str]]] | None = None,
+) -> list[str]:
+    """The `count` GPUs of `free` (sorted by index) to lend together."""
+    if count == len(free):
+        return [u for _, u in free]
+    if count == 1:
+        # Take the most isolated GPU, keeping close pairs free for
+        # multi-GPU requests; ties go to the lowest index.
+        free_set = {u for _, u in free}
+        best_uuid, best_near = None, -1
+        for _, uuid in free:
+            if neighbours is not None:
+                near = next(d for d, other in neighbours(host, uuid, free_set) if other in free_set)
+            else:
+                near = min(dist(host, uuid, o) for o in free_set if o != uuid)
+            if near > best_near:
+                best_uuid, best_near = uuid, near
+        return [best_uuid]
+    best = None
+    for seed in free:
+        chosen = [seed]
+        rest = [f for f in free if f is not seed]
+        while len(chosen) < count:
+            nxt = min(rest, key=lambda f: (sum(dist(host, f[1], c[1]) for c in chosen), f[0]))
+            chosen.append(nxt)
+            rest.remove(nxt)
+        pairs = [dist(host, x[1], y[1]) for i, x in enumerate(chosen) for y in chosen[i + 1 :]]
+        score = (max(pairs), sum(pairs), sorted(i for i, _ in chosen))
+        if best is None or score < best[0]:
+            best = (score, chosen)
+    return [u for _, u in sorted(best[1])]
+
+
+def choose(
+    free: Free,
+    hosts: Iterable[str] | None,
+    count: int,
+    dist: Distance,
+    neighbours: Callable[[str, str, set[str]], list[tuple[int, str]]] | None = None,
+) -> tuple[str, list[str]] | None:
+    """Pick a host and GPUs for `count` from `free`; None if none fits.
+
+    A lease never spans hosts; best fit: the host with the fewest free GPUs
+    that still fits, keeping big blocks free for big requests.
+    """
+    fitting = [h for h in (hosts if hosts is not None else free) if len(free.get(h, ())) >= count]
+    if not fitting:
+        return None
+    host = min(fitting, key=lambda h: (len(free[h]), h))
+    return host, pick_on_host(host, free[host], count, dist, neighbours)

@@ -1,0 +1,152 @@
+"""Policy: quotas and the fair queue's order, as pure functions over plain data.
+
+No database here: the grant transaction (grant.py) reads a snapshot and the
+queue, and these functions decide; unit tests call them directly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from .models import QuotaExceeded, Unsatisfiable, gpus_text, ordinal
+from .validation import Request
+
+Choose = Callable[[dict, "Iterable[str] | None", int], "tuple[str, list[str]] | None"]
+
+
+@dataclass
+class Snapshot:
+    """The lendable GPUs, per host, as one transaction saw them."""
+
+    free: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # unlent, lendable, by index
+    capacity: dict[str, int] = field(default_factory=dict)  # lendable (present, undrained), lent or not
+    drained: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[tuple]) -> Snapshot:
+        """From (host, uuid, index, present, drained, active lease id or None) rows."""
+        snap = cls()
+        for host, uuid, idx, present, drained, lease_id in rows:
+            snap.free.setdefault(host, [])
+            snap.capacity.setdefault(host, 0)
+            snap.drained.setdefault(host, 0)
+            if drained:
+                snap.drained[host] += 1
+            elif present:
+                snap.capacity[host] += 1
+                if lease_id is None:
+                    snap.free[host].append((idx, uuid))
+        for lst in snap.free.values():
+            lst.sort()
+        return snap
+
+
+@dataclass(frozen=True)
+class WaiterRow:
+    """A queue row as the grant transaction reads it."""
+
+    id: int
+    user: str
+    count: int
+    hosts: str | None  # JSON list, None = any host
+    enqueued_at: datetime
+    heartbeat_at: datetime
+
+
+def limit_for(
+    groups: Iterable[str], group_limits: Mapping[str, int | None], per_user: int | None
+) -> tuple[int | None, str]:
+    """(limit, where it comes from) for a user in `groups`; None = no limit.
+
+    A user gets the largest limit of their groups listed in `group_limits`,
+    else the per-user limit.
+    """
+    limits = {g: group_limits[g] for g in groups if g in group_limits}
+    if not limits:
+        return per_user, "the per-user limit"
+    if any(v is None for v in limits.values()):
+        return None, "group limits"
+    group = max(limits, key=lambda g: (limits[g], g))
+    return limits[group], f"the limit of group '{group}'"
+
+
+def check_feasible(snap: Snapshot, req: Request) -> None:
+    """Refuse a request that no host could ever meet (Unsatisfiable)."""
+    hosts = req.hosts if req.hosts is not None else list(snap.capacity)
+    capacity = max((snap.capacity.get(h, 0) for h in hosts), default=0)
+    if req.count <= capacity:
+        return
+    drained = max((snap.drained.get(h, 0) for h in hosts), default=0)
+    if capacity == 0 and not drained:
+        where = f"host {req.hosts[0]}" if req.hosts and len(req.hosts) == 1 else "this hub"
+        raise Unsatisfiable(f"You asked for {gpus_text(req.count)}, but {where} has no GPUs to lend")
+    note = f" ({drained} more drained for maintenance)" if drained else ""
+    raise Unsatisfiable(
+        f"You asked for {gpus_text(req.count)}, but the largest host has {gpus_text(capacity)}{note}; "
+        f"ask for {capacity} or fewer"
+    )
+
+
+def check_quota(req: Request, limit: int | None, source: str, held: Callable[[], tuple[int, list[str]]]) -> None:
+    """Refuse a request over the user's limit (QuotaExceeded).
+
+    `held()` gives (GPUs the user holds, their servers); called only when a
+    limit applies.
+    """
+    if limit is None:
+        return
+    if req.count > limit:
+        raise QuotaExceeded(f"You may hold at most {gpus_text(limit)} ({source}) and asked for {req.count}")
+    count, servers = held()
+    if count + req.count > limit:
+        names = ", ".join(repr(s) if s else "the default server" for s in servers)
+        raise QuotaExceeded(
+            f"You may hold at most {gpus_text(limit)} ({source}); you hold {count} "
+            f"(servers: {names}) and asked for {req.count} more. Stop a server to free GPUs"
+        )
+
+
+def stale_waiters(rows: Iterable[WaiterRow], now: datetime, stale_after: float, own_id: int | None) -> list[int]:
+    """Ids of queue rows whose process stopped refreshing them (never `own_id`)."""
+    stale_before = now - timedelta(seconds=stale_after)
+    return [r.id for r in rows if r.heartbeat_at < stale_before and r.id != own_id]
+
+
+def available_after(
+    snap: Snapshot, ahead: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
+) -> dict[str, list[tuple[int, str]]]:
+    """The free GPUs left for a request after the waiters ahead of it take their turn.
+
+    FIFO with bounded backfill: an earlier waiter that fits takes its GPUs; one
+    that cannot be met yet lets later requests pass for `backfill_window`
+    seconds, after which free GPUs on its hosts are held for it.
+    """
+    avail = {h: list(lst) for h, lst in snap.free.items()}
+    window = timedelta(seconds=backfill_window)
+    for r in ahead:
+        hosts = json.loads(r.hosts) if r.hosts else None
+        pick = choose(avail, hosts, r.count)
+        if pick is not None:
+            host, uuids = pick
+            avail[host] = [f for f in avail[host] if f[1] not in uuids]
+            continue
+        cap = max((snap.capacity.get(h, 0) for h in (hosts or snap.capacity)), default=0)
+        if r.count <= cap and now - r.enqueued_at >= window:
+            for h in hosts or list(avail):
+                avail[h] = []
+    return avail
+
+
+def timeout_message(req: Request, position: int, free: int, total: int, waited: float) -> str:
+    """What a user reads when their wait for GPUs ran out."""
+    where = f"you were {ordinal(position)} in the queue for {gpus_text(req.count)}"
+    if free == 0:
+        head = f"All {gpus_text(total)} are lent" if total != 1 else "The only GPU is lent"
+    elif free < req.count:
+        head = f"Only {free} of {gpus_text(total)} are free"
+    else:
+        head = f"{gpus_text(free)} are free but held for requests ahead of yours"
+    return f"{head}; {where} and waited {waited:g} s; try again later"

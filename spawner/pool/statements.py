@@ -1,0 +1,59 @@
+"""The statements the ledger runs on every lease, built once from the tables.
+
+One set of SQL: these Core statements run as they are on PostgreSQL, and the
+store compiles each once to plain SQLite SQL for its fast path (store.py).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import bindparam, delete, func, insert, select, update
+
+from .schema import gpus_table as _g
+from .schema import lease_gpus_table as _lg
+from .schema import leases_table as _l
+from .schema import waiters_table as _w
+
+# Every GPU with the id of its active lease, if any.
+SNAPSHOT = select(_g.c.host, _g.c.uuid, _g.c.idx, _g.c.present, _g.c.drained, _lg.c.lease_id).select_from(
+    _g.outerjoin(_lg, (_lg.c.host == _g.c.host) & (_lg.c.uuid == _g.c.uuid) & _lg.c.ended_at.is_(None))
+)
+
+# GPUs a user holds, per server.
+HELD = (
+    select(_l.c.server_name, func.count(_lg.c.uuid))
+    .select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id))
+    .where(_l.c.user_name == bindparam("user"), _l.c.ended_at.is_(None))
+    .group_by(_l.c.server_name)
+)
+
+WAITERS = select(_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_at, _w.c.heartbeat_at).order_by(
+    _w.c.id
+)
+
+HEARTBEAT = update(_w).where(_w.c.id == bindparam("wid")).values(heartbeat_at=bindparam("now"))
+
+DELETE_WAITER = delete(_w).where(_w.c.id == bindparam("wid"))
+
+
+def _insert(table, *columns: str):
+    """INSERT INTO table (columns) VALUES (:column, ...)."""
+    return insert(table).values({c: bindparam(c) for c in columns})
+
+
+INSERT_WAITER = _insert(
+    _w, "owner", "user_name", "server_name", "count", "groups", "hosts", "enqueued_at", "heartbeat_at"
+)
+
+INSERT_LEASE = _insert(_l, "user_name", "server_name", "host", "groups", "started_at")
+
+INSERT_LEASE_GPU = _insert(_lg, "lease_id", "uuid", "host", "position")
+
+END_LEASE = (
+    update(_l)
+    .where(_l.c.id == bindparam("lid"), _l.c.ended_at.is_(None))
+    .values(ended_at=bindparam("now"), end_reason=bindparam("reason"))
+)
+
+END_LEASE_GPUS = (
+    update(_lg).where(_lg.c.lease_id == bindparam("lid"), _lg.c.ended_at.is_(None)).values(ended_at=bindparam("now"))
+)

@@ -1,0 +1,96 @@
+"""Checks of what callers hand the pool: names, counts, groups, reasons, times.
+
+Every public method validates its input here first, so a bad value becomes an
+InvalidRequest with a message for the user, never a database error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .models import EndReason, InvalidRequest
+from .schema import NAME_MAX
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request for GPUs."""
+
+    user: str
+    server_name: str
+    count: int
+    groups: tuple[str, ...]
+    hosts: tuple[str, ...] | None
+
+
+def make_request(user, server_name, count, groups, host, default_host: str | None) -> Request:
+    """`host` restricts the request to one host; by default the inventory's host, or any."""
+    hosts = None
+    if host is not None:
+        hosts = (name(host, "The host name"),)
+    elif default_host is not None:
+        hosts = (default_host,)
+    return Request(
+        user=name(user, "The user name"),
+        server_name=name(server_name, "The server name", allow_empty=True),
+        count=gpu_count(count),
+        groups=groups_of(groups),
+        hosts=hosts,
+    )
+
+
+def name(value: Any, what: str, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{what} must be a string, not {type(value).__name__}")
+    if not value and not allow_empty:
+        raise InvalidRequest(f"{what} must not be empty")
+    if len(value) > NAME_MAX:
+        raise InvalidRequest(f"{what} is longer than {NAME_MAX} characters")
+    if any(ord(ch) < 32 for ch in value):
+        raise InvalidRequest(f"{what} contains control characters")
+    return value
+
+
+def gpu_count(count: Any) -> int:
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise InvalidRequest(f"The number of GPUs must be a whole number, not {count!r}")
+    if count <= 0:
+        raise InvalidRequest(f"The number of GPUs must be at least 1, not {count}")
+    return count
+
+
+def groups_of(groups: Any) -> tuple[str, ...]:
+    if groups is None:
+        return ()
+    if isinstance(groups, str):
+        raise InvalidRequest("groups must be a list of group names, not one string")
+    try:
+        items = list(groups)
+    except TypeError:
+        raise InvalidRequest("groups must be a list of group names") from None
+    return tuple(sorted({name(g, "A group name") for g in items}))
+
+
+def lease_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"A lease id is a whole number, not {value!r}")
+    return value
+
+
+def reason(value: EndReason | str) -> str:
+    try:
+        return EndReason(value).value
+    except ValueError:
+        choices = ", ".join(r.value for r in EndReason)
+        raise InvalidRequest(f"Unknown end reason {value!r}; use one of {choices}") from None
+
+
+def aware(value: datetime | None, what: str) -> datetime | None:
+    """Naive datetimes are taken as UTC."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidRequest(f"{what} must be a datetime, not {value!r}")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
