@@ -160,6 +160,30 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
+class DirectoryServer:
+    """A directory server process this harness started (`start()` sets `proc`)."""
+
+    proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+
+def serve_from_command_line(server, config_out: Path | None, tls: str, name: str) -> int:
+    """Start a directory `server`, write its hub settings to `config_out` (if given), say where
+    it listens, and serve until Ctrl-C or TERM: what `python -m devservices.ldap.KIND` does."""
+    directory = server.start()
+    if config_out:
+        config_out.parent.mkdir(parents=True, exist_ok=True)
+        config_out.write_text(directory.config_py(tls=tls))
+        config_out.chmod(0o600)  # it holds the service account's password
+    print(f"{name} on {directory.url} (StartTLS) and {directory.ldaps_url}, pid {directory.pid}")
+    print(f"users: {', '.join(directory.users)}; passwords are in devservices/ldap/seed.py")
+    return serve_until_interrupted(server)
+
+
 def serve_until_interrupted(server) -> int:
     """Run a started directory `server` until Ctrl-C or TERM (from `make demo`), then stop it."""
     sys.stdout.flush()

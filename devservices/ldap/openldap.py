@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from . import seed
-from .common import Directory, PortBusy, port_is_free, serve_until_interrupted, stop_process, wait_for_port
+from .common import Directory, DirectoryServer, PortBusy, port_is_free, serve_from_command_line, wait_for_port
 from ..apt import ensure_packages, which
 from .tls import make_server_cert
 
@@ -113,7 +113,7 @@ def _first_dir(candidates: tuple[str, ...], must_hold: str) -> str:
     raise FileNotFoundError(f"no {must_hold} in any of {candidates}; is slapd installed?")
 
 
-class OpenLDAP:
+class OpenLDAP(DirectoryServer):
     """Build, start and stop one slapd in `workdir`."""
 
     def __init__(self, workdir: Path, port: int, ldaps_port: int):
@@ -188,11 +188,6 @@ class OpenLDAP:
             log_file=str(log_path),
         )
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-            self.proc = None
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -201,15 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ldaps-port", type=int, default=6360)
     parser.add_argument("--config-out", type=Path, help="write hub settings for this directory here")
     args = parser.parse_args(argv)
-    server = OpenLDAP(args.dir, args.port, args.ldaps_port)
-    directory = server.start()
-    if args.config_out:
-        args.config_out.parent.mkdir(parents=True, exist_ok=True)
-        args.config_out.write_text(directory.config_py())
-        args.config_out.chmod(0o600)  # it holds the service account's password
-    print(f"OpenLDAP on {directory.url} (StartTLS) and {directory.ldaps_url}, pid {directory.pid}")
-    print(f"users: {', '.join(directory.users)}; passwords are in devservices/ldap/seed.py")
-    return serve_until_interrupted(server)
+    return serve_from_command_line(OpenLDAP(args.dir, args.port, args.ldaps_port), args.config_out,
+                                   "starttls", "OpenLDAP")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import seed
-from .common import (Directory, PortBusy, port_is_free, repo_root, serve_until_interrupted, stop_process,
+from .common import (Directory, PortBusy, port_is_free, repo_root, serve_from_command_line, DirectoryServer,
                      wait_for_port)
 from ..apt import ensure_packages, which
 
@@ -168,7 +168,7 @@ def copy_provision(source: Path, target: Path) -> Path:
     return conf
 
 
-class SambaAD:
+class SambaAD(DirectoryServer):
     """Start and stop one Samba AD DC from a cached provision, in `workdir`."""
 
     def __init__(self, workdir: Path):
@@ -259,26 +259,13 @@ class SambaAD:
                 conn.bind()
                 conn.unbind()
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-            self.proc = None
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=Path(".demo/samba-ad"))
     parser.add_argument("--config-out", type=Path, help="write hub settings for this directory here")
     args = parser.parse_args(argv)
-    server = SambaAD(args.dir)
-    directory = server.start()
-    if args.config_out:
-        args.config_out.parent.mkdir(parents=True, exist_ok=True)
-        args.config_out.write_text(directory.config_py(tls="ldaps"))
-        args.config_out.chmod(0o600)  # it holds the service account's password
-    print(f"Samba AD on {directory.ldaps_url} and {directory.url} (StartTLS), pid {directory.pid}")
-    print(f"users: {', '.join(directory.users)}; passwords are in devservices/ldap/seed.py")
-    return serve_until_interrupted(server)
+    return serve_from_command_line(SambaAD(args.dir), args.config_out, "ldaps", "Samba AD")
 
 if __name__ == "__main__":
     sys.exit(main())
