@@ -29,6 +29,7 @@ reason `culled`; the GPU is free the moment the lease ends.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -321,6 +322,32 @@ class GPUIdleCuller(IdleCuller):
             utilization=utilization,
             log=self.log,
         )
+
+
+    def start(self):
+        self._stop_on_signals()
+        super().start()
+
+    def _stop_on_signals(self) -> None:
+        """Exit promptly on SIGINT and SIGTERM.
+
+        JupyterHub stops its services with SIGINT and waits 30 s before it
+        sends SIGTERM.  A hub started with SIGINT ignored (from a background
+        job of a shell script, by some process managers) passes that on to
+        its services, and Python then never raises KeyboardInterrupt: the hub
+        waited out the culler at every shutdown.  Handlers installed here
+        replace an inherited "ignore" and stop the event loop cleanly.
+        """
+        from tornado.ioloop import IOLoop
+
+        loop = IOLoop.current().asyncio_loop
+
+        def stop(sig: signal.Signals) -> None:
+            self.log.info("Received %s: the culler stops", sig.name)
+            loop.stop()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop, sig)
 
 
 def main(argv: list[str] | None = None) -> None:
