@@ -19,6 +19,10 @@ from urllib.parse import urlparse
 
 DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
 DEFAULT_GPU_IMAGE = "gpuhub/notebook-cuda:latest"
+# With NVML (real GPUs), a GPU server whose GPUs all stay under this
+# utilisation for GPUHUB_GPU_IDLE_MINUTES (30) is culled even if it shows
+# activity: a kernel blocked on a prompt, a tab left open.
+DEFAULT_GPU_IDLE_PERCENT = 5.0
 
 
 class SettingsError(ValueError):
@@ -54,7 +58,7 @@ class Settings:
     cull_every: int = 60
     gpu_idle_percent: float = 0.0
     gpu_idle_minutes: float = 30.0
-    cull_keep_busy: bool = True
+    cull_keep_busy: str = "extension"
     activity_interval: int = 0
     directory: "DirectorySettings | None" = None
     extra: dict = field(default_factory=dict)
@@ -142,6 +146,19 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise SettingsError(f"{name}={raw!r} must be true or false")
+
+
+def _keep_busy(env: Mapping[str, str]) -> str:
+    """GPUHUB_CULL_KEEP_BUSY: "extension" (true), "wrapper" or "off" (false)."""
+    raw = env.get("GPUHUB_CULL_KEEP_BUSY", "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on", "extension"):
+        return "extension"
+    if raw == "wrapper":
+        return "wrapper"
+    if raw in ("0", "false", "no", "off"):
+        return "off"
+    raise SettingsError(f"GPUHUB_CULL_KEEP_BUSY={raw!r} must be true (the images' extension), "
+                        "wrapper (images without it) or false")
 
 
 def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
@@ -347,7 +364,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
     cull_cpu = _int(env, "GPUHUB_CULL_TIMEOUT_CPU", Settings.cull_timeout_cpu, minimum=1)
     cull_gpu = _int(env, "GPUHUB_CULL_TIMEOUT_GPU", Settings.cull_timeout_gpu, minimum=1)
-    gpu_idle_percent = _float(env, "GPUHUB_GPU_IDLE_PERCENT", 0.0)
+    # The GPU-utilisation rule is on by default where NVML can read it.
+    gpu_idle_percent = _float(env, "GPUHUB_GPU_IDLE_PERCENT",
+                              DEFAULT_GPU_IDLE_PERCENT if inventory == "nvml" else 0.0)
     if gpu_idle_percent > 100:
         raise SettingsError(f"GPUHUB_GPU_IDLE_PERCENT={gpu_idle_percent} must be between 0 and 100")
 
@@ -388,7 +407,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cull_every=_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
         gpu_idle_percent=gpu_idle_percent,
         gpu_idle_minutes=_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),
-        cull_keep_busy=_bool(env, "GPUHUB_CULL_KEEP_BUSY", True),
+        cull_keep_busy=_keep_busy(env),
         activity_interval=_int(env, "GPUHUB_ACTIVITY_INTERVAL", 0, minimum=0),
         directory=directory,
     )

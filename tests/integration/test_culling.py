@@ -134,6 +134,28 @@ def test_busy_kernel_and_cpu_server_survive_while_idle_gpu_server_is_culled(make
     assert carol is not None and carol["ready"], hub.log_tail(80)
 
 
+def test_kernel_waiting_at_a_prompt_does_not_hold_its_gpu(make_hub):
+    # Two GPU servers whose cells wait for a person who left: an input() prompt,
+    # and a debugger prompt (pdb.set_trace()).  Both kernels stay "busy", but nobody
+    # works: the culler gives their GPUs back after the GPU timeout (10 s).
+    hub = culling_hub(make_hub)
+    prompts = {"alice": "answer = input('Continue training? ')",
+               "bob": "import pdb\nx = 1\npdb.set_trace()\ny = 2"}
+    for user, code in prompts.items():
+        hub.create_user(user)
+        hub.start_server(user, {"profile": "tf-gpu-1"})
+        kernel = Kernel(hub, user, hub.user_token(user))
+        prompt = kernel.prompt_and_leave(code)
+        assert prompt == "Continue training? " if user == "alice" else prompt.strip() in ("(Pdb)", "ipdb>")
+        # The kernel is busy (its cell has not finished) and nobody is connected.
+        assert kernel.model()["execution_state"] == "busy"
+
+    for user in ("alice", "bob"):
+        hub.wait_stopped(user, timeout=90)
+        (lease,) = leases_of(hub, user)
+        assert lease.end_reason == "culled"
+
+
 def test_gpu_under_threshold_is_culled_even_while_active(make_hub, tmp_path):
     utilization = tmp_path / "utilization.json"
     host = socket.gethostname()
