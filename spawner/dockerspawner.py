@@ -27,6 +27,7 @@ from .metrics import LEASE_WAIT_SECONDS, register_pool
 from .pool import EndReason, GPUPool, Lease, PoolError
 from .inventory import inventory_from_config, parse_cuda_version
 from .profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles
+from .readiness import wait_for_server
 
 # Labels on every container this spawner creates; the reconciler reads them.
 LABEL_USER = "org.jupyter.gpuhub.user"
@@ -625,6 +626,7 @@ class GPUDockerSpawner(DockerSpawner):
                     ) from None
                 raise
             self._emit(80, "Container started; waiting for JupyterLab")
+            await wait_for_server(self, result)  # the hub's first readiness check then succeeds
             return result
         except BaseException:
             self._end_reason = EndReason.FAILED_START
