@@ -134,10 +134,11 @@ def test_busy_kernel_and_cpu_server_survive_while_idle_gpu_server_is_culled(make
     assert carol is not None and carol["ready"], hub.log_tail(80)
 
 
-def test_kernel_waiting_at_a_prompt_does_not_hold_its_gpu(make_hub):
-    # Two GPU servers whose cells wait for a person who left: an input() prompt,
-    # and a debugger prompt (pdb.set_trace()).  Both kernels stay "busy", but nobody
-    # works: the culler gives their GPUs back after the GPU timeout (10 s).
+def test_kernel_waiting_at_a_prompt_or_breakpoint_does_not_hold_its_gpu(make_hub):
+    # GPU servers whose cells wait for a person who left: an input() prompt, a
+    # pdb prompt, a breakpoint of JupyterLab's debugger.  The kernels stay
+    # "busy", but nobody works: the culler gives their GPUs back after the GPU
+    # timeout (10 s).
     hub = culling_hub(make_hub)
     prompts = {"alice": "answer = input('Continue training? ')",
                "bob": "import pdb\nx = 1\npdb.set_trace()\ny = 2"}
@@ -151,7 +152,15 @@ def test_kernel_waiting_at_a_prompt_does_not_hold_its_gpu(make_hub):
         # The kernel is busy (its cell has not finished) and nobody is connected.
         assert kernel.model()["execution_state"] == "busy"
 
-    for user in ("alice", "bob"):
+    # Carol stopped at a breakpoint of JupyterLab's debugger and went home.
+    hub.create_user("carol")
+    hub.start_server("carol", {"profile": "tf-gpu-1"})
+    kernel = Kernel(hub, "carol", hub.user_token("carol"))
+    stopped = kernel.stop_in_debugger_and_leave("x = 1\ny = 2\nz = 3", line=2)
+    assert stopped["body"]["reason"] == "breakpoint"
+    assert kernel.model()["execution_state"] == "busy"
+
+    for user in ("alice", "bob", "carol"):
         hub.wait_stopped(user, timeout=90)
         (lease,) = leases_of(hub, user)
         assert lease.end_reason == "culled"
