@@ -158,8 +158,10 @@ class BusyKernelActivity(LoggingConfigurable):
     """Counts kernels that are working (busy, not waiting for a person) as server activity."""
 
     enabled = Bool(
-        help="Count a busy kernel as activity.  Default: on, unless the environment variable "
-        "GPUHUB_BUSY_KERNELS_ACTIVITY is 0/false/no/off.",
+        True,
+        help="Count a working kernel as activity (in the notebook server's jupyter_server_config). "
+        "On unless the container's environment variable GPUHUB_BUSY_KERNELS_ACTIVITY is "
+        "0/false/no/off (the hub sets it from GPUHUB_CULL_KEEP_BUSY).",
     ).tag(config=True)
 
     @default("enabled")
@@ -168,8 +170,9 @@ class BusyKernelActivity(LoggingConfigurable):
 
     interval = Float(
         1.0,
-        help="Seconds between checks of the kernels.  The activity reported to the hub is at most "
-        "this stale; a check only reads the server's own kernel table.",
+        help="Seconds between checks of the kernels (in the notebook server's "
+        "jupyter_server_config).  The activity reported to the hub is at most this stale; a "
+        "check only reads the server's own kernel table.",
     ).tag(config=True)
 
     def __init__(self, serverapp, **kwargs):
