@@ -76,9 +76,23 @@ def workflow_files() -> list[Path]:
                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
 
 
-def inputs_hash(variant: str, base_image: str, requirements: str) -> str:
+# Files and folders of images/ copied into every build context.
+CONTEXT_FILES = ["Dockerfile", "start-notebook.sh", "bytecode.py"]
+CONTEXT_DIRS = ["skel", "jupyter"]
+BYTECODE_MODES = ("warmup", "all", "none")
+
+
+def _context_paths() -> list[Path]:
+    paths = [HERE / name for name in CONTEXT_FILES]
+    for name in CONTEXT_DIRS:
+        paths += [p for p in (HERE / name).rglob("*")
+                  if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    return sorted(paths)
+
+
+def inputs_hash(variant: str, base_image: str, requirements: str, bytecode: str = "warmup") -> str:
     h = hashlib.sha256()
-    for path in sorted([HERE / "Dockerfile", HERE / "start-notebook.sh", *(HERE / "skel").rglob("*")]):
+    for path in _context_paths():
         if path.is_file():
             h.update(str(path.relative_to(HERE)).encode())
             h.update(path.read_bytes())
@@ -91,6 +105,7 @@ def inputs_hash(variant: str, base_image: str, requirements: str) -> str:
         "base": image_id(base_image) or base_image,
         "requirements": requirements,
         "build_args": VARIANTS[variant]["build_args"],
+        **({"bytecode": bytecode} if bytecode != "warmup" else {}),
     }, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
@@ -167,9 +182,11 @@ def image_size(ref: str) -> str:
     return f"{int(out.stdout) / 1e9:.2f} GB" if out.returncode == 0 else "?"
 
 
-def build(variant: str, base_image: str, repo: str) -> str:
+def build(variant: str, base_image: str, repo: str, bytecode: str = "warmup") -> str:
+    """Build (or find) the image; `bytecode` other than "warmup" is for
+    measurements: such an image gets no :latest tag."""
     requirements = requirements_text(variant)
-    digest = inputs_hash(variant, base_image, requirements)
+    digest = inputs_hash(variant, base_image, requirements, bytecode)
     ref = f"{repo}-{variant}:{digest}"
     if image_id(ref):
         log(f"{ref} is up to date ({image_size(ref)})")
@@ -189,9 +206,11 @@ def build(variant: str, base_image: str, repo: str) -> str:
     shutil.copytree(wheel_cache, context / "wheelhouse", copy_function=os.link,
                     ignore=shutil.ignore_patterns(".complete"))
     (context / "requirements.txt").write_text(requirements)
-    for name in ("Dockerfile", "start-notebook.sh"):
+    for name in CONTEXT_FILES:
         shutil.copy2(HERE / name, context / name)
-    shutil.copytree(HERE / "skel", context / "skel")
+    for name in CONTEXT_DIRS:
+        shutil.copytree(HERE / name, context / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     if VARIANTS[variant].get("workflow"):
         # The workflow goes into the skel: the image keeps a pristine copy under
         # /opt/gpuhub/skel, and start-notebook.sh copies it to the user's home.
@@ -202,20 +221,24 @@ def build(variant: str, base_image: str, repo: str) -> str:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)
 
-    args = {"BASE_IMAGE": base_image, "VARIANT": variant, **VARIANTS[variant]["build_args"],
-            **wheel_labels(context / "wheelhouse")}
+    build_id = f"{digest}-{os.getpid()}"
+    args = {"BASE_IMAGE": base_image, "VARIANT": variant, "BYTECODE": bytecode, "BUILD_ID": build_id,
+            **VARIANTS[variant]["build_args"], **wheel_labels(context / "wheelhouse")}
     # --force-rm: a failed step's container (it may hold the wheelhouse) goes too.
-    cmd = ["docker", "build", "--force-rm", "--tag", ref, "--tag", f"{repo}-{variant}:latest",
-           "--label", f"{HASH_LABEL}={digest}"]
+    cmd = ["docker", "build", "--force-rm", "--tag", ref, "--label", f"{HASH_LABEL}={digest}"]
+    if bytecode == "warmup":
+        cmd += ["--tag", f"{repo}-{variant}:latest"]
     for key, value in args.items():
         cmd += ["--build-arg", f"{key}={value}"]
     log(f"docker build {ref}")
     # Classic builder: DOCKER_BUILDKIT=0 so no BuildKit feature can creep in.
     run(cmd + [str(context)], env={**os.environ, "DOCKER_BUILDKIT": "0"},
         stdout=sys.stderr)
-    # Drop the dangling builder stage (it holds the wheelhouse).
-    subprocess.run(["docker", "image", "prune", "--force", "--filter", "label=org.jupyter.gpuhub.stage=builder"],
-                   capture_output=True)
+    # Drop this build's dangling builder stage (it holds the wheelhouse); a
+    # filter on the stage label alone would also remove the half-built stage
+    # of a build running beside this one.
+    subprocess.run(["docker", "image", "prune", "--force", "--filter", "label=org.jupyter.gpuhub.stage=builder",
+                    "--filter", f"label=org.jupyter.gpuhub.build-id={build_id}"], capture_output=True)
     shutil.rmtree(context)
     log(f"built {ref} ({image_size(ref)}; tensorflow {args.get('TF_VERSION', 'none')}, "
         f"cuda {args.get('CUDA_VERSION', 'none')})")
@@ -227,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="minimal")
     parser.add_argument("--base-image", default=os.environ.get("BASE_IMAGE", "gpuhub/debian-base:latest"))
     parser.add_argument("--repo", default="gpuhub/notebook")
+    parser.add_argument("--bytecode", choices=BYTECODE_MODES, default="warmup",
+                        help="bytecode shipped: for the first minute's modules (default), all, or none "
+                             "(for measurements; such images get no :latest tag)")
     args = parser.parse_args(argv)
-    print(build(args.variant, args.base_image, args.repo))
+    print(build(args.variant, args.base_image, args.repo, args.bytecode))
     return 0
 
 

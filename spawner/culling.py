@@ -17,10 +17,14 @@ Three pieces, one job (give idle GPUs back without killing busy work):
 Why the single-user side needs help: jupyter-server counts kernel *messages*
 as activity, not a kernel being busy, so a cell that sleeps or computes
 without printing looks idle and the stock culler kills it (upstream
-jupyterhub-idle-culler#55).  `SINGLEUSER_BOOT` wraps jupyterhub-singleuser so
-that each activity report to the hub counts "a kernel is busy right now" as
-activity, through jupyter-server's documented `*_last_activity` settings hook.
-It needs nothing in the image beyond jupyterhub-singleuser itself.
+jupyterhub-idle-culler#55).  The notebook images carry a jupyter-server
+extension, `gpuhub_activity` (images/jupyter/), that counts a working kernel
+as activity through jupyter-server's documented `*_last_activity` settings
+hook, but not a kernel that only waits for a person (an `input()` or pdb
+prompt, a debugger stopped at a breakpoint).  The image's own start command
+stays as it is.  For images without the extension, `SINGLEUSER_BOOT` wraps
+jupyterhub-singleuser to the same end (busy is busy, prompts included);
+GPUHUB_CULL_KEEP_BUSY=wrapper turns it on.
 
 When the culler stops a server, the hub's stop request comes from the service
 named in `GPUDockerSpawner.cull_services`, so the spawner ends the lease with
@@ -29,6 +33,7 @@ reason `culled`; the GPU is free the moment the lease ends.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -54,16 +59,25 @@ CULLER_SCOPES = [
 ]
 
 # The name under which busy kernels show up in jupyter-server's activity
-# (any web_app setting ending in `_last_activity` counts).
+# (any web_app setting ending in `_last_activity` counts); the same in the
+# images' extension (images/jupyter/gpuhub_activity) and the wrapper below.
 BUSY_ACTIVITY_SETTING = "gpuhub_busy_kernels_last_activity"
+# The container environment variable that turns the extension off.
+BUSY_SWITCH_ENV = "GPUHUB_BUSY_KERNELS_ACTIVITY"
 
-# Runs inside the notebook container as `python3 -c SINGLEUSER_BOOT [args]`
-# in place of `jupyterhub-singleuser [args]`.  Kept free of any import from
-# this package: the container has only jupyterhub-singleuser and jupyter-server.
+# For images without the gpuhub_activity extension (GPUHUB_CULL_KEEP_BUSY=
+# wrapper): runs inside the notebook container as `python3 -c SINGLEUSER_BOOT
+# [args]` in place of `jupyterhub-singleuser [args]`.  Kept free of any import
+# from this package: the container has only jupyterhub-singleuser and
+# jupyter-server.  Unlike the extension it cannot tell a kernel waiting for
+# input from a working one.  In an image that has the extension it steps aside.
 SINGLEUSER_BOOT = f"""
 import sys
+import importlib.util
 sys.argv[0] = "jupyterhub-singleuser"
 try:
+    if importlib.util.find_spec("gpuhub_activity") is not None:
+        raise ImportError("the image's gpuhub_activity extension does it")
     from datetime import datetime, timezone
     from jupyterhub.singleuser.extension import JupyterHubSingleUser
 
@@ -86,8 +100,8 @@ try:
 
     JupyterHubSingleUser.notify_activity = notify_activity
 except ImportError as exc:
-    # Jupyter Server < 2: run unchanged rather than not at all.
-    print("gpuhub: busy kernels will not count as activity:", exc, file=sys.stderr)
+    # The extension is there, or Jupyter Server < 2: run unchanged.
+    print("gpuhub: the wrapper leaves busy kernels alone:", exc, file=sys.stderr)
 from jupyterhub.singleuser import main
 sys.exit(main())
 """
@@ -265,10 +279,16 @@ class GPUIdleCuller(IdleCuller):
     ).tag(config=True)
 
     gpu_idle_percent = Float(
-        0.0,
+        5.0,
         help="Cull a GPU server whose leased GPUs all read under this utilization (percent) for "
-        "`gpu_idle_seconds`, even when it shows activity (an open browser tab).  0 turns the rule off.",
+        "`gpu_idle_seconds`, even when it shows activity (an open browser tab, a kernel blocked on "
+        "a prompt).  0 turns the rule off.  Default: 5 with the `nvml` inventory (real GPUs), "
+        "0 (off) with `simulated` and `static`.",
     ).tag(config=True)
+
+    @default("gpu_idle_percent")
+    def _default_gpu_idle_percent(self):
+        return 5.0 if self.inventory == "nvml" else 0.0
 
     gpu_idle_seconds = Float(
         1800.0,
@@ -323,6 +343,32 @@ class GPUIdleCuller(IdleCuller):
         )
 
 
+    def start(self):
+        self._stop_on_signals()
+        super().start()
+
+    def _stop_on_signals(self) -> None:
+        """Exit promptly on SIGINT and SIGTERM.
+
+        JupyterHub stops its services with SIGINT and waits 30 s before it
+        sends SIGTERM.  A hub started with SIGINT ignored (from a background
+        job of a shell script, by some process managers) passes that on to
+        its services, and Python then never raises KeyboardInterrupt: the hub
+        waited out the culler at every shutdown.  Handlers installed here
+        replace an inherited "ignore" and stop the event loop cleanly.
+        """
+        from tornado.ioloop import IOLoop
+
+        loop = IOLoop.current().asyncio_loop
+
+        def stop(sig: signal.Signals) -> None:
+            self.log.info("Received %s: the culler stops", sig.name)
+            loop.stop()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop, sig)
+
+
 def main(argv: list[str] | None = None) -> None:
     GPUIdleCuller.launch_instance(argv)
 
@@ -353,11 +399,10 @@ def culler_command(settings, python: str | None = None) -> list[str]:
         f"--cull-every={settings.cull_every}",
         f"--inventory={settings.inventory}",
     ]
+    # Always explicit: the culler's own default depends on its inventory.
+    cmd.append(f"--gpu-idle-percent={settings.gpu_idle_percent:g}")
     if settings.gpu_idle_percent > 0:
-        cmd += [
-            f"--gpu-idle-percent={settings.gpu_idle_percent:g}",
-            f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}",
-        ]
+        cmd.append(f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}")
         if settings.inventory == "simulated":
             cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
             if settings.simulated_utilization_file:
@@ -393,9 +438,14 @@ def configure_culler(c, settings) -> None:
     # The hub drops activity reports closer than activity_resolution to the
     # last one; keep it finer than the reports, or busy kernels stop counting.
     section.activity_resolution = max(1, min(30, interval))
-    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval)}
+    keep_busy = getattr(settings, "cull_keep_busy", "extension")
+    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
+           # Read by the images' gpuhub_activity extension.
+           BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
     c.GPUDockerSpawner.environment.update(env)
-    if getattr(settings, "cull_keep_busy", True):
+    if keep_busy == "wrapper":
+        # Images without the extension: start jupyterhub-singleuser through
+        # the wrapper instead of the image's own command.
         c.GPUDockerSpawner.cmd = singleuser_command()
 
 

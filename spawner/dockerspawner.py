@@ -28,6 +28,7 @@ from .labels import (
 )
 from .lending import GPULendingSpawner, shared_pool  # noqa: F401 (shared_pool: public API)
 from .profiles import Profile
+from .readiness import wait_for_server
 
 
 def _image_cuda_version(label: str | None) -> tuple[int, int] | None:
@@ -273,4 +274,5 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
                 ) from None
             raise
         self._emit(80, "Container started; waiting for JupyterLab")
+        await wait_for_server(self, result)
         return result

@@ -18,6 +18,10 @@ from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
 
 DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
 DEFAULT_GPU_IMAGE = "gpuhub/notebook-cuda:latest"
+# With NVML (real GPUs), a GPU server whose GPUs all stay under this
+# utilisation for GPUHUB_GPU_IDLE_MINUTES (30) is culled even if it shows
+# activity: a kernel blocked on a prompt, a tab left open.
+DEFAULT_GPU_IDLE_PERCENT = 5.0
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,23 @@ class Settings:
     cull_every: int = 60
     gpu_idle_percent: float = 0.0
     gpu_idle_minutes: float = 30.0
-    cull_keep_busy: bool = True
+    cull_keep_busy: str = "extension"
     activity_interval: int = 0
     directory: "DirectorySettings | None" = None
     extra: dict = field(default_factory=dict)
+
+
+def _keep_busy(env: Mapping[str, str]) -> str:
+    """GPUHUB_CULL_KEEP_BUSY: "extension" (true), "wrapper" or "off" (false)."""
+    raw = env.get("GPUHUB_CULL_KEEP_BUSY", "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on", "extension"):
+        return "extension"
+    if raw == "wrapper":
+        return "wrapper"
+    if raw in ("0", "false", "no", "off"):
+        return "off"
+    raise SettingsError(f"GPUHUB_CULL_KEEP_BUSY={raw!r} must be true (the images' extension), "
+                        "wrapper (images without it) or false")
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -96,7 +113,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
     cull_cpu = env_int(env, "GPUHUB_CULL_TIMEOUT_CPU", Settings.cull_timeout_cpu, minimum=1)
     cull_gpu = env_int(env, "GPUHUB_CULL_TIMEOUT_GPU", Settings.cull_timeout_gpu, minimum=1)
-    gpu_idle_percent = env_float(env, "GPUHUB_GPU_IDLE_PERCENT", 0.0)
+    # The GPU-utilisation rule is on by default where NVML can read it.
+    gpu_idle_percent = env_float(env, "GPUHUB_GPU_IDLE_PERCENT",
+                                 DEFAULT_GPU_IDLE_PERCENT if inventory == "nvml" else 0.0)
     if gpu_idle_percent > 100:
         raise SettingsError(f"GPUHUB_GPU_IDLE_PERCENT={gpu_idle_percent} must be between 0 and 100")
 
@@ -138,7 +157,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cull_every=env_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
         gpu_idle_percent=gpu_idle_percent,
         gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),
-        cull_keep_busy=env_bool(env, "GPUHUB_CULL_KEEP_BUSY", True),
+        cull_keep_busy=_keep_busy(env),
         activity_interval=env_int(env, "GPUHUB_ACTIVITY_INTERVAL", 0, minimum=0),
         directory=directory,
     )

@@ -8,6 +8,8 @@ through the proxy with the user's own token, as a script would.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +24,7 @@ from ..fixtures.kernels import Kernel
 
 
 
-def culling_hub(make_hub, **env):
+def culling_hub(make_hub, start: bool = True, **env):
     settings = {
         "GPUHUB_CULL": "true",
         "GPUHUB_CULL_EVERY": "1",
@@ -31,7 +33,7 @@ def culling_hub(make_hub, **env):
     }
     settings.update({k: str(v) for k, v in env.items()})
     # GPUHUB_CULL=true: hub_config adds the culler service exactly as in production.
-    return make_hub(env=settings)
+    return make_hub(env=settings, start=start)
 
 
 def leases_of(hub, user: str):
@@ -132,6 +134,38 @@ def test_busy_kernel_and_cpu_server_survive_while_idle_gpu_server_is_culled(make
     assert carol is not None and carol["ready"], hub.log_tail(80)
 
 
+def test_kernel_waiting_at_a_prompt_or_breakpoint_does_not_hold_its_gpu(make_hub):
+    # GPU servers whose cells wait for a person who left: an input() prompt, a
+    # pdb prompt, a breakpoint of JupyterLab's debugger.  The kernels stay
+    # "busy", but nobody works: the culler gives their GPUs back after the GPU
+    # timeout (10 s).
+    hub = culling_hub(make_hub)
+    prompts = {"alice": "answer = input('Continue training? ')",
+               "bob": "import pdb\nx = 1\npdb.set_trace()\ny = 2"}
+    for user, code in prompts.items():
+        hub.create_user(user)
+        hub.start_server(user, {"profile": "tf-gpu-1"})
+        kernel = Kernel(hub, user, hub.user_token(user))
+        # Alice's browser speaks the JSON protocol, Bob's JupyterLab's binary v1.
+        prompt = kernel.prompt_and_leave(code, protocol="v1" if user == "bob" else "")
+        assert prompt == "Continue training? " if user == "alice" else prompt.strip() in ("(Pdb)", "ipdb>")
+        # The kernel is busy (its cell has not finished) and nobody is connected.
+        assert kernel.model()["execution_state"] == "busy"
+
+    # Carol stopped at a breakpoint of JupyterLab's debugger and went home.
+    hub.create_user("carol")
+    hub.start_server("carol", {"profile": "tf-gpu-1"})
+    kernel = Kernel(hub, "carol", hub.user_token("carol"))
+    stopped = kernel.stop_in_debugger_and_leave("x = 1\ny = 2\nz = 3", line=2)
+    assert stopped["body"]["reason"] == "breakpoint"
+    assert kernel.model()["execution_state"] == "busy"
+
+    for user in ("alice", "bob", "carol"):
+        hub.wait_stopped(user, timeout=90)
+        (lease,) = leases_of(hub, user)
+        assert lease.end_reason == "culled"
+
+
 def test_gpu_under_threshold_is_culled_even_while_active(make_hub, tmp_path):
     utilization = tmp_path / "utilization.json"
     host = socket.gethostname()
@@ -164,3 +198,30 @@ def test_gpu_under_threshold_is_culled_even_while_active(make_hub, tmp_path):
     time.sleep(3)
     alice = hub.server_model("alice")
     assert alice is not None and alice["ready"], hub.log_tail(80)
+
+
+def test_hub_shutdown_does_not_wait_for_the_culler(make_hub):
+    # A hub started with SIGINT ignored, as a background job of a shell script
+    # starts it: its services inherit the "ignore", and JupyterHub stops them
+    # with SIGINT, escalating to SIGTERM only after 30 s.
+    hub = culling_hub(make_hub, start=False, GPUHUB_CULL_EVERY=1)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        hub.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    wait_for(lambda: "Starting service 'idle-culler'" in hub.log_tail(200), 30, "the culler to start", hub)
+    time.sleep(2)  # a few cull rounds
+
+    hub.stop()
+    assert hub.process.returncode is not None
+    log = hub.log_path.read_text(errors="replace")
+    interrupted = re.search(r"Interrupting (\d+)", log)
+    assert interrupted, log[-3000:]
+    pid = interrupted.group(1)
+    # The culler stopped on the hub's first signal: JupyterHub never had to
+    # escalate to SIGTERM or SIGKILL, so it did not wait its 30 s for it.
+    assert "Received SIGINT: the culler stops" in log, log[-3000:]
+    assert f"Terminating {pid}" not in log and f"Killing {pid}" not in log, log[-3000:]
+    shutdown = log[log.index("Cleaning up 1 services"):]
+    assert "Cleaning up single-user servers" in shutdown, shutdown[-3000:]

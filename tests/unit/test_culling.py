@@ -11,6 +11,7 @@ from traitlets.config import Config
 
 from spawner.culling import (
     CULLER_SCOPES,
+    BUSY_SWITCH_ENV,
     SERVICE_NAME,
     SINGLEUSER_BOOT,
     GPUCullPolicy,
@@ -191,8 +192,18 @@ def test_culler_app_takes_its_gpu_options_from_the_command_line(tmp_path):
 
 def test_culler_app_without_gpu_rule_reads_no_utilization():
     app = GPUIdleCuller()
-    app.parse_command_line(["--cpu-timeout=600", "--gpu-timeout=60", "--inventory=nvml"])
+    app.parse_command_line(["--cpu-timeout=600", "--gpu-timeout=60", "--inventory=nvml",
+                            "--gpu-idle-percent=0"])
     assert app.cull_arbiter_hook.gpu_rule_enabled is False
+
+
+@pytest.mark.parametrize("inventory, percent", [("nvml", 5.0), ("simulated", 0.0), ("static", 0.0)])
+def test_culler_app_turns_the_gpu_rule_on_by_default_only_for_real_gpus(inventory, percent):
+    app = GPUIdleCuller()
+    app.parse_command_line([f"--inventory={inventory}"])
+    policy = app.cull_arbiter_hook
+    assert (policy.gpu_idle_percent, policy.gpu_idle_seconds) == (percent, 1800.0)
+    assert policy.gpu_rule_enabled is (inventory == "nvml")
 
 
 # ------------------------------------------------------------ hub wiring
@@ -212,7 +223,6 @@ def test_configure_culler_adds_the_service_and_a_role_of_only_its_scopes():
     cmd = services[SERVICE_NAME]["command"]
     assert cmd[1:3] == ["-m", "spawner.culling"]
     assert {"--timeout=120", "--gpu-timeout=120", "--cpu-timeout=900", "--cull-every=30"} <= set(cmd)
-    assert not any(a.startswith("--gpu-idle") for a in cmd)
     (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == SERVICE_NAME]
     assert role["services"] == [SERVICE_NAME]
     assert sorted(role["scopes"]) == sorted(CULLER_SCOPES) == sorted([
@@ -225,6 +235,27 @@ def test_configure_culler_twice_keeps_one_service_and_one_role():
     configure_culler(c, settings())
     assert [s["name"] for s in c.JupyterHub.services] == [SERVICE_NAME]
     assert [r["name"] for r in c.JupyterHub.load_roles] == [SERVICE_NAME]
+
+
+@pytest.mark.parametrize("env, expected", [
+    # Real GPUs (NVML, the default inventory): on, under 5 % for 30 minutes.
+    ({}, {"--inventory=nvml", "--gpu-idle-percent=5", "--gpu-idle-seconds=1800"}),
+    ({"GPUHUB_GPU_IDLE_MINUTES": "60"}, {"--gpu-idle-percent=5", "--gpu-idle-seconds=3600"}),
+    # Turned off by hand, or GPUs whose utilisation nobody measures: off.
+    ({"GPUHUB_GPU_IDLE_PERCENT": "0"}, {"--inventory=nvml", "--gpu-idle-percent=0"}),
+    ({"GPUHUB_INVENTORY": "simulated"}, {"--inventory=simulated", "--gpu-idle-percent=0"}),
+])
+def test_gpu_utilisation_rule_is_on_by_default_where_nvml_reads_it(env, expected):
+    c = Config()
+    configure_culler(c, settings(**env))
+    cmd = c.JupyterHub.services[0]["command"]
+    assert expected <= set(cmd)
+    if "--gpu-idle-percent=0" in expected:
+        assert not any(a.startswith("--gpu-idle-seconds") for a in cmd)
+    # What the culler process makes of that command line.
+    app = GPUIdleCuller()
+    app.parse_command_line(cmd[3:])
+    assert app.cull_arbiter_hook.gpu_rule_enabled is ("--gpu-idle-percent=5" in expected)
 
 
 def test_gpu_rule_options_reach_the_culler_in_seconds():
@@ -240,7 +271,7 @@ def test_gpu_rule_options_reach_the_culler_in_seconds():
 def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="900"))
-    assert c.GPUDockerSpawner.environment.to_dict()["update"] == {"JUPYTERHUB_ACTIVITY_INTERVAL": "300"}
+    assert c.GPUDockerSpawner.environment.to_dict()["update"]["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
     assert c.JupyterHub.activity_resolution == 30
     assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="6")) == 2
     assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="1")) == 1
@@ -250,16 +281,28 @@ def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
     assert c.JupyterHub.activity_resolution == 2
 
 
-def test_busy_kernels_count_as_activity_unless_turned_off():
+def test_busy_kernels_count_through_the_images_extension_and_the_image_keeps_its_command():
+    for value in ("", "true", "extension"):
+        c = Config()
+        configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY=value))
+        assert "cmd" not in c.GPUDockerSpawner  # the image's own start command
+        assert c.GPUDockerSpawner.environment.to_dict()["update"][BUSY_SWITCH_ENV] == "1"
+
+
+def test_the_wrapper_only_for_images_without_the_extension():
     c = Config()
-    configure_culler(c, settings())
+    configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY="wrapper"))
     assert c.GPUDockerSpawner.cmd == ["python3", "-c", SINGLEUSER_BOOT]
     compile(SINGLEUSER_BOOT, "<singleuser boot>", "exec")
     assert "spawner" not in SINGLEUSER_BOOT  # the container has no copy of this package
+    assert 'find_spec("gpuhub_activity")' in SINGLEUSER_BOOT  # steps aside for the extension
 
+
+def test_busy_kernels_turned_off():
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY="false"))
     assert "cmd" not in c.GPUDockerSpawner
+    assert c.GPUDockerSpawner.environment.to_dict()["update"][BUSY_SWITCH_ENV] == "0"
 
 
 @pytest.mark.parametrize("env, named", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import zipfile
 from importlib import metadata
 from pathlib import Path
@@ -103,3 +104,24 @@ def test_workflow_changes_rebuild_tensorflow_images_only(tmp_path, monkeypatch):
     assert after["minimal"] == before["minimal"]
     assert after["mkl"] != before["mkl"] and after["cuda"] != before["cuda"]
     assert len(set(after.values())) == 3
+
+
+def test_extension_and_bytecode_changes_rebuild_every_image(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "image_id", lambda ref: None)   # no Docker needed
+    images = tmp_path / "images"
+    shutil.copytree(build.HERE, images, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    monkeypatch.setattr(build, "HERE", images)
+
+    def hashes(bytecode="warmup"):
+        return {v: build.inputs_hash(v, "base:1", build.requirements_text(v), bytecode) for v in build.VARIANTS}
+
+    before = hashes()
+    extension = images / "jupyter" / "gpuhub_activity" / "__init__.py"
+    extension.write_text(extension.read_text() + "\n# changed\n")
+    after_extension = hashes()
+    (images / "bytecode.py").write_text((images / "bytecode.py").read_text() + "\n# changed\n")
+    after_bytecode = hashes()
+    for variant in build.VARIANTS:
+        assert len({before[variant], after_extension[variant], after_bytecode[variant]}) == 3
+    # Measurement builds (all / none) never share a tag with the shipped images.
+    assert len(set(hashes("all").values()) | set(hashes("none").values()) | set(after_bytecode.values())) == 9
