@@ -95,29 +95,27 @@ def _doctor_for(config: Config, tmp_path) -> doctor.Doctor:
     return d
 
 
-def test_ledger_check_knows_the_host_and_refuses_another_name(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    pool = GPUPool(db_url=url, inventory=SimulatedInventory(host="unit-host"))
+def _ledger_checked(path, recorded) -> doctor.Doctor:
+    """A ledger at `path` that recorded `recorded`'s GPUs, checked by a doctor of simulated host unit-host."""
+    pool = GPUPool(db_url=f"sqlite:///{path}", inventory=recorded)
     pool.sync_inventory()
     pool.close()
     c = Config()
-    c.GPUPool.db_url = url
-    d = _doctor_for(c, tmp_path)
+    c.GPUPool.db_url = f"sqlite:///{path}"
+    d = _doctor_for(c, path.parent)
     d.check_ledger()
+    return d
+
+
+def test_ledger_check_knows_the_host_and_refuses_another_name(tmp_path):
+    d = _ledger_checked(tmp_path / "ledger.sqlite", SimulatedInventory(host="unit-host"))
     assert d.results[-1].status == OK and "4 GPU(s) of host unit-host" in d.results[-1].detail
 
-    other = f"sqlite:///{tmp_path / 'other.sqlite'}"
     gpus = [{"uuid": SimulatedInventory.uuid_for("unit-host", 0), "index": 0}]
-    pool = GPUPool(db_url=other, inventory=StaticInventory(host="old-name", gpus_list=gpus))
-    pool.sync_inventory()
-    pool.close()
-    c = Config()
-    c.GPUPool.db_url = other
-    d = _doctor_for(c, tmp_path)
-    d.check_ledger()
+    d = _ledger_checked(tmp_path / "other.sqlite", StaticInventory(host="old-name", gpus_list=gpus))
     assert d.results[-1].status == FAIL and "gpu-pool rehome 'old-name' 'unit-host'" in d.results[-1].fix
     # Read-only: the doctor recorded nothing under the new name.
-    pool = GPUPool(db_url=other)
+    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'other.sqlite'}")
     assert {s.gpu.host for s in pool.gpus()} == {"old-name"}
     pool.close()
 
