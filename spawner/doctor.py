@@ -6,6 +6,8 @@ ledger and the data directory; each check gives ok / warn / FAIL, one line of de
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pwd
 import stat
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from traitlets import TraitError
 from traitlets.config import Config
 
 from .inventory import Inventory, image_cuda_version
@@ -148,12 +151,19 @@ class Doctor:
             return
         try:
             pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
         except pynvml.NVMLError as e:
             self.add("nvml", status, f"NVML does not load: {e}{note}",
                      "install the NVIDIA driver (nvidia-smi must work), then retry")
             return
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+        except pynvml.NVMLError as e:
+            self.add("nvml", status, f"NVML loads but cannot read the driver's version: {e}",
+                     "check nvidia-smi; a driver and library of different versions need a reboot")
+            return
+        finally:
+            pynvml.nvmlShutdown()
         driver = driver.decode() if isinstance(driver, bytes) else driver
         self.add("nvml", OK, f"driver {driver}, CUDA {cuda // 1000}.{(cuda % 1000) // 10}")
 
@@ -171,7 +181,8 @@ class Doctor:
             return
         mig = sum(1 for g in units if g.parent_uuid)
         cuda = f"{self.driver_cuda[0]}.{self.driver_cuda[1]}" if self.driver_cuda else "unknown"
-        detail = (f"{len(units)} to lend on host {self.inventory.host} ({len(units) - mig} GPUs, {mig} MIG units; "
+        detail = (f"{len(units)} to lend on host {self.inventory.host} ({len(units) - mig} whole GPUs, "
+                  f"{mig} MIG units; "
                   f"{self.kind} inventory, CUDA {cuda})")
         if not units:
             self.add("gpus", FAIL, detail, "check nvidia-smi: no healthy GPU was found")
@@ -222,8 +233,9 @@ class Doctor:
         if self.docker is None:
             self.add("nvidia devices", FAIL, "not checked: Docker does not answer", "fix Docker first (above)")
             return
+        cdi = self._cdi_specs()
         via = ("the nvidia runtime is registered" if "nvidia" in self.runtimes else
-               f"CDI specs: {', '.join(self._cdi_specs())}" if self._cdi_specs() else "")
+               f"CDI specs: {', '.join(cdi)}" if cdi else "")
         units = self.inventory.gpus() if self.inventory else []
         image = self._probe_image()
         if not units or image is None:
@@ -235,10 +247,14 @@ class Doctor:
         try:
             environ = self._run_with_gpu(image, gpu)
         except Exception as e:
-            message = getattr(e, "explanation", None) or str(e)
-            if "device driver" in message or "nvidia" in message.lower():
-                self.add("nvidia devices", FAIL, f"dockerd refused a GPU: {message.strip()}", TOOLKIT_FIX)
+            message = str(getattr(e, "explanation", None) or e).strip()
+            if "could not select device driver" in message:
+                self.add("nvidia devices", FAIL, f"dockerd refused a GPU: {message}", TOOLKIT_FIX)
                 self.add("one-GPU container", WARN, "not tried: dockerd gives no NVIDIA devices")
+            elif "nvidia-container-cli" in message:
+                self.add("nvidia devices", OK if via else WARN, via or "dockerd's nvidia device driver is there")
+                self.add("one-GPU container", FAIL, f"the NVIDIA Container Toolkit could not set up {gpu}: {message}",
+                         "check nvidia-smi and `nvidia-container-cli info` on the host, then restart dockerd")
             else:
                 self.add("nvidia devices", OK if via else WARN, via or "not decided: the container failed")
                 self.add("one-GPU container", FAIL, f"{image} with {gpu}: {_one_line(e)}",
@@ -299,9 +315,13 @@ class Doctor:
             self.results.append(cuda_fit(image, labels, count, self.driver_cuda))
 
     def check_ledger(self) -> None:
-        from .pool import GPUPool, HostConflict, PoolUnavailable
+        from .pool import GPUPool, HostConflict, PoolError, PoolUnavailable
 
-        pool = GPUPool(config=self.target.config, inventory=self.inventory)
+        try:
+            pool = GPUPool(config=self.target.config, inventory=self.inventory)
+        except TraitError as e:
+            self.add("ledger", FAIL, str(e), "fix c.GPUPool.db_url / GPUHUB_POOL_DB_URL")
+            return
         try:
             url = make_url(pool.db_url)
             if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
@@ -317,6 +337,9 @@ class Doctor:
         except PoolUnavailable as e:
             self.add("ledger", FAIL, str(e), "start the database, or fix c.GPUPool.db_url / GPUHUB_POOL_DB_URL "
                      "(host, port, user, password)")
+            return
+        except PoolError as e:
+            self.add("ledger", FAIL, f"{pool.safe_url}: {e}", "see the message; gpu-pool status shows the ledger")
             return
         finally:
             pool.close()
@@ -346,7 +369,8 @@ def target_from_env(hub_user: str) -> Target:
     settings = load_settings()
     existed = settings.data_dir.is_dir()
     config = Config()
-    apply_settings(config, settings)
+    with contextlib.redirect_stderr(io.StringIO()):  # the hub's start-up notes are not the doctor's
+        apply_settings(config, settings)
     if not existed:
         settings.data_dir.rmdir()  # apply_settings made it; the doctor only looks
     return Target(config, settings.data_dir, hub_user)

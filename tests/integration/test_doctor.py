@@ -87,6 +87,19 @@ def test_a_daemon_without_the_nvidia_hook_fails_with_the_toolkit_fix(hub_env, do
     assert [r["check"] for r in failed(results)] == ["nvidia devices"]
 
 
+def test_a_toolkit_that_cannot_set_up_the_gpu_fails_the_container_check(hub_env, docker_faults):
+    # What NVIDIA's hook answers at start on a host whose driver is not loaded.
+    docker_faults.fail("POST", r"/containers/[^/]+/start$", 500,
+                       "OCI runtime create failed: nvidia-container-cli: initialization error: "
+                       "nvml error: driver not loaded: unknown")
+    code, results, _ = doctor(dict(hub_env, DOCKER_HOST=docker_faults.url))
+    assert code == 1
+    container = by_check(results)["one-GPU container"]
+    assert container["status"] == "FAIL" and "driver not loaded" in container["detail"]
+    assert "nvidia-container-cli info" in container["fix"]
+    assert [r["check"] for r in failed(results)] == ["one-GPU container"]
+
+
 def test_a_missing_image_fails_with_a_fix(hub_env):
     missing = "gpuhub/doctor-no-such-image:never-built"
     code, results, _ = doctor(dict(hub_env, GPUHUB_GPU_IMAGE=missing))
