@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 
+import pytest
 from traitlets.config import Config
 
 from spawner import doctor
@@ -142,3 +143,23 @@ def test_doctor_with_a_bad_setting_names_it(monkeypatch, capsys):
     monkeypatch.setenv("GPUHUB_INVENTORY", "quantum")
     assert main(["doctor"]) == 2
     assert "GPUHUB_INVENTORY" in capsys.readouterr().err
+
+
+def test_without_a_driver_the_nvml_inventory_fails_with_the_fix(tmp_path):
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    c = Config()
+    c.GPUDockerSpawner.inventory_kind = "nvml"
+    d = doctor.Doctor(doctor.Target(c, tmp_path, ME))
+    d.check_nvml()
+    d.check_inventory()
+    nvml, gpus = d.results
+    assert nvml.status == FAIL and "NVML does not load" in nvml.detail and "NVIDIA driver" in nvml.fix
+    assert gpus.status == FAIL and "nvml inventory cannot be read" in gpus.detail and "static" in gpus.fix
