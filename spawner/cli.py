@@ -3,7 +3,8 @@
     gpu-pool [--db-url URL | --config jupyterhub_config.py] [--json] COMMAND
 
 Commands: status, leases, history, queue, drain UUID, undrain UUID,
-release LEASE_ID.  The ledger is found, first match wins, from --db-url, the
+rehome OLD NEW, release LEASE_ID, and doctor (checks this GPU host; exit 1
+when a check failed; see spawner/doctor.py).  The ledger is found, first match wins, from --db-url, the
 GPU_POOL_DB_URL environment variable, c.GPUPool.db_url in --config, or the
 default SQLite file in the current directory.  With --config, a relative
 SQLite path is read relative to the config file's directory (where the hub
@@ -18,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, NoReturn
 
 from sqlalchemy.engine import make_url
@@ -71,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="give a renamed host's GPUs and active leases its new name (hub stopped)")
     p.add_argument("old_host")
     p.add_argument("new_host")
+    p = sub.add_parser("doctor", parents=[common],
+                       help="check this GPU host: NVML, GPUs, Docker and its NVIDIA devices, images, ledger, data dir")
+    p.add_argument("--hub-user", default=None, help="the user the hub runs as (default: you)")
     p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
     p.add_argument("lease_id", type=int)
     p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])
@@ -80,21 +86,38 @@ def _parser() -> argparse.ArgumentParser:
 # --- building the pool ------------------------------------------------------
 
 
+def load_config(config_path: str | None) -> tuple[Config, str | None]:
+    """The traitlets config in `config_path` (empty without one) and its directory."""
+    if not config_path:
+        return Config(), None
+    path = os.path.abspath(config_path)
+    if not os.path.isfile(path):
+        raise CLIError(f"No config file at {path}")
+    try:
+        loader = PyFileConfigLoader(os.path.basename(path), path=os.path.dirname(path))
+        config = loader.load_config()
+    except SystemExit as e:  # jupyterhub_config.py exits with one line on a bad GPUHUB_* setting
+        raise CLIError(f"Cannot load {path}: {e.code}") from None
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CLIError(f"Cannot load {path}: {type(e).__name__}: {first}") from None
+    return config, os.path.dirname(path)
+
+
+def absolute_sqlite_url(url: str, base_dir: str | None) -> str:
+    """A relative SQLite path made absolute, relative to `base_dir` (default: the current directory)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return url
+    if os.path.isabs(parsed.database):
+        return url
+    path = os.path.join(base_dir or os.getcwd(), parsed.database)
+    return parsed.set(database=path).render_as_string(hide_password=False)
+
+
 def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPUPool:
     """The GPUPool the options point at (see the module docstring for the order)."""
-    config = Config()
-    base_dir = None
-    if config_path:
-        path = os.path.abspath(config_path)
-        if not os.path.isfile(path):
-            raise CLIError(f"No config file at {path}")
-        try:
-            loader = PyFileConfigLoader(os.path.basename(path), path=os.path.dirname(path))
-            config = loader.load_config()
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise CLIError(f"Cannot load {path}: {type(e).__name__}: {first}") from None
-        base_dir = os.path.dirname(path)
+    config, base_dir = load_config(config_path)
     url = db_url or os.environ.get(ENV_DB_URL)
     if url:
         config.GPUPool.db_url = url
@@ -103,12 +126,10 @@ def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPU
         pool = GPUPool(config=config)
     except TraitError as e:
         raise CLIError(str(e)) from None
+    pool.db_url = absolute_sqlite_url(pool.db_url, base_dir)
     parsed = make_url(pool.db_url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         path = parsed.database
-        if not os.path.isabs(path):
-            path = os.path.join(base_dir or os.getcwd(), path)
-            pool.db_url = parsed.set(database=path).render_as_string(hide_password=False)
         if not os.path.exists(path):
             # Never create an empty ledger by accident: `status` would show no GPUs.
             raise CLIError(
@@ -261,6 +282,33 @@ def _run(args, pool: GPUPool, out) -> int:
     return 0
 
 
+def _doctor(args, out) -> int:
+    from . import doctor
+    from .settings import SettingsError
+
+    hub_user = args.hub_user or pwd.getpwuid(os.geteuid()).pw_name
+    config_path = getattr(args, "config", None)
+    if config_path:
+        config, base_dir = load_config(config_path)
+        if config.GPUPool.get("db_url", None):
+            config.GPUPool.db_url = absolute_sqlite_url(config.GPUPool.db_url, base_dir)
+        target = doctor.Target(config, doctor.data_dir_of(config, Path(base_dir)), hub_user)
+    else:
+        try:
+            target = doctor.target_from_env(hub_user)
+        except SettingsError as e:
+            raise CLIError(f"GPUHUB_* settings: {e}") from None
+    url = getattr(args, "db_url", None) or os.environ.get(ENV_DB_URL)
+    if url:
+        target.config.GPUPool.db_url = url
+    results = doctor.Doctor(target).run()
+    if getattr(args, "json", False):
+        print(json.dumps(doctor.as_json(results), indent=2), file=out)
+    else:
+        print(doctor.render(results), file=out)
+    return doctor.exit_status(results)
+
+
 def main(argv: list[str] | None = None) -> int:
     out, err = sys.stdout, sys.stderr
     try:
@@ -269,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help(out)
             return 2
+        if args.command == "doctor":
+            return _doctor(args, out)
         pool = build_pool(getattr(args, "db_url", None), getattr(args, "config", None))
         try:
             return _run(args, pool, out)

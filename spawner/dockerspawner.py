@@ -21,7 +21,7 @@ from tornado import web
 from traitlets import Float, Unicode, default
 
 from .homes import prepare_home_volume
-from .inventory import parse_cuda_version
+from .inventory import image_cuda_version
 from .labels import (
     HOLDING_STATES, LABEL_CONFIG, LABEL_CUDA, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL,
     LABEL_SERVER, LABEL_USER, pool_identity,
@@ -29,16 +29,6 @@ from .labels import (
 from .lending import GPULendingSpawner, shared_pool  # noqa: F401 (shared_pool: public API)
 from .profiles import Profile
 from .readiness import wait_for_server
-
-
-def _image_cuda_version(label: str | None) -> tuple[int, int] | None:
-    """The CUDA version an image's label declares; None for CPU images ("none") or no label."""
-    if not label or label.strip().lower() == "none":
-        return None
-    try:
-        return parse_cuda_version(label)
-    except ValueError:
-        return None
 
 
 def _deep_merge(base: dict, override: dict) -> dict:
@@ -194,7 +184,7 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
         except Exception:
             return  # a missing image fails later with Docker's own message
         labels = (info.get("Config") or {}).get("Labels") or {}
-        needed = _image_cuda_version(labels.get(LABEL_CUDA))
+        needed = image_cuda_version(labels.get(LABEL_CUDA))
         if needed is None:
             return
         driver = self.pool.inventory.cuda_driver_version()

@@ -116,6 +116,16 @@ def parse_cuda_version(text: str) -> tuple[int, int] | None:
         raise ValueError(f"not a CUDA version (want MAJOR.MINOR, like 12.4): {text!r}") from None
 
 
+def image_cuda_version(label: str | None) -> tuple[int, int] | None:
+    """The CUDA version an image's label declares; None for CPU images ("none"), no label or a bad one."""
+    if not label or label.strip().lower() == "none":
+        return None
+    try:
+        return parse_cuda_version(label)
+    except ValueError:
+        return None
+
+
 def _checked_cuda_version(owner: str, value: str) -> str:
     """Trait validation shared by the inventories whose CUDA version is configured."""
     try:

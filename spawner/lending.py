@@ -33,14 +33,19 @@ from .profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, 
 _shared_pools: dict[int, GPUPool] = {}
 
 
+def configured_inventory(config, kind: str | None = None):
+    """The inventory a hub with this configuration lends from (kind: the spawner's inventory_kind)."""
+    if kind is None:
+        kind = config.GPULendingSpawner.get("inventory_kind", None) or config.GPUDockerSpawner.get(
+            "inventory_kind", GPULendingSpawner.class_traits()["inventory_kind"].default_value)
+    return inventory_from_config(kind, config=config)
+
+
 def shared_pool(config, kind: str | None = None) -> GPUPool:
     """The hub process's GPUPool for this configuration (made once)."""
     pool = _shared_pools.get(id(config))
     if pool is None:
-        if kind is None:
-            kind = config.GPULendingSpawner.get("inventory_kind", None) or config.GPUDockerSpawner.get(
-                "inventory_kind", GPULendingSpawner.class_traits()["inventory_kind"].default_value)
-        inventory = inventory_from_config(kind, config=config)
+        inventory = configured_inventory(config, kind)
         # No database access here: the pool records the inventory on first use,
         # and a CPU server must start even when the ledger is unreachable.
         pool = GPUPool(config=config, inventory=inventory)

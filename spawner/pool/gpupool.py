@@ -283,6 +283,14 @@ class GPUPool(LoggingConfigurable):
         self._topology.clear()
         self._notify()
 
+    def check_host_identity(self) -> None:
+        """Raise HostConflict, without writing, when the ledger holds this host's GPUs under another name."""
+        if self.inventory is None:
+            return
+        with self._store.guard():
+            units = self.inventory.gpus()
+        self._read(inventory_sync.check_host_identity, units)
+
     def _sync_inventory(self, conn, units) -> None:
         inventory_sync.sync(conn, self.inventory.host, units, self._store.now(conn), self.log)
 
