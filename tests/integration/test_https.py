@@ -45,6 +45,17 @@ def test_hub_serves_https_verified_by_its_ca_and_logs_in_through_the_form(tls_hu
     assert any(c.secure for c in session.cookies if c.name.startswith("jupyterhub-"))
 
 
+def test_a_notebook_server_is_reached_through_the_https_proxy(tls_hub):
+    hub, cert = tls_hub
+    hub.create_user("uwe")
+    hub.start_server("uwe", {"profile": "tf-gpu-1"})
+    token = hub.user_token("uwe")
+    r = requests.get(f"{hub.url}/user/uwe/api/status", timeout=30, verify=str(cert.ca_file),
+                     headers={"Authorization": f"token {token}"})
+    assert r.status_code == 200, r.text
+    hub.stop_server("uwe", token=token)
+
+
 def test_plain_http_is_not_served_on_the_public_port(tls_hub):
     hub, _ = tls_hub
     with socket.create_connection(("127.0.0.1", hub.port), timeout=10) as sock:
