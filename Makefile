@@ -10,13 +10,14 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 VARIANTS ?= mkl
 
-.PHONY: help venv deps docker images test-cuda-image demo test test-unit test-integration bench clean
+.PHONY: help venv deps docker images install test-cuda-image demo test test-unit test-integration bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
 	@echo "make test    run the whole test suite (unit + integration, real services)"
 	@echo "make images  build the notebook images (VARIANTS='mkl cuda')"
 	@echo "make bench   run the benchmarks and print their tables"
+	@echo "make install install on a server: /opt/jupyterhub-gpu, images, settings, systemd unit (as root)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +37,12 @@ docker:
 # Debian base + notebook images (VARIANTS="mkl cuda" adds CUDA), then their sizes.
 images: venv docker
 	images/build-images.sh $(VARIANTS)
+
+# A server install (README, "Running in production"): venv in /opt/jupyterhub-gpu,
+# configurable-http-proxy, the images, /etc/jupyterhub-gpu/gpuhub.env if absent,
+# the data directory, the systemd unit.  Idempotent; options: hub_config/install.sh --help.
+install:
+	bash hub_config/install.sh
 
 # The hub on http://127.0.0.1:8000 with a seeded OpenLDAP directory; Ctrl-C stops it.
 demo: deps docker

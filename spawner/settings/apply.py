@@ -56,6 +56,10 @@ def apply_settings(c, settings: Settings) -> None:
     data.mkdir(parents=True, exist_ok=True)
 
     c.JupyterHub.bind_url = settings.bind_url
+    if settings.ssl_cert:
+        # JupyterHub's own TLS: the proxy serves HTTPS on the public port.
+        c.JupyterHub.ssl_cert = settings.ssl_cert
+        c.JupyterHub.ssl_key = settings.ssl_key
     c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
     c.JupyterHub.cleanup_servers = settings.cleanup_servers

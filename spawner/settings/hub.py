@@ -27,6 +27,8 @@ DEFAULT_GPU_IDLE_PERCENT = 5.0
 @dataclass(frozen=True)
 class Settings:
     bind_url: str = "http://127.0.0.1:8000"
+    ssl_cert: str = ""
+    ssl_key: str = ""
     hub_port: int = 8081
     proxy_api_port: int = 8001
     data_dir: Path = Path(".")
@@ -73,6 +75,39 @@ def _keep_busy(env: Mapping[str, str]) -> str:
                         "wrapper (images without it) or false")
 
 
+def _readable_file(env: Mapping[str, str], name: str) -> str:
+    """The path in `name`, checked to be a file the hub can read ("" when unset)."""
+    path = env.get(name, "").strip()
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise SettingsError(f"{name}={path!r} cannot be read: {exc.strerror}") from None
+    return str(Path(path).resolve())
+
+
+def _tls_files(env: Mapping[str, str], bind_url: str) -> tuple[str, str]:
+    """GPUHUB_SSL_CERT and GPUHUB_SSL_KEY: both or neither, readable, and
+    GPUHUB_BIND_URL's scheme agreeing (https with them, http without)."""
+    cert = _readable_file(env, "GPUHUB_SSL_CERT")
+    key = _readable_file(env, "GPUHUB_SSL_KEY")
+    if bool(cert) != bool(key):
+        given, missing = ("GPUHUB_SSL_CERT", "GPUHUB_SSL_KEY") if cert else ("GPUHUB_SSL_KEY", "GPUHUB_SSL_CERT")
+        raise SettingsError(f"{given} is set but {missing} is not: HTTPS needs both the certificate "
+                            "and its private key")
+    scheme = urlparse(bind_url).scheme
+    if cert and scheme != "https":
+        raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} must start with https:// when "
+                            "GPUHUB_SSL_CERT and GPUHUB_SSL_KEY are set")
+    if not cert and scheme == "https":
+        raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} is https but GPUHUB_SSL_CERT and "
+                            "GPUHUB_SSL_KEY are not set: set them, or use http:// behind a "
+                            "reverse proxy that terminates TLS")
+    return cert, key
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     data_dir = Path(env.get("GPUHUB_DATA_DIR", "").strip() or ".").resolve()
@@ -81,6 +116,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     host = urlparse(bind_url).hostname
     if not host or urlparse(bind_url).scheme not in ("http", "https"):
         raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} must be a URL like http://127.0.0.1:8000")
+    ssl_cert, ssl_key = _tls_files(env, bind_url)
 
     inventory = env_choice(env, "GPUHUB_INVENTORY", "nvml", ("nvml", "simulated", "static"))
     gpu_host = env.get("GPUHUB_GPU_HOST", "").strip()
@@ -129,6 +165,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
     return Settings(
         bind_url=bind_url,
+        ssl_cert=ssl_cert,
+        ssl_key=ssl_key,
         hub_port=hub_port,
         proxy_api_port=proxy_api_port,
         data_dir=data_dir,

@@ -230,3 +230,63 @@ def test_the_production_example_is_complete_and_names_only_real_settings(tmp_pat
     # ...and the placeholder key is refused, naming the variable.
     with pytest.raises(SettingsError, match="JUPYTERHUB_CRYPT_KEY"):
         load_settings({**env, "JUPYTERHUB_CRYPT_KEY": read_env_file(example)["JUPYTERHUB_CRYPT_KEY"]})
+
+
+# -- HTTPS: GPUHUB_SSL_CERT / GPUHUB_SSL_KEY ----------------------------------
+
+@pytest.fixture
+def tls_files(tmp_path):
+    cert, key = tmp_path / "hub.pem", tmp_path / "hub.key"
+    cert.write_text("certificate\n")
+    key.write_text("key\n")
+    return str(cert), str(key)
+
+
+def test_ssl_cert_and_key_become_jupyterhubs_own_tls(tls_files, tmp_path):
+    from traitlets.config import Config
+
+    from spawner.settings.apply import apply_settings
+
+    cert, key = tls_files
+    s = load_settings({"GPUHUB_SSL_CERT": cert, "GPUHUB_SSL_KEY": key,
+                       "GPUHUB_BIND_URL": "https://127.0.0.1:8443", "GPUHUB_DATA_DIR": str(tmp_path)})
+    assert (s.ssl_cert, s.ssl_key) == (cert, key)
+    c = Config()
+    apply_settings(c, s)
+    assert (c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key) == (cert, key)
+    assert c.JupyterHub.bind_url == "https://127.0.0.1:8443"
+
+
+def test_without_ssl_settings_the_hub_sets_no_tls(tmp_path):
+    from traitlets.config import Config
+
+    from spawner.settings.apply import apply_settings
+
+    c = Config()
+    apply_settings(c, load_settings({"GPUHUB_DATA_DIR": str(tmp_path)}))
+    assert "ssl_cert" not in c.JupyterHub and "ssl_key" not in c.JupyterHub
+
+
+@pytest.mark.parametrize("which, setting, words", [
+    ("cert only", "GPUHUB_SSL_KEY", "is not"),
+    ("key only", "GPUHUB_SSL_CERT", "is not"),
+    ("http with both", "GPUHUB_BIND_URL", "https://"),
+    ("https with neither", "GPUHUB_BIND_URL", "GPUHUB_SSL_CERT"),
+    ("missing cert", "GPUHUB_SSL_CERT", "cannot be read"),
+    ("key is a directory", "GPUHUB_SSL_KEY", "cannot be read"),
+])
+def test_bad_https_settings_name_the_setting(tls_files, tmp_path, which, setting, words):
+    cert, key = tls_files
+    env = {
+        "cert only": {"GPUHUB_SSL_CERT": cert, "GPUHUB_BIND_URL": "https://127.0.0.1:8443"},
+        "key only": {"GPUHUB_SSL_KEY": key, "GPUHUB_BIND_URL": "https://127.0.0.1:8443"},
+        "http with both": {"GPUHUB_SSL_CERT": cert, "GPUHUB_SSL_KEY": key},
+        "https with neither": {"GPUHUB_BIND_URL": "https://127.0.0.1:8443"},
+        "missing cert": {"GPUHUB_SSL_CERT": str(tmp_path / "nope.pem"), "GPUHUB_SSL_KEY": key,
+                         "GPUHUB_BIND_URL": "https://127.0.0.1:8443"},
+        "key is a directory": {"GPUHUB_SSL_CERT": cert, "GPUHUB_SSL_KEY": str(tmp_path),
+                               "GPUHUB_BIND_URL": "https://127.0.0.1:8443"},
+    }[which]
+    with pytest.raises(SettingsError) as err:
+        load_settings(env)
+    assert setting in str(err.value) and words in str(err.value)
