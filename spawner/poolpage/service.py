@@ -17,6 +17,12 @@ def _without(entries, name: str) -> list:
     return [e for e in list(entries or []) if e.get("name") != name]
 
 
+def admin_group_names(settings) -> list[str]:
+    """The directory's admin groups given by name (the hub's groups carry names, not DNs)."""
+    directory = getattr(settings, "directory", None)
+    return [g for g in (directory.admin_groups if directory else ()) if "=" not in g]
+
+
 def service_environment(settings) -> dict[str, str]:
     """What the service process needs besides JupyterHub's own JUPYTERHUB_* variables."""
     return {
@@ -29,8 +35,9 @@ def configure_pool_page(c, settings) -> None:
     """Add the gpu-pool service, its admin scope and its roles to a hub config `c`.
 
     Every user may open the page (the `user` role gains the service's access
-    scope); GPUHUB_ADMIN_USERS get `custom:gpu-pool:admin` (drain, undrain,
-    everyone's usage).  Safe to call twice.
+    scope); GPUHUB_ADMIN_USERS and the members of the directory's admin groups
+    (named ones) get `custom:gpu-pool:admin` (drain, undrain, everyone's usage).
+    Safe to call twice.
     """
     section = c.JupyterHub
     services = section.services if "services" in section else []
@@ -60,5 +67,6 @@ def configure_pool_page(c, settings) -> None:
         "description": "Administer the GPU pool from its page and API",
         "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
         "users": list(settings.admin_users),
+        "groups": admin_group_names(settings),
     })
     section.load_roles = roles

@@ -123,7 +123,18 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     assert set(roles) == {"other", "user", ADMIN_ROLE}
     assert roles["user"]["scopes"] == ["self", ACCESS_SCOPE]
     assert roles[ADMIN_ROLE]["users"] == ["ada"] and ADMIN_SCOPE in roles[ADMIN_ROLE]["scopes"]
+    assert roles[ADMIN_ROLE]["groups"] == []
     assert ADMIN_SCOPE in c.JupyterHub.custom_scopes
+
+
+def test_the_directorys_named_admin_groups_administer_the_pool():
+    from types import SimpleNamespace
+
+    from spawner.poolpage.service import admin_group_names
+
+    directory = SimpleNamespace(admin_groups=("gpu-admins", "cn=ops,ou=groups,dc=example,dc=com"))
+    assert admin_group_names(SimpleNamespace(directory=directory)) == ["gpu-admins"]
+    assert admin_group_names(SimpleNamespace(directory=None)) == []
 
 
 def test_the_page_can_be_turned_off_and_its_port_must_be_free(tmp_path):
@@ -148,3 +159,29 @@ def test_drains_by_someone_are_audited(tmp_path):
         assert audit[0]["detail"] == "already drained" and audit[1]["detail"] is None
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("old", [1, 2])
+def test_older_ledgers_gain_the_audit_table_in_place(tmp_path, old):
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=1))
+    pool.sync_inventory()
+    pool.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # make it look as an older release left it
+        conn.execute(sa.text("DROP TABLE gpu_pool_audit"))
+        if old == 1:
+            conn.execute(sa.text("ALTER TABLE gpu_pool_leases DROP COLUMN problem"))
+        conn.execute(sa.text(f"UPDATE gpu_pool_meta SET value='{old}' WHERE key='schema_version'"))
+    pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=1))
+    try:
+        pool.drain(pool.gpus()[0].gpu.uuid, by="ada")
+        assert [a["actor"] for a in pool.audit()] == ["ada"]
+        assert pool.leases() == []  # the problem column is back
+    finally:
+        pool.close()
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == "3"
+    engine.dispose()
