@@ -20,7 +20,6 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
-from tornado.ioloop import IOLoop
 
 from ..pool import GPUPool
 from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
@@ -185,6 +184,21 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool) -> w
     )
 
 
+async def serve(app: web.Application, port: int) -> None:
+    """Listen on 127.0.0.1:`port` until SIGINT or SIGTERM (the hub stops services with SIGINT,
+    even when it was started with SIGINT ignored)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = HTTPServer(app, xheaders=True)
+    server.listen(port, "127.0.0.1")
+    log.info("GPU pool page on http://127.0.0.1:%s%s", port, app.settings["prefix"])
+    await stop.wait()
+    server.stop()
+    log.info("GPU pool page stopped")
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s %(asctime)s gpu-pool-page] %(message)s")
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-pool/")
@@ -192,11 +206,7 @@ def main() -> None:
     pool = GPUPool(db_url=os.environ["GPUHUB_POOL_DB_URL"])
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"),
                    env_bool(os.environ, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False))
-    server = HTTPServer(app, xheaders=True)
-    server.listen(url.port or 80, "127.0.0.1")
-    log.info("GPU pool page on http://127.0.0.1:%s%s", url.port, prefix)
-    loop = IOLoop.current()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: loop.add_callback_from_signal(loop.stop))
-    loop.start()
-    pool.close()
+    try:
+        asyncio.run(serve(app, url.port or 80))
+    finally:
+        pool.close()

@@ -99,3 +99,7 @@ def test_a_logged_in_browser_gets_the_page_through_the_hubs_oauth(make_hub):
     assert any("oauth2/authorize" in h.url for h in r.history)
     # the service is in the hub's Services menu
     assert "/services/gpu-pool/" in session.get(f"{hub.url}/hub/home", timeout=30).text
+    # ...and stops at the hub's first signal (no escalation to SIGTERM)
+    hub.stop()
+    log = hub.log_path.read_text(errors="replace")
+    assert "GPU pool page stopped" in log and "Terminating" not in log, log[-3000:]
