@@ -220,6 +220,7 @@ class Demo:
         env.update({
             "GPUHUB_BIND_URL": self.url,
             "GPUHUB_PROXY_API_PORT": str(self.args.port + 1),
+            "GPUHUB_POOL_PAGE_PORT": str(self.args.port + 2),
             "GPUHUB_DATA_DIR": str(self.hub_dir),
             "GPUHUB_CONTAINER_PREFIX": "gpuhub-demo",
             "GPUHUB_HOME_VOLUME": "gpuhub-demo-home-{username}",

@@ -254,7 +254,7 @@ def _run(args, pool: GPUPool, out) -> int:
         emit(_table(["POS", "USER", "SERVER", "GPUS", "SINCE"], rows) if rows else "No requests waiting.",
              [w.to_dict() for w in queue])
     elif args.command in ("drain", "undrain"):
-        status = getattr(pool, args.command)(args.uuid, host=args.host)
+        status = getattr(pool, args.command)(args.uuid, host=args.host, by=_operator())
         if args.command == "drain":
             text = f"Drained GPU {status.gpu.uuid} on {status.gpu.host}: it will not be lent again until undrained."
             if status.lease:
@@ -280,6 +280,15 @@ def _run(args, pool: GPUPool, out) -> int:
             text = f"Lease {lease.id} had already ended ({lease.end_reason} at {_time(lease.ended_at)})."
         emit(text, dict(lease.to_dict(), released=ended))
     return 0
+
+
+def _operator() -> str:
+    """Who runs this command, for the ledger's audit records."""
+    try:
+        name = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        name = f"uid {os.geteuid()}"
+    return f"{name} (gpu-pool command)"
 
 
 def _doctor(args, out) -> int:

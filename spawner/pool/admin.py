@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, insert, select, update
 
 from . import statements as sql
 from .models import EndReason, InvalidRequest, Lease, UnknownGPU
 from .reads import load_leases
-from .schema import gpus_table, lease_gpus_table, leases_table
+from .schema import audit_table, gpus_table, lease_gpus_table, leases_table
 from .store import Store
 
 
@@ -79,9 +79,15 @@ def find_gpu(conn, uuid: str, host: str | None):
     return rows[0]
 
 
-def set_drained(store: Store, conn, uuid: str, host: str | None, drained: bool) -> tuple[str, str]:
-    """Drain or undrain one GPU; returns its (host, uuid)."""
+def set_drained(store: Store, conn, uuid: str, host: str | None, drained: bool,
+                by: str | None = None) -> tuple[str, str]:
+    """Drain or undrain one GPU; returns its (host, uuid).  `by`: who, for the audit."""
     row = find_gpu(conn, uuid, host)
+    if by is not None:
+        detail = None if bool(row.drained) != drained else f"already {'drained' if drained else 'lendable'}"
+        conn.execute(insert(audit_table).values(
+            at=store.now(conn), actor=by, action="drain" if drained else "undrain",
+            host=row.host, uuid=row.uuid, detail=detail))
     if bool(row.drained) != drained:
         conn.execute(
             update(gpus_table)

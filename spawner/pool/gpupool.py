@@ -413,25 +413,34 @@ class GPUPool(LoggingConfigurable):
             self._notify()
         return ended
 
-    def _set_drained(self, uuid: str, host: str | None, drained: bool) -> GPUStatus:
+    def _set_drained(self, uuid: str, host: str | None, drained: bool, by: str | None) -> GPUStatus:
         uuid = validation.name(uuid, "The GPU uuid")
         host = validation.name(host, "The host name") if host is not None else None
-        gpu_host, gpu_uuid = self._write(lambda conn: admin.set_drained(self._store, conn, uuid, host, drained))
+        by = validation.name(by, "The actor's name") if by is not None else None
+        gpu_host, gpu_uuid = self._write(
+            lambda conn: admin.set_drained(self._store, conn, uuid, host, drained, by))
         if not drained:
             self._notify()
         return next(s for s in self.gpus() if s.gpu.host == gpu_host and s.gpu.uuid == gpu_uuid)
 
-    def drain(self, uuid: str, host: str | None = None) -> GPUStatus:
-        """Stop lending a GPU (for maintenance).  Its current lease, if any, runs on."""
-        status = self._set_drained(uuid, host, True)
-        self.log.info("Drained GPU %s on %s", status.gpu.uuid, status.gpu.host)
+    def drain(self, uuid: str, host: str | None = None, by: str | None = None) -> GPUStatus:
+        """Stop lending a GPU (for maintenance).  Its current lease, if any, runs on.
+
+        `by` (who asked) is kept in the ledger's audit records (`audit()`).
+        """
+        status = self._set_drained(uuid, host, True, by)
+        self.log.info("Drained GPU %s on %s%s", status.gpu.uuid, status.gpu.host, f" (by {by})" if by else "")
         return status
 
-    def undrain(self, uuid: str, host: str | None = None) -> GPUStatus:
+    def undrain(self, uuid: str, host: str | None = None, by: str | None = None) -> GPUStatus:
         """Lend a drained GPU again."""
-        status = self._set_drained(uuid, host, False)
-        self.log.info("Undrained GPU %s on %s", status.gpu.uuid, status.gpu.host)
+        status = self._set_drained(uuid, host, False, by)
+        self.log.info("Undrained GPU %s on %s%s", status.gpu.uuid, status.gpu.host, f" (by {by})" if by else "")
         return status
+
+    def audit(self, limit: int = 100) -> list[dict]:
+        """The newest admin actions recorded with a `by` (who, what, when), newest first."""
+        return self._read(lambda conn: reads.audit(conn, max(1, int(limit))))
 
     def rehome(self, old_host: str, new_host: str) -> dict[str, int]:
         """Move the ledger's GPUs and active leases of `old_host` to the name `new_host`.

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 
 from ..inventory import GPU
-from .models import GPUStatus, Lease, Waiter
-from .schema import gpus_table, lease_gpus_table, leases_table, waiters_table
+from .models import GPUStatus, Lease, Waiter, iso
+from .schema import audit_table, gpus_table, lease_gpus_table, leases_table, waiters_table
 
 
 def load_leases(conn, where, order=None) -> list[Lease]:
@@ -128,3 +128,11 @@ def queue(conn, now: datetime, stale_after: float) -> list[Waiter]:
         )
         for i, r in enumerate(rows)
     ]
+
+
+def audit(conn, limit: int) -> list[dict]:
+    """The newest `limit` audit records (admin actions), newest first."""
+    a = audit_table
+    rows = conn.execute(select(a).order_by(a.c.id.desc()).limit(limit)).all()
+    return [{"at": iso(r.at), "actor": r.actor, "action": r.action, "host": r.host,
+             "uuid": r.uuid, "detail": r.detail} for r in rows]

@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator
 
 from .models import PoolUnavailable
 
-SCHEMA_VERSION = 2  # 2: gpu_pool_leases.problem
+SCHEMA_VERSION = 3  # 2: gpu_pool_leases.problem; 3: gpu_pool_audit
 NAME_MAX = 255
 
 
@@ -131,6 +131,20 @@ waiters_table = Table(
     sqlite_autoincrement=True,
 )
 
+audit_table = Table(
+    "gpu_pool_audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("actor", String(NAME_MAX), nullable=False),  # who (a hub user or service)
+    Column("action", String(32), nullable=False),  # what: drain, undrain
+    Column("host", String(NAME_MAX)),
+    Column("uuid", String(128)),
+    Column("detail", Text),
+    Index("ix_gpu_pool_audit_at", "at"),
+    sqlite_autoincrement=True,
+)
+
 
 def create_schema(conn) -> None:
     """Create the tables if missing; refuse a ledger written by newer code."""
@@ -138,10 +152,13 @@ def create_schema(conn) -> None:
     version = conn.execute(select(meta_table.c.value).where(meta_table.c.key == "schema_version")).scalar()
     if version is None:
         conn.execute(insert(meta_table).values(key="schema_version", value=str(SCHEMA_VERSION)))
-    elif int(version) < 2:
-        # 1 -> 2: the column ledgers made by 0.1 lack.
-        conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
-        conn.execute(update(meta_table).where(meta_table.c.key == "schema_version").values(value="2"))
+    elif int(version) < SCHEMA_VERSION:
+        if int(version) < 2:
+            # 1 -> 2: the column ledgers made by 0.1 lack.
+            conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
+        # 2 -> 3: gpu_pool_audit, a new table create_all has just made.
+        conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
+                     .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:
         raise PoolUnavailable(
             f"The GPU ledger has schema version {version}, newer than this code understands "

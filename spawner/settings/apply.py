@@ -115,6 +115,11 @@ def apply_settings(c, settings: Settings) -> None:
 
         configure_culler(c, settings)
 
+    if settings.pool_page:
+        from ..poolpage.service import configure_pool_page
+
+        configure_pool_page(c, settings)
+
     from ..reconcile import start_in_hub
 
     start_in_hub()

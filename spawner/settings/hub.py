@@ -58,6 +58,9 @@ class Settings:
     gpu_idle_minutes: float = 30.0
     cull_keep_busy: str = "extension"
     activity_interval: int = 0
+    pool_page: bool = True
+    pool_page_port: int = 8091
+    pool_page_show_holders: bool = False
     directory: "DirectorySettings | None" = None
     extra: dict = field(default_factory=dict)
 
@@ -162,6 +165,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(
             f"GPUHUB_HUB_PORT ({hub_port}), GPUHUB_PROXY_API_PORT ({proxy_api_port}) and the port of "
             f"GPUHUB_BIND_URL ({public_port}) must all differ")
+    pool_page = env_bool(env, "GPUHUB_POOL_PAGE", True)
+    pool_page_port = env_int(env, "GPUHUB_POOL_PAGE_PORT", Settings.pool_page_port, minimum=1)
+    if pool_page and pool_page_port in (hub_port, proxy_api_port, public_port):
+        raise SettingsError(
+            f"GPUHUB_POOL_PAGE_PORT ({pool_page_port}) must differ from the hub's, the proxy API's "
+            "and GPUHUB_BIND_URL's ports")
 
     return Settings(
         bind_url=bind_url,
@@ -197,6 +206,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),
         cull_keep_busy=_keep_busy(env),
         activity_interval=env_int(env, "GPUHUB_ACTIVITY_INTERVAL", 0, minimum=0),
+        pool_page=pool_page,
+        pool_page_port=pool_page_port,
+        pool_page_show_holders=env_bool(env, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
         directory=directory,
     )
 

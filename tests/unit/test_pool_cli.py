@@ -87,6 +87,9 @@ def test_drain_undrain_release_change_the_ledger(ledger):
     pool = GPUPool(db_url=url)
     assert pool.try_acquire("carol", "", 1, host=HOST) is None
     assert run_cli("--db-url", url, "undrain", gpu2).returncode == 0
+    audit = pool.audit()
+    assert [a["action"] for a in audit] == ["undrain", "drain"]
+    assert audit[0]["actor"].endswith("(gpu-pool command)") and audit[0]["uuid"] == gpu2
     lease_id = ledger["alice"].id
     r = run_cli("--db-url", url, "--json", "release", str(lease_id))
     assert r.returncode == 0 and json.loads(r.stdout)["released"] is True

@@ -1,0 +1,72 @@
+"""The gpu-pool service in the hub's config: the service, its scopes and roles.
+
+Called by apply_settings when GPUHUB_POOL_PAGE is on (the default).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import ADMIN_SCOPE, SERVICE_NAME
+
+ADMIN_ROLE = "gpu-pool-admin"
+ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
+
+
+def _without(entries, name: str) -> list:
+    return [e for e in list(entries or []) if e.get("name") != name]
+
+
+def admin_group_names(settings) -> list[str]:
+    """The directory's admin groups given by name (the hub's groups carry names, not DNs)."""
+    directory = getattr(settings, "directory", None)
+    return [g for g in (directory.admin_groups if directory else ()) if "=" not in g]
+
+
+def service_environment(settings) -> dict[str, str]:
+    """What the service process needs besides JupyterHub's own JUPYTERHUB_* variables."""
+    return {
+        "GPUHUB_POOL_DB_URL": settings.pool_db_url,
+        "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
+    }
+
+
+def configure_pool_page(c, settings) -> None:
+    """Add the gpu-pool service, its admin scope and its roles to a hub config `c`.
+
+    Every user may open the page (the `user` role gains the service's access
+    scope); GPUHUB_ADMIN_USERS and the members of the directory's admin groups
+    (named ones) get `custom:gpu-pool:admin` (drain, undrain, everyone's usage).
+    Safe to call twice.
+    """
+    section = c.JupyterHub
+    services = section.services if "services" in section else []
+    roles = section.load_roles if "load_roles" in section else []
+    custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
+    custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, see every user's GPU usage on the GPU pool page"}
+    section.custom_scopes = custom
+    section.services = _without(services, SERVICE_NAME) + [{
+        "name": SERVICE_NAME,
+        "display": True,
+        "oauth_no_confirm": True,
+        "url": f"http://127.0.0.1:{settings.pool_page_port}",
+        "command": [sys.executable, "-m", "spawner.poolpage"],
+        "environment": service_environment(settings),
+        # OAuth tokens the page gets carry the admin scope when the user holds it.
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE],
+    }]
+    roles = _without(_without(roles, ADMIN_ROLE), "user")
+    user_role = next((r for r in (section.load_roles if "load_roles" in section else [])
+                      if r.get("name") == "user"), None)
+    user_scopes = list(user_role["scopes"]) if user_role else ["self"]
+    if ACCESS_SCOPE not in user_scopes:
+        user_scopes.append(ACCESS_SCOPE)
+    roles.append({**(user_role or {"name": "user"}), "scopes": user_scopes})
+    roles.append({
+        "name": ADMIN_ROLE,
+        "description": "Administer the GPU pool from its page and API",
+        "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
+        "users": list(settings.admin_users),
+        "groups": admin_group_names(settings),
+    })
+    section.load_roles = roles
