@@ -30,6 +30,7 @@ from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
 from .pool import EndReason, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
+from .pool.validation import iso_time
 
 ENV_DB_URL = "GPU_POOL_DB_URL"
 
@@ -201,10 +202,9 @@ def _parse_time(value: str | None, what: str) -> datetime | None:
     if value is None:
         return None
     try:
-        parsed = datetime.fromisoformat(value)
+        return iso_time(value)
     except ValueError:
         raise CLIError(f"--{what} {value!r} is not an ISO date or datetime (like 2024-05-01 or 2024-05-01T08:00)")
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
 
 # --- commands -----------------------------------------------------------------

@@ -410,7 +410,8 @@ def culler_command(settings, python: str | None = None) -> list[str]:
     return cmd
 
 
-def _without(entries, name: str) -> list:
+def without_named(entries, name: str) -> list:
+    """`entries` (services or roles in the hub's config) without the one called `name`."""
     return [e for e in list(entries or []) if e.get("name") != name]
 
 
@@ -423,11 +424,11 @@ def configure_culler(c, settings) -> None:
     section = c.JupyterHub
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
-    section.services = _without(services, SERVICE_NAME) + [{
+    section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "command": culler_command(settings),
     }]
-    section.load_roles = _without(roles, SERVICE_NAME) + [{
+    section.load_roles = without_named(roles, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
         "scopes": list(CULLER_SCOPES),

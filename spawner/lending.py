@@ -1,9 +1,9 @@
 """What every GPU spawner shares, whatever engine runs the server.
 
 `GPULendingSpawner` holds profiles and the spawn form, the lease around a
-start (queue, progress, state for the admin panel and REST), the end of a
-lease with its reason, the identity and environment rules, and admission of
-starts.  An engine (`dockerspawner.GPUDockerSpawner`; a Swarm one later)
+start (queue, progress, state for the admin panel and REST), the hand-over
+of an ended server's lease to `lease_ending`, and the identity and
+environment rules (start admission: `admission`).  An engine (`dockerspawner.GPUDockerSpawner`; a Swarm one later)
 subclasses it together with its JupyterHub spawner and supplies one thing:
 `lease_holders(lease_id)`, which of its objects that were given the lease
 still run.  The lease invariant lives here: a lease ends only once the
@@ -13,6 +13,7 @@ engine confirms that nothing it was given to can still run.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import time
 from typing import Any
@@ -330,7 +331,7 @@ class GPULendingSpawner(Spawner):
         self._stash_lease()
         await self._settle_all()
         result = super().run_post_stop_hook()
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+        if inspect.isawaitable(result):
             await result
 
     def _settle_in_background(self) -> None:
@@ -422,19 +423,12 @@ class GPULendingSpawner(Spawner):
 
     # ------------------------------------------------------------- starting
 
-    def _admit_start(self) -> None:
-        """Count this start against `concurrent_start_limit`, or refuse it with 429."""
-        admission.admit(id(self), self.concurrent_start_limit)
-
-    def _leave_starting(self) -> None:
-        admission.leave(id(self))
-
     async def lease_for_start(self, profile: Profile) -> None:
         """Take the profile's GPUs from the pool (queueing, with progress), or raise HTTPError."""
         gpus = "GPU" if profile.gpus == 1 else "GPUs"
         self._emit(10, f"Requesting {profile.gpus} {gpus}")
         began = time.monotonic()
-        self._leave_starting()  # a queued spawn costs nothing: not counted while it waits
+        admission.leave(id(self))  # a queued spawn costs nothing: not counted while it waits
         try:
             lease = await self.pool.acquire(
                 self.user.name, self.name or "", profile.gpus, self._user_groups(),
@@ -460,7 +454,7 @@ class GPULendingSpawner(Spawner):
         self._progress_events = []
         self._end_reason = None
         self.container_identity()  # refuses a root identity before any lease
-        self._admit_start()
+        admission.admit(id(self), self.concurrent_start_limit)  # or 429
         try:
             self._emit(5, f"Starting {profile.display_name}")
             if profile.gpus:
@@ -478,7 +472,7 @@ class GPULendingSpawner(Spawner):
                 # is settled (released once its container is gone) on the way.
                 raise
         finally:
-            self._leave_starting()
+            admission.leave(id(self))
 
     async def check_image_fits(self, profile: Profile) -> None:
         """Engines refuse, before any lease, an image this host cannot run (CUDA too new)."""

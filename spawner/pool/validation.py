@@ -94,3 +94,9 @@ def aware(value: datetime | None, what: str) -> datetime | None:
     if not isinstance(value, datetime):
         raise InvalidRequest(f"{what} must be a datetime, not {value!r}")
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def iso_time(text: str) -> datetime:
+    """An ISO 8601 date or date-and-time, UTC unless it names a zone; ValueError when it is not one."""
+    value = datetime.fromisoformat(text.strip())
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -21,12 +21,15 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
 
+from ..ledger_io import ledger_call
 from ..pool import GPUPool
 from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
 from ..settings.parsing import env_bool
 from . import ADMIN_SCOPE, views
 
 log = logging.getLogger("gpu-pool-page")
+# Seconds a ledger call may take before the page answers 503 (as the hub does).
+LEDGER_TIMEOUT = 10.0
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50
 AUDIT_ROWS = 20
@@ -47,8 +50,8 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
                             show_holders=self.settings["show_holders"])
 
     async def ledger(self, fn, *args, **kwargs):
-        """Run a (blocking) ledger call off the event loop."""
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        """Run a (blocking) ledger call off the event loop, bounded like the hub's own."""
+        return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
 
 
 class APIHandler(BaseHandler):

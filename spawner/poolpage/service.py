@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import sys
 
+from ..culling import without_named
 from . import ADMIN_SCOPE, SERVICE_NAME
 
 ADMIN_ROLE = "gpu-pool-admin"
 ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
-
-
-def _without(entries, name: str) -> list:
-    return [e for e in list(entries or []) if e.get("name") != name]
 
 
 def admin_group_names(settings) -> list[str]:
@@ -45,7 +42,7 @@ def configure_pool_page(c, settings) -> None:
     custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
     custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, see every user's GPU usage on the GPU pool page"}
     section.custom_scopes = custom
-    section.services = _without(services, SERVICE_NAME) + [{
+    section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "display": True,
         "oauth_no_confirm": True,
@@ -55,7 +52,7 @@ def configure_pool_page(c, settings) -> None:
         # OAuth tokens the page gets carry the admin scope when the user holds it.
         "oauth_client_allowed_scopes": [ADMIN_SCOPE],
     }]
-    roles = _without(_without(roles, ADMIN_ROLE), "user")
+    roles = without_named(without_named(roles, ADMIN_ROLE), "user")
     user_role = next((r for r in (section.load_roles if "load_roles" in section else [])
                       if r.get("name") == "user"), None)
     user_scopes = list(user_role["scopes"]) if user_role else ["self"]

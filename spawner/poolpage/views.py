@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ..pool.models import GPUStatus, Lease, Waiter, iso
+from ..pool.validation import iso_time
 
 HIDDEN = "(another user)"
 
@@ -93,11 +94,10 @@ def parse_time(raw: str | None, name: str) -> datetime | None:
     if raw is None or raw.strip() == "":
         return None
     try:
-        value = datetime.fromisoformat(raw.strip())
+        return iso_time(raw)
     except ValueError:
         raise BadInput(f"{name}={raw!r} is not an ISO 8601 date or time (e.g. 2026-01-31 or "
                        "2026-01-31T12:00:00Z)") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def usage_period(since_raw: str | None, until_raw: str | None) -> tuple[datetime | None, datetime | None]:

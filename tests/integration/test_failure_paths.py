@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from spawner.labels import LABEL_LEASE
 
 from ..fixtures.hub import Hub, wait_for
 from .test_gpu_spawner import container_of
@@ -199,45 +199,6 @@ def test_directory_identities_that_would_run_as_root_are_refused(identity_hub, d
     assert what in message and "will not run a server as" in message
     assert hub.containers(docker_client) == []
     assert hub.ledger().history(user="rooty") == []  # refused before any lease
-
-
-def test_a_reconcile_pass_survives_a_container_removed_while_listing(docker_client, docker_faults, base_image,
-                                                                    tmp_path):
-    import docker as docker_sdk
-    from datetime import datetime, timezone
-
-    from spawner.inventory import SimulatedInventory
-    from spawner.pool import GPUPool
-    from spawner.reconcile import reconcile
-
-    host = "race-host"
-    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=2, host=host))
-    made = []
-    try:
-        def run(name, lease_id, gpus):
-            container = docker_client.containers.run(
-                base_image, ["sleep", "300"], name=f"gpuhub-race-{name}-{tmp_path.name[-6:]}", detach=True,
-                network_mode="none", labels={LABEL_LEASE: str(lease_id), LABEL_GPUS: gpus, LABEL_HOST: host,
-                                             LABEL_POOL: pool_identity(pool)})
-            made.append(container)
-            return container
-
-        vanishing = run("vanishing", 9998, "GPU-gone")
-        unleased = run("unleased", 9999, "GPU-nobody-lent")
-        orphan = pool.try_acquire("olive", "", 1)
-        # Between the listing and the inspection of each container, one disappears.
-        docker_faults.after("GET", r"/containers/json$", lambda: vanishing.remove(force=True))
-        client = docker_sdk.DockerClient(base_url=docker_faults.url)
-        report = reconcile(pool, client, host, set(), min_age=0, process_started=datetime.now(timezone.utc))
-        assert report.ended == [orphan.id]
-        assert unleased.name in report.containers_stopped
-    finally:
-        for container in made:
-            try:
-                container.remove(force=True)
-            except Exception:
-                pass
-        pool.close()
 
 
 # ------------------------------------------------------------ the hub's limits

@@ -20,10 +20,11 @@ def visible_devices(container) -> str:
 
     The daemon's NVIDIA driver sets it in the container's process spec, which
     `docker exec` does not inherit, so read PID 1's environment."""
+    from spawner.doctor import visible_devices as from_environ
+
     code, out = container.exec_run(["cat", "/proc/1/environ"])
     assert code == 0, out
-    env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
-    return env.get("NVIDIA_VISIBLE_DEVICES", "")
+    return from_environ(out)
 
 
 def container_of(hub: Hub, docker_client, user: str, server_name: str = ""):

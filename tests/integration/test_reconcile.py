@@ -77,3 +77,19 @@ def test_a_lease_just_granted_is_not_taken_from_its_spawn(pool, docker_client):
     report = reconcile(pool, docker_client, HOST, set(), min_age=60,
                        process_started=datetime.now(timezone.utc) - timedelta(hours=1))
     assert report.ended == [] and [lease.id for lease in pool.leases()] == [young.id]
+
+
+def test_a_reconcile_pass_survives_a_container_removed_while_listing(pool, containers, docker_client,
+                                                                    docker_faults):
+    import docker as docker_sdk
+
+    ledger = pool_identity(pool)
+    vanishing = containers("vanishing", 9998, ("GPU-gone",), ledger)
+    unleased = containers("unleased", 9999, ("GPU-nobody-lent",), ledger)
+    orphan = pool.try_acquire("olive", "", 1)
+    # Between the listing and the inspection of each container, one disappears.
+    docker_faults.after("GET", r"/containers/json$", lambda: vanishing.remove(force=True))
+    client = docker_sdk.DockerClient(base_url=docker_faults.url)
+    report = reconcile(pool, client, HOST, set(), min_age=0, process_started=datetime.now(timezone.utc))
+    assert report.ended == [orphan.id]
+    assert unleased.name in report.containers_stopped
