@@ -12,8 +12,6 @@ gone": an unknown answer keeps the server and its GPUs.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 
 import docker.errors
 from dockerspawner import DockerSpawner
@@ -22,10 +20,8 @@ from traitlets import Float, Unicode, default
 
 from .homes import prepare_home_volume
 from .inventory import image_cuda_version
-from .labels import (
-    HOLDING_STATES, LABEL_CONFIG, LABEL_CUDA, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL,
-    LABEL_SERVER, LABEL_USER, pool_identity,
-)
+from .containers import config_digest, gpu_host_config, hardened_host_config, lease_labels
+from .labels import HOLDING_STATES, LABEL_CONFIG, LABEL_CUDA, LABEL_LEASE, LABEL_POOL, pool_identity
 from .lending import GPULendingSpawner, shared_pool  # noqa: F401 (shared_pool: public API)
 from .profiles import Profile
 from .readiness import wait_for_server
@@ -122,42 +118,15 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
 
     def _config_digest(self, uid: int, gid: int) -> str:
         """What this start's container is made for; a kept container with another digest is remade."""
-        made_for = {
-            "lease": self.lease_id, "gpus": self.gpu_uuids, "image": self.image,
-            "cpu": self.cpu_limit, "mem": str(self.mem_limit), "user": f"{uid}:{gid}",
-        }
-        return hashlib.sha256(json.dumps(made_for, sort_keys=True).encode()).hexdigest()[:16]
+        return config_digest(self.lease_id, self.gpu_uuids, self.image, self.cpu_limit,
+                             self.mem_limit, uid, gid)
 
     def _our_container_config(self) -> tuple[dict, dict]:
         uid, gid = self.container_identity()
-        labels = {
-            LABEL_USER: self.user.name,
-            LABEL_SERVER: self.name or "",
-            LABEL_GPUS: ",".join(self.gpu_uuids),
-            LABEL_HOST: self.gpu_host,
-            LABEL_LEASE: str(self.lease_id) if self.lease_id is not None else "",
-            LABEL_POOL: pool_identity(self.pool),
-            LABEL_CONFIG: self._config_digest(uid, gid),
-        }
+        labels = lease_labels(self.user.name, self.name or "", self.gpu_uuids, self.gpu_host,
+                              self.lease_id, pool_identity(self.pool), self._config_digest(uid, gid))
         create = {"user": f"{uid}:{gid}", "labels": labels}
-        host = {
-            "security_opt": ["no-new-privileges"],
-            "cap_drop": ["ALL"],
-            "cap_add": [],
-            "privileged": False,
-            "shm_size": self.shm_size,
-        }
-        if self.gpu_uuids:
-            import docker.types
-
-            host["device_requests"] = [
-                docker.types.DeviceRequest(driver="nvidia", device_ids=list(self.gpu_uuids),
-                                           capabilities=[["gpu"]])
-            ]
-        else:
-            host["device_requests"] = []
-            # Bypass a host-wide nvidia default runtime for CPU servers.
-            host["runtime"] = "runc"
+        host = {**hardened_host_config(), "shm_size": self.shm_size, **gpu_host_config(self.gpu_uuids)}
         return create, host
 
     async def create_object(self):
