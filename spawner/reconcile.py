@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
-from .labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from .labels import HOLDING_STATES, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from .pool import EndReason, GPUPool, PoolError
 
 
@@ -83,7 +83,8 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
         if lease_id in active:
             continue
         for container in group:
-            if container.labels.get(LABEL_GPUS) and container.status in ("running", "created", "restarting"):
+            # A paused or created container can run again: it holds its GPUs as a running one does.
+            if container.labels.get(LABEL_GPUS) and container.status in HOLDING_STATES | {"created"}:
                 _remove(container, report, log, "it holds GPUs without an active lease")
     return report
 

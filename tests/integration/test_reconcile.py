@@ -93,3 +93,12 @@ def test_a_reconcile_pass_survives_a_container_removed_while_listing(pool, conta
     report = reconcile(pool, client, HOST, set(), min_age=0, process_started=datetime.now(timezone.utc))
     assert report.ended == [orphan.id]
     assert unleased.name in report.containers_stopped
+
+
+def test_a_paused_container_holding_gpus_without_a_lease_is_removed(pool, containers, docker_client):
+    # Paused is not stopped: `docker unpause` would give it its GPUs back.
+    paused = containers("paused", 9997, ("GPU-paused-without-lease",), pool_identity(pool))
+    paused.pause()
+    report = reconcile(pool, docker_client, HOST, set(), min_age=0, process_started=datetime.now(timezone.utc))
+    assert paused.name in report.containers_stopped
+    assert paused.name not in {c.name for c in docker_client.containers.list(all=True)}
