@@ -8,6 +8,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Test modules run side by side on this many workers (pytest-xdist); 0 runs them in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 VARIANTS ?= mkl
 
 .PHONY: help venv deps docker images install test-cuda-image demo test test-unit test-integration bench clean
@@ -53,13 +56,13 @@ test-cuda-image: deps docker
 	GPUHUB_TEST_CUDA_IMAGE=1 $(PY) -m pytest tests/integration/test_images_cuda.py $(PYTEST_ARGS)
 
 test: deps docker
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 test-integration: deps docker
-	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+	$(PY) -m pytest -m integration $(XDIST) $(PYTEST_ARGS)
 
 bench: deps docker
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

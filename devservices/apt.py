@@ -11,12 +11,15 @@ install, `apt-get update` runs once and the install is retried.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+# Installs take turns: test workers side by side would otherwise meet dpkg's lock.
+LOCK_FILE = Path("/var/lib/apt/gpuhub-harness.lock")
 
 
 class InstallError(RuntimeError):
@@ -27,13 +30,19 @@ def apt_install(packages: list[str], options: tuple[str, ...] = ()) -> None:
     """apt-get install `packages` (no daemons started); InstallError when it cannot."""
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         raise InstallError(f"needs Debian packages {packages} (run as root with apt-get)")
+    with open(LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _install_locked(packages, options)
+
+
+def _install_locked(packages: list[str], options: tuple[str, ...]) -> None:
     own_policy = not POLICY_RC_D.exists()
     if own_policy:
         POLICY_RC_D.write_text("#!/bin/sh\n# test harness: no daemons during install\nexit 101\n")
         POLICY_RC_D.chmod(0o755)
     try:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        command = ["apt-get", "install", "-y", "-qq", *options, *packages]
+        command = ["apt-get", "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=600", *options, *packages]
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             # apt's own index may be missing or stale on a fresh machine: update once, retry.

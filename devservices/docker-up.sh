@@ -50,7 +50,7 @@ if ! command -v dockerd >/dev/null; then
     apt-get update -qq || true
     # policy-rc.d keeps the package from trying to start a service (no init here)
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-    apt-get install -y -qq --no-install-recommends docker.io iptables >/dev/null
+    apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends docker.io iptables >/dev/null
     rm -f /usr/sbin/policy-rc.d
 fi
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import fcntl
 import hashlib
 import json
 import os
@@ -184,7 +185,18 @@ def image_size(ref: str) -> str:
 
 def build(variant: str, base_image: str, repo: str, bytecode: str = "warmup") -> str:
     """Build (or find) the image; `bytecode` other than "warmup" is for
-    measurements: such an image gets no :latest tag."""
+    measurements: such an image gets no :latest tag.
+
+    Builds of one variant take turns (a lock file): test workers running side
+    by side share the build context directory, and the second finds the image."""
+    lock_path = CACHE / "locks" / f"build-{variant}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(variant, base_image, repo, bytecode)
+
+
+def _build_locked(variant: str, base_image: str, repo: str, bytecode: str) -> str:
     requirements = requirements_text(variant)
     digest = inputs_hash(variant, base_image, requirements, bytecode)
     ref = f"{repo}-{variant}:{digest}"

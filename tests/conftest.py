@@ -7,6 +7,8 @@ session-scoped: one dockerd, one hub build, one directory per test session.
 
 import os
 
+import pytest
+
 # The CUDA image downloads ~2.6 GB of wheels: its tests run only when asked for
 # (`make test-cuda-image`), and are not even collected otherwise, so a CI run
 # shows no skipped test.
@@ -23,3 +25,68 @@ pytest_plugins = [
     "tests.fixtures.browser",
     "tests.fixtures.faults",
 ]
+
+
+# --- Running side by side (`make test`: `pytest -n 2`, see Makefile) ---
+#
+# A module runs whole on one worker, so its module-scoped fixtures start once.
+# Modules that use a service bound to fixed ports (Samba AD listens on 389 and
+# 636) form one work unit, so only one worker ever starts it; a module that
+# uses it without being listed here stops the run with a message (below).
+# Long modules are handed out first (`--no-loadscope-reorder` keeps this order)
+# so no worker is left alone with a long module at the end.
+# (xdist's own `xdist_group` marker has no effect with pytest 9: the work units
+# are named by `pytest_xdist_make_scheduler` instead.)
+FIXED_PORT_UNITS = {
+    "samba-ad": ("samba_ad", {"tests/integration/test_auth_directory.py", "tests/integration/test_auth_hub.py",
+                              "tests/integration/test_upgrade.py"}),
+}
+LONG_MODULES_FIRST = [
+    "test_auth_hub.py", "test_gpu_spawner.py", "test_failure_paths.py", "test_culling.py",
+    "test_browser.py", "test_tensorflow_hub.py", "test_poolpage.py", "test_reconcile.py",
+]
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of tests that one worker runs whole: a module, or a fixed-port service's modules."""
+    module = nodeid.split("::", 1)[0]
+    for unit, (_fixture, modules) in FIXED_PORT_UNITS.items():
+        if module in modules:
+            return unit
+    return module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
+def _uses(item, fixture: str) -> bool:
+    if fixture in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and fixture in callspec.params.values()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        for unit, (fixture, modules) in FIXED_PORT_UNITS.items():
+            if _uses(item, fixture) and module not in modules:
+                raise pytest.UsageError(
+                    f"{module} uses {fixture} (fixed ports): add it to FIXED_PORT_UNITS[{unit!r}] in "
+                    "tests/conftest.py so that only one test worker starts it")
+
+    def rank(item) -> int:
+        name = item.nodeid.split("::")[0].rsplit("/", 1)[-1]
+        return LONG_MODULES_FIRST.index(name) if name in LONG_MODULES_FIRST else len(LONG_MODULES_FIRST)
+
+    # Only the order in which workers are handed modules changes; a serial run keeps pytest's.
+    if getattr(config.option, "numprocesses", None):
+        items.sort(key=rank)  # stable: within a module, the file's order
