@@ -160,7 +160,7 @@ class PageHandler(BaseHandler):
         history = await self.ledger(self.pool.history, viewer.name)
         mine = [views.lease_row(l) for l in reversed(history)]
         audit = await self.ledger(self.pool.audit, AUDIT_ROWS) if viewer.admin else []
-        from . import actions_api, history_api  # they import this module
+        from . import actions_api, history_api, insight  # they import this module
 
         context = dict(
             viewer=viewer, gpus=gpus, summary=views.summary(gpus), queue=queue,
@@ -168,15 +168,16 @@ class PageHandler(BaseHandler):
             total_hours=round(sum(l["gpu_hours"] for l in mine), 2), audit=audit,
             base_url=self.settings["base_url"], prefix=self.settings["prefix"],
             done=self.get_argument("done", None), xsrf=actions_api.xsrf_of(self))
+        context.update(await insight.page_context(self, viewer, gpus, queue, context["active"]))
         context.update(await history_api.page_context(self, viewer))
         self.finish(self.settings["jinja"].get_template("page.html").render(**context))
 
 
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one (they import its base handlers)."""
-    from . import actions_api, history_api
+    from . import actions_api, history_api, insight
 
-    return history_api.routes(prefix) + actions_api.routes(prefix)
+    return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool) -> web.Application:

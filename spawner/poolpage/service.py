@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..culling import without_named
+from ..culling import activity_interval, without_named
 from . import ADMIN_SCOPE, SERVICE_NAME
 from .hubapi import SERVICE_SCOPES
 
@@ -30,6 +30,8 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
         # For the culling deadlines and wait estimates (0: the hub does not cull).
         "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
+        # A server whose last activity is older than two activity reports is idle now.
+        "GPUHUB_POOL_IDLE_AFTER": str(2 * activity_interval(settings)),
         # For GPU utilization, read as the culler reads it.
         "GPUHUB_INVENTORY": settings.inventory,
         "GPUHUB_SIMULATED_GPUS": str(settings.simulated_gpus),

@@ -94,3 +94,22 @@ def test_the_ledger_records_leases_drains_and_the_queue_over_time(tmp_path):
         pool.release(b.id)
     finally:
         pool.close()
+
+
+def test_wait_estimates_follow_lease_lengths_and_cull_deadlines():
+    from spawner.poolpage import estimate
+
+    now = T0 + 10 * H
+    lengths = [3600.0, 7200.0, 10800.0]  # past leases: 1, 2, 3 h
+    holdings = [estimate.Holding(now - 0.5 * H, 1),  # median of all three: back in 1.5 h
+                estimate.Holding(now - 2.5 * H, 2),  # only the 3 h one ran as long: back in 0.5 h
+                estimate.Holding(now - 0.1 * H, 1, cull_at=now + 0.25 * H)]  # idle: culled in 15 min
+    # 1st waiter (1 GPU): the culled one; 2nd (2 GPUs): the 2-GPU lease; 3rd: the last one; 4th: unknown
+    got = estimate.waits([1, 2, 1, 1], 0, holdings, now, lengths)
+    assert got == [900.0, 1800.0, 5400.0, None]
+    assert estimate.waits([1], 1, holdings, now, lengths) == [0.0]  # one free now
+    assert estimate.waits([1], 0, [estimate.Holding(now - 9 * H, 1)], now, lengths) == [None]  # longer than any
+    assert [estimate.say(s) for s in (None, 30, 1500, 5400 * 2)] == [
+        "unknown", "soon (estimate)", "about 25 min (estimate)", "about 3.0 h (estimate)"]
+    assert estimate.cull_deadline(now, 900) == now + timedelta(seconds=900)
+    assert estimate.cull_deadline(now, 0) is None
