@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
+
+from jupyterhub.utils import url_path_join
 
 from ..culling import activity_interval, without_named
 from . import ADMIN_SCOPE, SERVICE_NAME
 from .hubapi import SERVICE_SCOPES
 
+HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
 ADMIN_ROLE = "gpu-pool-admin"
 SERVICE_ROLE = "gpu-pool-service"
 ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
@@ -90,3 +94,11 @@ def configure_pool_page(c, settings) -> None:
         "services": [SERVICE_NAME],
     }]
     section.load_roles = roles
+    # A "GPU pool" link in the hub's navigation bar (hub_templates/page.html).
+    paths = list(section.template_paths) if "template_paths" in section else []
+    if HUB_TEMPLATES not in paths:
+        section.template_paths = [HUB_TEMPLATES] + paths
+    template_vars = dict(section.template_vars) if "template_vars" in section else {}
+    base_url = section.base_url if "base_url" in section else "/"
+    template_vars["gpu_pool_url"] = url_path_join(base_url, "services", SERVICE_NAME) + "/"
+    section.template_vars = template_vars

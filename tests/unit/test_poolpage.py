@@ -128,6 +128,9 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     assert roles[ADMIN_ROLE]["users"] == ["ada"] and ADMIN_SCOPE in roles[ADMIN_ROLE]["scopes"]
     assert roles[ADMIN_ROLE]["groups"] == []
     assert ADMIN_SCOPE in c.JupyterHub.custom_scopes
+    # the hub's pages link to it
+    assert c.JupyterHub.template_vars["gpu_pool_url"] == "/services/gpu-pool/"
+    assert c.JupyterHub.template_paths[0].endswith("hub_templates") and len(c.JupyterHub.template_paths) == 1
 
 
 def test_the_directorys_named_admin_groups_administer_the_pool():
