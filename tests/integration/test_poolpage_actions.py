@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from ..fixtures.hub import wait_for
-from .test_poolpage import ADMIN_ENV, page_api, wait_for_page
+from .test_poolpage import ADMIN_ENV, logged_in, page_api, wait_for_page
 
 # Fails for cy, and shows who it ran as and with which capabilities.
 SCRIPT = """echo "uid=$(id -u) user=$JUPYTERHUB_USER"
@@ -54,6 +54,20 @@ def test_action_scripts_and_ending_leases_are_for_pool_admins(make_hub, tmp_path
     assert r.status_code == 200 and {x["server"] for x in r.json()["results"]} == {"pat", "bob", "cy"}
     assert all(x["timed_out"] and x["exit_code"] == 124 for x in r.json()["results"])
 
+    # by group: the members' servers only
+    r = hub.api("POST", "/groups/ml", json={"users": ["pat", "bob"]})
+    assert r.status_code == 201, r.text
+    r = page_api(hub, "POST", "api/exec", ada, json={"script": "true", "group": "ml"})
+    assert r.status_code == 200 and {x["server"] for x in r.json()["results"]} == {"pat", "bob"}
+
+    # the page's forms: a POST without the hub's XSRF token (another site's form) does nothing
+    session = logged_in(hub, "ada")
+    page = session.get(f"{hub.url}/services/gpu-pool/", timeout=30)
+    assert page.status_code == 200 and 'id="exec-form"' in page.text
+    free = next(g["uuid"] for g in page_api(hub, "GET", "api/gpus", ada).json()["gpus"] if g["state"] == "free")
+    r = session.post(f"{hub.url}/services/gpu-pool/actions/drain", data={"uuid": free}, timeout=30)
+    assert r.status_code == 403 and not any(g.drained for g in hub.ledger().gpus())
+
     # bad input: 4xx with a message, nothing run
     for body, status in [({"script": "", "users": ["pat"]}, 400), ({"script": "id"}, 400),
                          ({"script": "id", "users": ["pat"], "profile": "tf-gpu-1"}, 400),
@@ -88,5 +102,5 @@ def test_action_scripts_and_ending_leases_are_for_pool_admins(make_hub, tmp_path
     audit = page_api(hub, "GET", "api/audit", ada).json()["audit"]
     actions = [(a["actor"], a["action"]) for a in audit]
     assert actions[0] == ("ada", "end-lease") and f"lease {leases['bob'].id} of bob" in audit[0]["detail"]
-    assert actions.count(("ada", "exec")) == 3  # two through the API, one through the command
+    assert actions.count(("ada", "exec")) == 4  # three through the API, one through the command
     assert any("users pat, bob, cy: 3 server(s)" in (a["detail"] or "") for a in audit)

@@ -113,3 +113,32 @@ def test_wait_estimates_follow_lease_lengths_and_cull_deadlines():
         "unknown", "soon (estimate)", "about 25 min (estimate)", "about 3.0 h (estimate)"]
     assert estimate.cull_deadline(now, 900) == now + timedelta(seconds=900)
     assert estimate.cull_deadline(now, 0) is None
+
+
+def test_action_script_targets_and_limits():
+    from spawner.poolpage import scripts
+    from spawner.poolpage.hubapi import Server, servers_of
+
+    user = {"name": "pat", "groups": ["ml"], "servers": {
+        "": {"ready": True, "state": {"profile": "tf-gpu-1", "gpu_lease_id": 4, "gpu_uuids": ["GPU-a"]},
+             "last_activity": "2026-01-01T00:00:00Z"},
+        "big": {"ready": False, "user_options": {"profile": "tf-gpu-2"}, "last_activity": None}}}
+    mine = servers_of(user)
+    assert [(s.label, s.profile, s.lease_id) for s in mine] == [("pat", "tf-gpu-1", 4), ("pat/big", "tf-gpu-2", None)]
+    assert mine[0].last_activity == datetime(2026, 1, 1, tzinfo=UTC)
+    servers = mine + [Server("bob", "", ("ml",), "tf-cpu", True)]
+    pick = lambda **kw: [s.label for s in scripts.select_servers(servers, scripts.parse_target(**kw))]  # noqa: E731
+    assert pick(profile="tf-gpu-1", group=None, users=None) == ["pat"]
+    assert pick(profile=None, group="ml", users=None) == ["bob", "pat"]  # pat/big is not ready
+    assert pick(profile=None, group=None, users="bob, pat,bob") == ["bob", "pat"]
+    for bad in ({"profile": "a", "group": "b", "users": None}, {"profile": "", "group": " ", "users": []}):
+        with pytest.raises(scripts.BadScript, match="exactly one target"):
+            scripts.parse_target(**bad)
+    for script, timeout, message in [("", 5, "empty"), ("x" * (65 * 1024), 5, "longer"),
+                                     ("id", 0, "between"), ("id", "soon", "whole number")]:
+        with pytest.raises(scripts.BadScript, match=message):
+            scripts.check_script(script, timeout)
+    assert scripts.check_script("id", "30") == ("id", 30)
+    assert [scripts.runs_as_root(u) for u in ("", "root", "0:0", "0", "1000:100")] == [True] * 4 + [False]
+    text, cut = scripts.cap(b"x" * (scripts.OUTPUT_CAP + 10))
+    assert cut and len(text) == scripts.OUTPUT_CAP and scripts.cap(b"ok") == ("ok", False)
