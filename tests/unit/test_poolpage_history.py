@@ -66,8 +66,12 @@ def test_bar_chart_escapes_names_and_orders_by_value():
 
 
 def test_the_ledger_records_leases_drains_and_the_queue_over_time(tmp_path):
-    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'l.sqlite'}", inventory=SimulatedInventory(count=2),
-                   poll_interval=0.05)
+    records_over_time(f"sqlite:///{tmp_path / 'l.sqlite'}")
+
+
+def records_over_time(url: str) -> None:
+    """Leases, a drain and a queued request, read back as intervals (also run on PostgreSQL)."""
+    pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=2), poll_interval=0.05)
     start = datetime.now(UTC) - timedelta(seconds=1)
     try:
         pool.sync_inventory()
