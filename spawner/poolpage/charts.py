@@ -14,12 +14,13 @@ COLORS = {"lent": "#e69500", "drained": "#9e9e9e", "free": "#4caf50", "queue": "
 
 
 def _num(x: float) -> str:
-    return f"{x:.1f}".rstrip("0").rstrip(".")
+    return f"{x:.2f}".rstrip("0").rstrip(".")
 
 
 def _nice_max(value: float) -> float:
-    """The smallest of 1, 2, 5, 10, 20, 50... at or above `value` (an axis' top)."""
-    top = 1.0
+    """The smallest of 4, 8, 20, 40, 80, 200... at or above `value`: an axis' top whose
+    quarters (the grid lines) are whole numbers."""
+    top = 4.0
     while top < value:
         for f in (2, 2.5, 2):
             top *= f

@@ -146,3 +146,10 @@ def test_action_script_targets_and_limits():
     assert [scripts.runs_as_root(u) for u in ("", "root", "0:0", "0", "1000:100")] == [True] * 4 + [False]
     text, cut = scripts.cap(b"x" * (scripts.OUTPUT_CAP + 10))
     assert cut and len(text) == scripts.OUTPUT_CAP and scripts.cap(b"ok") == ("ok", False)
+
+
+def test_count_axes_have_whole_numbers_on_their_grid_lines():
+    assert [charts._nice_max(v) for v in (0.3, 4, 5, 9, 21, 41)] == [4, 4, 8, 20, 40, 80]
+    svg = charts.area_chart("q", "queue", ["2026-01-01T00:00:00+00:00"], [("queue", [0.4])], "waiting", 60)
+    labels = [t.text for t in ET.fromstring(svg).iter(f"{SVG}text")][:5]
+    assert labels == ["0", "1", "2", "3", "4"]
