@@ -76,6 +76,15 @@ def test_action_scripts_and_ending_leases_are_for_pool_admins(make_hub, tmp_path
         r = page_api(hub, "POST", "api/exec", ada, json=body)
         assert r.status_code == status and r.json()["message"] and "Traceback" not in r.text, (body, r.text)
     assert page_api(hub, "POST", "api/exec", ada, data="not json").status_code == 400
+    for path in ("api/occupancy?period=1y", "api/occupancy?buckets=0", "api/occupancy.csv?buckets=x",
+                 "api/occupancy?period=24h&since=2026-01-01", "api/occupancy?since=2999-01-01"):
+        r = page_api(hub, "GET", path, pat)
+        assert r.status_code == 400 and r.json()["message"], (path, r.text)
+    assert "use one of 24h, 7d, 30d" in page_api(hub, "GET", "?period=1y", pat).text  # the page says why
+    # the three servers' GPUs show in the occupancy of the last hour
+    series = page_api(hub, "GET", "api/occupancy?since=" + leases["pat"].started_at.isoformat()
+                      .replace("+00:00", "Z") + "&buckets=1", pat).json()["series"]
+    assert series["gpus"] == 4 and 1.5 < series["lent"][0] <= 3 and series["queue"] == [0.0]
     assert page_api(hub, "POST", "api/leases/nope/end", ada).status_code == 400
     assert page_api(hub, "POST", "api/leases/99999/end", ada).status_code == 404
 
