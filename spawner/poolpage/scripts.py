@@ -125,6 +125,9 @@ def exec_in(client, pool_id: str, server: Server, script: str, timeout: int) -> 
     except docker.errors.DockerException as exc:
         return Result(server.label, None, "", error=f"docker exec failed: {exc}")
     output, truncated = cap(raw)
+    if code in (126, 127) and '"timeout"' in output:
+        return Result(server.label, None, output, truncated,
+                      error="its image has no `timeout` command (coreutils), so no script runs there")
     return Result(server.label, code, output, truncated, timed_out=code == TIMED_OUT)
 
 
