@@ -3,8 +3,10 @@
     gpu-pool [--db-url URL | --config jupyterhub_config.py] [--json] COMMAND
 
 Commands: status, leases, history, queue, drain UUID, undrain UUID,
-rehome OLD NEW, release LEASE_ID, and doctor (checks this GPU host; exit 1
-when a check failed; see spawner/doctor.py).  The ledger is found, first match wins, from --db-url, the
+rehome OLD NEW, release LEASE_ID, doctor (checks this GPU host; exit 1
+when a check failed; see spawner/doctor.py), and exec (an action script in
+running servers, through the hub's gpu-pool service; exit 3 when it failed
+somewhere).  The ledger is found, first match wins, from --db-url, the
 GPU_POOL_DB_URL environment variable, c.GPUPool.db_url in --config, or the
 default SQLite file in the current directory.  With --config, a relative
 SQLite path is read relative to the config file's directory (where the hub
@@ -78,6 +80,19 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", parents=[common],
                        help="check this GPU host: NVML, GPUs, Docker and its NVIDIA devices, images, ledger, data dir")
     p.add_argument("--hub-user", default=None, help="the user the hub runs as (default: you)")
+    p = sub.add_parser("exec", parents=[common],
+                       help="run a script in every running server of a profile, group or list of users "
+                            "(as each server's user, through the gpu-pool service)")
+    p.add_argument("script", metavar="SCRIPT", help="a file with the script, or - for standard input")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--profile", help="the servers of this profile (its slug)")
+    target.add_argument("--group", help="the servers of this group's members")
+    target.add_argument("--users", help="the servers of these users (comma-separated)")
+    p.add_argument("--timeout", type=int, default=60, help="seconds the script may run in each server (60)")
+    p.add_argument("--hub-url", default=os.environ.get("JUPYTERHUB_URL", "http://127.0.0.1:8000"),
+                   help="the hub's public URL (JUPYTERHUB_URL; default http://127.0.0.1:8000)")
+    p.add_argument("--token", default=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+                   help="a hub API token with custom:gpu-pool:admin (JUPYTERHUB_API_TOKEN)")
     p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
     p.add_argument("lease_id", type=int)
     p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])
@@ -291,6 +306,22 @@ def _operator() -> str:
     return f"{name} (gpu-pool command)"
 
 
+def _exec(args, out) -> int:
+    from .poolpage import client
+
+    try:
+        script = sys.stdin.read() if args.script == "-" else Path(args.script).read_text()
+    except OSError as e:
+        raise CLIError(f"Cannot read the script: {e}") from None
+    try:
+        data = client.exec_script(args.hub_url, args.token, script, args.timeout,
+                                  profile=args.profile, group=args.group, users=args.users)
+    except client.ExecFailed as e:
+        raise CLIError(str(e), e.code) from None
+    print(json.dumps(data, indent=2) if getattr(args, "json", False) else client.render(data), file=out)
+    return client.exit_status(data)
+
+
 def _doctor(args, out) -> int:
     from . import doctor
     from .settings import SettingsError
@@ -328,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if args.command == "doctor":
             return _doctor(args, out)
+        if args.command == "exec":
+            return _exec(args, out)
         pool = build_pool(getattr(args, "db_url", None), getattr(args, "config", None))
         try:
             return _run(args, pool, out)

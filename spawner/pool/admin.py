@@ -27,6 +27,12 @@ def release(store: Store, conn, lease_id: int, reason: str) -> bool:
     return bool(done)
 
 
+def remove_waiter(store: Store, conn, waiter_id: int) -> None:
+    """Take a request out of the queue (it gave up or was cancelled); its record stays."""
+    store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
+    store.run(conn, sql.CLOSE_QUEUE_LOG, {"wid": waiter_id, "now": store.now(conn), "outcome": "left"})
+
+
 def set_problem(conn, lease_id: int, problem: str) -> bool:
     """Note why an active lease stays lent after its server ended."""
     done = conn.execute(update(leases_table)
@@ -64,6 +70,13 @@ def reconcile(store: Store, conn, host: str, live: set[int]) -> list[Lease]:
     return [replace(l, ended_at=now, end_reason=EndReason.RECONCILED.value) for l in gone]
 
 
+def record(store: Store, conn, actor: str, action: str, detail: str | None,
+           host: str | None = None, uuid: str | None = None) -> None:
+    """An audit record: who did what, when."""
+    conn.execute(insert(audit_table).values(at=store.now(conn), actor=actor, action=action,
+                                            host=host, uuid=uuid, detail=detail))
+
+
 def find_gpu(conn, uuid: str, host: str | None):
     """The ledger row of GPU `uuid` (on `host`, needed when several hosts list it)."""
     q = select(gpus_table).where(gpus_table.c.uuid == uuid)
@@ -85,9 +98,7 @@ def set_drained(store: Store, conn, uuid: str, host: str | None, drained: bool,
     row = find_gpu(conn, uuid, host)
     if by is not None:
         detail = None if bool(row.drained) != drained else f"already {'drained' if drained else 'lendable'}"
-        conn.execute(insert(audit_table).values(
-            at=store.now(conn), actor=by, action="drain" if drained else "undrain",
-            host=row.host, uuid=row.uuid, detail=detail))
+        record(store, conn, by, "drain" if drained else "undrain", detail, row.host, row.uuid)
     if bool(row.drained) != drained:
         conn.execute(
             update(gpus_table)

@@ -19,7 +19,7 @@ from traitlets import Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from ..inventory import Inventory
-from . import admin, grant, inventory_sync, reads, validation
+from . import admin, grant, inventory_sync, reads, timeline, validation
 from . import statements as sql
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
@@ -367,7 +367,7 @@ class GPUPool(LoggingConfigurable):
         return await wait.run(req, timeout, self.poll_interval, on_wait)
 
     def _remove_waiter(self, waiter_id: int) -> None:
-        self._write(lambda conn: self._store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id}), durable=False)
+        self._write(lambda conn: admin.remove_waiter(self._store, conn, waiter_id), durable=False)
         self._notify()  # the queue moved
 
     def _undo_lease(self, lease_id: int) -> None:
@@ -437,6 +437,15 @@ class GPUPool(LoggingConfigurable):
         status = self._set_drained(uuid, host, False, by)
         self.log.info("Undrained GPU %s on %s%s", status.gpu.uuid, status.gpu.host, f" (by {by})" if by else "")
         return status
+
+    def record(self, actor: str, action: str, detail: str | None = None, host: str | None = None,
+               uuid: str | None = None) -> None:
+        """Write an audit record of an admin action taken outside the ledger (ending a lease,
+        an action script): who (`actor`), what (`action`, `detail`), when (the ledger's clock)."""
+        actor = validation.name(actor, "The actor's name")
+        action = validation.name(action, "The action")[:32]
+        self._write(lambda conn: admin.record(self._store, conn, actor, action,
+                                              None if detail is None else str(detail)[:2000], host, uuid))
 
     def audit(self, limit: int = 100) -> list[dict]:
         """The newest admin actions recorded with a `by` (who, what, when), newest first."""
@@ -510,3 +519,16 @@ class GPUPool(LoggingConfigurable):
     def queue(self) -> list[Waiter]:
         """Live waiters, in queue order."""
         return self._read(lambda conn: reads.queue(conn, self._store.now(conn), self.waiter_stale_after))
+
+    def timeline(self, since: datetime, until: datetime | None = None) -> timeline.Timeline:
+        """When each GPU was lent or drained, and requests waited, inside [since, until) (until: now)."""
+        since, until = validation.aware(since, "since"), validation.aware(until, "until")
+
+        def read(conn):
+            now = self._store.now(conn)
+            return timeline.timeline(conn, since, min(until or now, now), now, self.waiter_stale_after)
+        return self._read(read)
+
+    def lease_lengths(self, limit: int = 500) -> list[float]:
+        """Seconds the newest `limit` ended leases lasted, newest first (for wait estimates)."""
+        return self._read(lambda conn: timeline.lease_lengths(conn, max(1, int(limit))))

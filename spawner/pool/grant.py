@@ -72,6 +72,7 @@ def attempt(
     if stale:
         log.info("Removing %d stale GPU waiter(s) of dead processes", len(stale))
         conn.execute(delete(waiters_table).where(waiters_table.c.id.in_(stale)))
+        store.run(conn, sql.CLOSE_QUEUE_LOG, [{"wid": i, "now": now, "outcome": "stale"} for i in stale])
     live = [r for r in rows if r.id not in stale]
     if waiter_id is not None and not any(r.id == waiter_id for r in live):
         # Our row is gone (we missed heartbeats and someone cleaned up):
@@ -102,6 +103,8 @@ def attempt(
                     heartbeat_at=now,
                 ),
             )
+            store.run(conn, sql.INSERT_QUEUE_LOG,
+                      dict(id=waiter_id, user_name=req.user, count=req.count, enqueued_at=now))
         return Outcome(None, waiter_id, len(ahead) + 1, free, total)
 
     host, uuids = pick
@@ -123,5 +126,6 @@ def attempt(
     )
     if waiter_id is not None:
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
+        store.run(conn, sql.CLOSE_QUEUE_LOG, {"wid": waiter_id, "now": now, "outcome": "served"})
     lease = Lease(lease_id, req.user, req.server_name, host, tuple(uuids), req.groups, now)
     return Outcome(lease, None, 0, free - len(uuids), total)

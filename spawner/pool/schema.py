@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator
 
 from .models import PoolUnavailable
 
-SCHEMA_VERSION = 3  # 2: gpu_pool_leases.problem; 3: gpu_pool_audit
+SCHEMA_VERSION = 4  # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log
 NAME_MAX = 255
 
 
@@ -145,6 +145,20 @@ audit_table = Table(
     sqlite_autoincrement=True,
 )
 
+# One row per request that joined the queue, kept after it left: the record
+# of queue length over time (the live queue is gpu_pool_waiters).
+queue_log_table = Table(
+    "gpu_pool_queue_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),  # the waiter's id
+    Column("user_name", String(NAME_MAX), nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("enqueued_at", UTCDateTime, nullable=False),
+    Column("left_at", UTCDateTime),  # NULL while it waits
+    Column("outcome", String(16)),  # served, left (gave up or cancelled), stale (its process died)
+    Index("ix_gpu_pool_queue_log_enqueued", "enqueued_at"),
+)
+
 
 def create_schema(conn) -> None:
     """Create the tables if missing; refuse a ledger written by newer code."""
@@ -156,7 +170,8 @@ def create_schema(conn) -> None:
         if int(version) < 2:
             # 1 -> 2: the column ledgers made by 0.1 lack.
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
-        # 2 -> 3: gpu_pool_audit, a new table create_all has just made.
+        # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log: new tables
+        # create_all has just made.
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

@@ -11,6 +11,7 @@ from sqlalchemy import bindparam, delete, func, insert, select, update
 from .schema import gpus_table as _g
 from .schema import lease_gpus_table as _lg
 from .schema import leases_table as _l
+from .schema import queue_log_table as _q
 from .schema import waiters_table as _w
 
 # Every GPU with the id of its active lease, if any.
@@ -56,4 +57,12 @@ END_LEASE = (
 
 END_LEASE_GPUS = (
     update(_lg).where(_lg.c.lease_id == bindparam("lid"), _lg.c.ended_at.is_(None)).values(ended_at=bindparam("now"))
+)
+
+# The queue's record: a row when a request joins, closed when it leaves.
+INSERT_QUEUE_LOG = _insert(_q, "id", "user_name", "count", "enqueued_at")
+
+CLOSE_QUEUE_LOG = (
+    update(_q).where(_q.c.id == bindparam("wid"), _q.c.left_at.is_(None))
+    .values(left_at=bindparam("now"), outcome=bindparam("outcome"))
 )

@@ -160,12 +160,24 @@ class PageHandler(BaseHandler):
         history = await self.ledger(self.pool.history, viewer.name)
         mine = [views.lease_row(l) for l in reversed(history)]
         audit = await self.ledger(self.pool.audit, AUDIT_ROWS) if viewer.admin else []
-        html = self.settings["jinja"].get_template("page.html").render(
+        from . import actions_api, history_api, insight  # they import this module
+
+        context = dict(
             viewer=viewer, gpus=gpus, summary=views.summary(gpus), queue=queue,
             active=[l for l in mine if l["ended_at"] is None], history=mine[:HISTORY_ROWS],
             total_hours=round(sum(l["gpu_hours"] for l in mine), 2), audit=audit,
-            base_url=self.settings["base_url"], prefix=self.settings["prefix"])
-        self.finish(html)
+            base_url=self.settings["base_url"], prefix=self.settings["prefix"],
+            done=self.get_argument("done", None), xsrf=actions_api.xsrf_of(self))
+        context.update(await insight.page_context(self, viewer, gpus, queue, context["active"]))
+        context.update(await history_api.page_context(self, viewer))
+        self.finish(self.settings["jinja"].get_template("page.html").render(**context))
+
+
+def _more_routes(prefix: str) -> list:
+    """The handlers of the modules beside this one (they import its base handlers)."""
+    from . import actions_api, history_api, insight
+
+    return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool) -> web.Application:
@@ -181,6 +193,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool) -> w
             (url_path_join(api, "usage"), UsageAPI),
             (url_path_join(api, "usage.csv"), UsageCSV),
             (url_path_join(api, "audit"), AuditAPI),
+            *_more_routes(prefix),
         ],
         pool=pool, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
         cookie_secret=os.urandom(32), xsrf_cookies=False,

@@ -5,12 +5,19 @@ Called by apply_settings when GPUHUB_POOL_PAGE is on (the default).
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
-from ..culling import without_named
+from jupyterhub.utils import url_path_join
+
+from ..culling import activity_interval, without_named
 from . import ADMIN_SCOPE, SERVICE_NAME
+from .hubapi import SERVICE_SCOPES
 
+HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
 ADMIN_ROLE = "gpu-pool-admin"
+SERVICE_ROLE = "gpu-pool-service"
 ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
 
 
@@ -22,10 +29,21 @@ def admin_group_names(settings) -> list[str]:
 
 def service_environment(settings) -> dict[str, str]:
     """What the service process needs besides JupyterHub's own JUPYTERHUB_* variables."""
-    return {
+    env = {
         "GPUHUB_POOL_DB_URL": settings.pool_db_url,
         "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
+        # For the culling deadlines and wait estimates (0: the hub does not cull).
+        "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
+        # A server whose last activity is older than two activity reports is idle now.
+        "GPUHUB_POOL_IDLE_AFTER": str(2 * activity_interval(settings)),
+        # For GPU utilization, read as the culler reads it.
+        "GPUHUB_INVENTORY": settings.inventory,
+        "GPUHUB_SIMULATED_GPUS": str(settings.simulated_gpus),
+        "GPUHUB_SIMULATED_UTILIZATION_FILE": settings.simulated_utilization_file or "",
     }
+    if os.environ.get("DOCKER_HOST"):  # action scripts reach the hub's Docker as the spawner does
+        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    return env
 
 
 def configure_pool_page(c, settings) -> None:
@@ -40,7 +58,8 @@ def configure_pool_page(c, settings) -> None:
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
     custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
-    custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, see every user's GPU usage on the GPU pool page"}
+    custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, end leases, run action scripts in running "
+                                          "servers, see every user's GPU usage on the GPU pool page"}
     section.custom_scopes = custom
     section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
@@ -66,4 +85,20 @@ def configure_pool_page(c, settings) -> None:
         "users": list(settings.admin_users),
         "groups": admin_group_names(settings),
     })
+    # The service's own token: find running servers, see their activity and
+    # profile, stop one (an admin ending a lease).
+    roles = without_named(roles, SERVICE_ROLE) + [{
+        "name": SERVICE_ROLE,
+        "description": "The GPU pool page: list running servers and stop one when a pool admin ends its lease",
+        "scopes": list(SERVICE_SCOPES),
+        "services": [SERVICE_NAME],
+    }]
     section.load_roles = roles
+    # A "GPU pool" link in the hub's navigation bar (hub_templates/page.html).
+    paths = list(section.template_paths) if "template_paths" in section else []
+    if HUB_TEMPLATES not in paths:
+        section.template_paths = [HUB_TEMPLATES] + paths
+    template_vars = dict(section.template_vars) if "template_vars" in section else {}
+    base_url = section.base_url if "base_url" in section else "/"
+    template_vars["gpu_pool_url"] = url_path_join(base_url, "services", SERVICE_NAME) + "/"
+    section.template_vars = template_vars

@@ -55,6 +55,8 @@ def gpu_row(status: GPUStatus, viewer: Viewer) -> dict:
         "drained_at": iso(status.drained_at),
         "since": iso(lease.started_at) if lease is not None else None,
         "holder": holder,
+        "lease_id": lease.id if lease is not None else None,
+        "utilization": None,  # percent, where NVML gives it (filled by the app)
         "yours": lease is not None and lease.user == viewer.name,
     }
 

@@ -12,7 +12,7 @@ from spawner.pool import GPUPool
 from spawner.pool.models import GPUStatus, Lease, Waiter
 from spawner.poolpage import ADMIN_SCOPE, views
 from spawner.poolpage.app import TEMPLATES
-from spawner.poolpage.service import ACCESS_SCOPE, ADMIN_ROLE, configure_pool_page
+from spawner.poolpage.service import ACCESS_SCOPE, ADMIN_ROLE, SERVICE_ROLE, configure_pool_page
 from spawner.settings import load_settings
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -120,11 +120,17 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     assert service["command"][1:] == ["-m", "spawner.poolpage"]
     assert service["environment"]["GPUHUB_POOL_DB_URL"] == settings.pool_db_url
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
-    assert set(roles) == {"other", "user", ADMIN_ROLE}
+    assert set(roles) == {"other", "user", ADMIN_ROLE, SERVICE_ROLE}
+    # the service's own token lists servers and stops one, and nothing more
+    assert roles[SERVICE_ROLE]["services"] == ["gpu-pool"]
+    assert "delete:servers" in roles[SERVICE_ROLE]["scopes"] and "admin:users" not in roles[SERVICE_ROLE]["scopes"]
     assert roles["user"]["scopes"] == ["self", ACCESS_SCOPE]
     assert roles[ADMIN_ROLE]["users"] == ["ada"] and ADMIN_SCOPE in roles[ADMIN_ROLE]["scopes"]
     assert roles[ADMIN_ROLE]["groups"] == []
     assert ADMIN_SCOPE in c.JupyterHub.custom_scopes
+    # the hub's pages link to it
+    assert c.JupyterHub.template_vars["gpu_pool_url"] == "/services/gpu-pool/"
+    assert c.JupyterHub.template_paths[0].endswith("hub_templates") and len(c.JupyterHub.template_paths) == 1
 
 
 def test_the_directorys_named_admin_groups_administer_the_pool():
@@ -161,8 +167,8 @@ def test_drains_by_someone_are_audited(tmp_path):
         pool.close()
 
 
-@pytest.mark.parametrize("old", [1, 2])
-def test_older_ledgers_gain_the_audit_table_in_place(tmp_path, old):
+@pytest.mark.parametrize("old", [1, 2, 3])
+def test_older_ledgers_gain_the_audit_and_queue_tables_in_place(tmp_path, old):
     import sqlalchemy as sa
 
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
@@ -171,7 +177,9 @@ def test_older_ledgers_gain_the_audit_table_in_place(tmp_path, old):
     pool.close()
     engine = sa.create_engine(url)
     with engine.begin() as conn:  # make it look as an older release left it
-        conn.execute(sa.text("DROP TABLE gpu_pool_audit"))
+        conn.execute(sa.text("DROP TABLE gpu_pool_queue_log"))
+        if old < 3:
+            conn.execute(sa.text("DROP TABLE gpu_pool_audit"))
         if old == 1:
             conn.execute(sa.text("ALTER TABLE gpu_pool_leases DROP COLUMN problem"))
         conn.execute(sa.text(f"UPDATE gpu_pool_meta SET value='{old}' WHERE key='schema_version'"))
@@ -180,8 +188,11 @@ def test_older_ledgers_gain_the_audit_table_in_place(tmp_path, old):
         pool.drain(pool.gpus()[0].gpu.uuid, by="ada")
         assert [a["actor"] for a in pool.audit()] == ["ada"]
         assert pool.leases() == []  # the problem column is back
+        pool.undrain(pool.gpus()[0].gpu.uuid)
+        assert pool.try_acquire("bob", "", 1) is not None and pool.try_acquire("cy", "", 1) is None
+        assert pool.timeline(datetime.now(UTC) - timedelta(hours=1)).gpus == 1
     finally:
         pool.close()
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == "3"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == "4"
     engine.dispose()

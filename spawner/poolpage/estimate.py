@@ -1,0 +1,79 @@
+"""Wait estimates for the queue and idle-cull deadlines: pure functions, labelled as estimates.
+
+Each lent GPU is expected back when its lease would typically end (the median
+length of past leases that ran at least as long as this one has), or at its
+server's idle-cull deadline if that comes first.  Waiters are then served in
+queue order from the GPUs free now and those expected back.  It ignores hosts,
+backfill and people who stop early: an estimate, never a promise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from statistics import median
+
+NOTE = ("Estimates: each lent GPU is expected back after a typical lease (the median of past leases that "
+        "ran as long) or at its server's idle cull, whichever is sooner. Servers stopped early or kept "
+        "busy change them.")
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A lent lease: when it started, how many GPUs, when its server is culled if it stays idle."""
+
+    started: datetime
+    gpus: int
+    cull_at: datetime | None = None
+
+
+def typical_end(started: datetime, now: datetime, lengths: list[float]) -> datetime | None:
+    """When a lease that started at `started` typically ends, given past lease lengths (s)."""
+    age = (now - started).total_seconds()
+    longer = [x for x in lengths if x >= age]
+    if not longer:
+        return None
+    return started + timedelta(seconds=median(longer))
+
+
+def expected_back(h: Holding, now: datetime, lengths: list[float]) -> datetime | None:
+    ends = [t for t in (typical_end(h.started, now, lengths), h.cull_at) if t is not None]
+    return max(now, min(ends)) if ends else None
+
+
+def waits(queue: list[int], free: int, holdings: list[Holding], now: datetime,
+          lengths: list[float]) -> list[float | None]:
+    """Estimated seconds until each waiter (GPUs asked, in queue order) is served; None: unknown."""
+    returns = sorted((t, h.gpus) for h in holdings if (t := expected_back(h, now, lengths)) is not None)
+    available, out, i = free, [], 0
+    for count in queue:
+        when = now
+        while available < count and i < len(returns):
+            when, n = returns[i]
+            available += n
+            i += 1
+        if available < count:
+            out.append(None)  # nothing left that is expected back
+            continue
+        available -= count
+        out.append((when - now).total_seconds())
+    return out
+
+
+def say(seconds: float | None) -> str:
+    """'about 25 min (estimate)', 'soon (estimate)', 'unknown'."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 60:
+        return "soon (estimate)"
+    minutes = round(seconds / 60)
+    if minutes < 90:
+        return f"about {minutes} min (estimate)"
+    return f"about {seconds / 3600:.1f} h (estimate)"
+
+
+def cull_deadline(last_activity: datetime | None, timeout_s: int) -> datetime | None:
+    """When an idle GPU server is culled if nothing happens (None: the hub does not cull)."""
+    if last_activity is None or timeout_s <= 0:
+        return None
+    return last_activity + timedelta(seconds=timeout_s)

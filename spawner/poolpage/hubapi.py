@@ -1,0 +1,98 @@
+"""The hub's REST API as the gpu-pool service calls it, with the service's own token.
+
+The service's role (service.py) lets it list users and their running servers
+(with the spawner's state: profile and lease), see their activity, and stop a
+server; nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from ..pool.validation import iso_time
+
+# Scopes the service's role holds (read by service.py when it writes the role).
+SERVICE_SCOPES = ("list:users", "read:users:groups", "read:users:activity", "read:servers",
+                  "admin:server_state", "delete:servers")
+
+
+class HubUnavailable(RuntimeError):
+    """The hub did not answer as expected (answered with 502 by the page)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running (or starting) server, as the hub sees it."""
+
+    user: str
+    name: str  # "" for the default server
+    groups: tuple[str, ...] = ()
+    profile: str = ""
+    ready: bool = False
+    last_activity: datetime | None = None
+    lease_id: int | None = None
+    gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def label(self) -> str:
+        return f"{self.user}/{self.name}" if self.name else self.user
+
+
+def servers_of(user: dict) -> list[Server]:
+    """The servers in one user model of the hub's REST API."""
+    out = []
+    for name, s in (user.get("servers") or {}).items():
+        state = s.get("state") or {}
+        profile = state.get("profile") or (s.get("user_options") or {}).get("profile") or ""
+        activity = s.get("last_activity")
+        out.append(Server(
+            user=user["name"], name=name, groups=tuple(user.get("groups") or ()), profile=profile,
+            ready=bool(s.get("ready")), last_activity=iso_time(activity) if activity else None,
+            lease_id=state.get("gpu_lease_id"), gpu_uuids=tuple(state.get("gpu_uuids") or ())))
+    return out
+
+
+class HubAPI:
+    def __init__(self, url: str | None = None, token: str | None = None):
+        self.url = (url or os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")).rstrip("/")
+        self.token = token or os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    async def _call(self, method: str, path: str, ok=(200,), **kwargs):
+        request = HTTPRequest(self.url + path, method=method, request_timeout=20,
+                              headers={"Authorization": f"token {self.token}",
+                                       "Accept": "application/jupyterhub-pagination+json"},
+                              allow_nonstandard_methods=True, **kwargs)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except (OSError, HTTPClientError) as exc:
+            raise HubUnavailable(f"The hub's API did not answer: {exc}") from None
+        if response.code not in ok:
+            raise HubUnavailable(f"The hub's API answered {method} {path} with {response.code}")
+        return response
+
+    async def active_servers(self) -> list[Server]:
+        """Every server the hub has running or starting, page by page."""
+        servers: list[Server] = []
+        offset = 0
+        while True:
+            r = await self._call("GET", f"/users?state=active&limit=200&offset={offset}")
+            page = json.loads(r.body)
+            items = page["items"] if isinstance(page, dict) else page
+            for user in items:
+                servers.extend(servers_of(user))
+            nxt = page.get("_pagination", {}).get("next") if isinstance(page, dict) else None
+            if not nxt:
+                return servers
+            offset = nxt["offset"]
+
+    async def stop_server(self, user: str, server: str) -> bool:
+        """Ask the hub to stop a server: True when it stopped, False while it stops (202)."""
+        path = f"/users/{quote(user, safe='')}/" + (f"servers/{quote(server, safe='')}" if server else "server")
+        r = await self._call("DELETE", path, ok=(202, 204))
+        return r.code == 204

@@ -1,0 +1,155 @@
+"""Usage over time: the ledger's record (leases, drains, the queue log), its series and charts."""
+
+from __future__ import annotations
+
+import asyncio
+import xml.etree.ElementTree as ET
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from spawner.inventory import SimulatedInventory
+from spawner.pool import EndReason, GPUPool
+from spawner.pool.timeline import Timeline
+from spawner.poolpage import charts, occupancy
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+H = timedelta(hours=1)
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_series_are_time_weighted_means_per_bucket():
+    tl = Timeline(T0, T0 + 4 * H, gpus=4,
+                  lent={("n", "a"): [(T0, T0 + 2 * H)], ("n", "b"): [(T0 + 1.5 * H, T0 + 4 * H)]},
+                  drained={("n", "c"): [(T0, T0 + 4 * H)],
+                           # drained while lent: counts as lent, not twice
+                           ("n", "b"): [(T0 + 3 * H, T0 + 4 * H)]},
+                  queue=[((T0 + 1 * H, T0 + 1.5 * H), 2)])
+    s = occupancy.series(tl, buckets=4)
+    assert s["lent"] == [1.0, 1.5, 1.0, 1.0]
+    assert s["drained"] == [1.0, 1.0, 1.0, 1.0]
+    assert s["free"] == [2.0, 1.5, 2.0, 2.0]
+    assert s["queue"] == [0.0, 0.5, 0.0, 0.0] and s["queue_gpus"] == [0.0, 1.0, 0.0, 0.0]
+    assert s["times"][1] == (T0 + H).isoformat() and s["step_s"] == 3600
+    csv = occupancy.series_csv(s).splitlines()
+    assert csv[0] == "bucket_start,lent,drained,free,queue,queue_gpus"
+    assert csv[2] == f"{(T0 + H).isoformat()},1.500,1.000,1.500,0.500,1.000"
+
+
+def test_subtract_cuts_out_overlaps():
+    spans = [(T0, T0 + 4 * H)]
+    assert occupancy.subtract(spans, [(T0 + H, T0 + 2 * H)]) == [(T0, T0 + H), (T0 + 2 * H, T0 + 4 * H)]
+    assert occupancy.subtract(spans, [(T0 - H, T0 + 5 * H)]) == []
+
+
+def test_the_occupancy_chart_stacks_its_layers_to_the_pool_size():
+    svg = charts.area_chart("c", "t <&>", ["2026-01-01T00:00:00+00:00", "2026-01-01T01:00:00+00:00"],
+                            [("lent", [1.0, 2.0]), ("free", [3.0, 2.0])], "GPUs", 3600, y_max=4)
+    root = ET.fromstring(svg)  # well-formed XML, title escaped
+    assert root.find(f"{SVG}title").text == "t <&>"
+    layers = {p.get("data-layer"): p.get("points") for p in root.iter(f"{SVG}polygon")}
+    assert set(layers) == {"lent", "free"}
+    # the stack's top is 4 GPUs = the plot's top edge in both buckets
+    tops = [float(pt.split(",")[1]) for pt in layers["free"].split()[:4]]
+    assert tops == [charts.TOP] * 4
+
+
+def test_bar_chart_escapes_names_and_orders_by_value():
+    svg = charts.bar_chart("u", "GPU-hours", [("<script>", 1.0), ("bob", 3.5)], "h")
+    assert "<script>" not in svg
+    bars = [(r.get("data-name"), float(r.get("data-value")), float(r.get("width")))
+            for r in ET.fromstring(svg).iter(f"{SVG}rect")]
+    assert [b[0] for b in bars] == ["bob", "<script>"] and bars[0][2] > 3 * bars[1][2]
+    assert "No GPU use" in charts.bar_chart("u", "t", [], "h")
+
+
+def test_the_ledger_records_leases_drains_and_the_queue_over_time(tmp_path):
+    records_over_time(f"sqlite:///{tmp_path / 'l.sqlite'}")
+
+
+def records_over_time(url: str) -> None:
+    """Leases, a drain and a queued request, read back as intervals (also run on PostgreSQL)."""
+    pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=2), poll_interval=0.05)
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    try:
+        pool.sync_inventory()
+        a = pool.try_acquire("alice", "", 2)
+
+        async def wait_then_get():
+            task = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=10))
+            await asyncio.sleep(0.3)
+            assert len(pool.queue()) == 1
+            pool.release(a.id, EndReason.STOPPED)
+            return await task
+
+        b = asyncio.run(wait_then_get())
+        pool.drain(pool.gpus()[0].gpu.uuid, by="ada")
+        tl = pool.timeline(start)
+        assert tl.gpus == 2
+        assert sorted(len(v) for v in tl.lent.values()) == [1, 2]  # alice's two, then bob's one
+        assert len(tl.drained) == 1 and len(tl.queue) == 1 and tl.queue[0][1] == 1
+        (queued_from, queued_to), _ = tl.queue[0]
+        assert timedelta(seconds=0.2) < queued_to - queued_from < timedelta(seconds=5)
+        assert pool.lease_lengths() and len(pool.lease_lengths()) == 1  # bob's still runs
+        s = occupancy.series(tl, buckets=1)
+        assert 0 < s["queue"][0] < 1 and 0 < s["lent"][0] <= 2
+        pool.release(b.id)
+    finally:
+        pool.close()
+
+
+def test_wait_estimates_follow_lease_lengths_and_cull_deadlines():
+    from spawner.poolpage import estimate
+
+    now = T0 + 10 * H
+    lengths = [3600.0, 7200.0, 10800.0]  # past leases: 1, 2, 3 h
+    holdings = [estimate.Holding(now - 0.5 * H, 1),  # median of all three: back in 1.5 h
+                estimate.Holding(now - 2.5 * H, 2),  # only the 3 h one ran as long: back in 0.5 h
+                estimate.Holding(now - 0.1 * H, 1, cull_at=now + 0.25 * H)]  # idle: culled in 15 min
+    # 1st waiter (1 GPU): the culled one; 2nd (2 GPUs): the 2-GPU lease; 3rd: the last one; 4th: unknown
+    got = estimate.waits([1, 2, 1, 1], 0, holdings, now, lengths)
+    assert got == [900.0, 1800.0, 5400.0, None]
+    assert estimate.waits([1], 1, holdings, now, lengths) == [0.0]  # one free now
+    assert estimate.waits([1], 0, [estimate.Holding(now - 9 * H, 1)], now, lengths) == [None]  # longer than any
+    assert [estimate.say(s) for s in (None, 30, 1500, 5400 * 2)] == [
+        "unknown", "soon (estimate)", "about 25 min (estimate)", "about 3.0 h (estimate)"]
+    assert estimate.cull_deadline(now, 900) == now + timedelta(seconds=900)
+    assert estimate.cull_deadline(now, 0) is None
+
+
+def test_action_script_targets_and_limits():
+    from spawner.poolpage import scripts
+    from spawner.poolpage.hubapi import Server, servers_of
+
+    user = {"name": "pat", "groups": ["ml"], "servers": {
+        "": {"ready": True, "state": {"profile": "tf-gpu-1", "gpu_lease_id": 4, "gpu_uuids": ["GPU-a"]},
+             "last_activity": "2026-01-01T00:00:00Z"},
+        "big": {"ready": False, "user_options": {"profile": "tf-gpu-2"}, "last_activity": None}}}
+    mine = servers_of(user)
+    assert [(s.label, s.profile, s.lease_id) for s in mine] == [("pat", "tf-gpu-1", 4), ("pat/big", "tf-gpu-2", None)]
+    assert mine[0].last_activity == datetime(2026, 1, 1, tzinfo=UTC)
+    servers = mine + [Server("bob", "", ("ml",), "tf-cpu", True)]
+    pick = lambda **kw: [s.label for s in scripts.select_servers(servers, scripts.parse_target(**kw))]  # noqa: E731
+    assert pick(profile="tf-gpu-1", group=None, users=None) == ["pat"]
+    assert pick(profile=None, group="ml", users=None) == ["bob", "pat"]  # pat/big is not ready
+    assert pick(profile=None, group=None, users="bob, pat,bob") == ["bob", "pat"]
+    for bad in ({"profile": "a", "group": "b", "users": None}, {"profile": "", "group": " ", "users": []}):
+        with pytest.raises(scripts.BadScript, match="exactly one target"):
+            scripts.parse_target(**bad)
+    for script, timeout, message in [("", 5, "empty"), ("x" * (65 * 1024), 5, "longer"),
+                                     ("id", 0, "between"), ("id", "soon", "whole number")]:
+        with pytest.raises(scripts.BadScript, match=message):
+            scripts.check_script(script, timeout)
+    assert scripts.check_script("id", "30") == ("id", 30)
+    assert [scripts.runs_as_root(u) for u in ("", "root", "0:0", "0", "1000:100")] == [True] * 4 + [False]
+    text, cut = scripts.cap(b"x" * (scripts.OUTPUT_CAP + 10))
+    assert cut and len(text) == scripts.OUTPUT_CAP and scripts.cap(b"ok") == ("ok", False)
+
+
+def test_count_axes_have_whole_numbers_on_their_grid_lines():
+    assert [charts._nice_max(v) for v in (0.3, 4, 5, 9, 21, 41)] == [4, 4, 8, 20, 40, 80]
+    svg = charts.area_chart("q", "queue", ["2026-01-01T00:00:00+00:00"], [("queue", [0.4])], "waiting", 60)
+    labels = [t.text for t in ET.fromstring(svg).iter(f"{SVG}text")][:5]
+    assert labels == ["0", "1", "2", "3", "4"]
