@@ -68,7 +68,7 @@ def test_a_stop_that_fails_keeps_the_gpu_lent_until_the_container_is_gone(make_h
     docker_faults.clear()
     wait_for(lambda: not lease_of(hub, lease_id).active, timeout=30, what="the lease to end", hub=hub)
     assert lease_of(hub, lease_id).end_reason == "reconciled"
-    assert container.name not in {c.name for c in docker_client.containers.list(all=True)}
+    assert container.name not in {c.name for c in docker_client.containers.list(all=True, ignore_removed=True)}
 
 
 def test_an_inspect_that_answers_500_is_not_a_dead_server(make_hub, docker_client, docker_faults):
