@@ -23,6 +23,7 @@ from .inventory import image_cuda_version
 from .containers import config_digest, gpu_host_config, hardened_host_config, lease_labels
 from .labels import HOLDING_STATES, LABEL_CONFIG, LABEL_CUDA, LABEL_LEASE, LABEL_POOL, pool_identity
 from .lending import GPULendingSpawner, shared_pool  # noqa: F401 (shared_pool: public API)
+from .pool.models import PoolError
 from .profiles import Profile
 from .readiness import wait_for_server
 
@@ -193,16 +194,25 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
             self.object_id = ""
             return None
         self.object_id = obj["Id"]
+        self._object_labels = (obj.get("Config") or {}).get("Labels") or {}
         return obj
 
     async def poll(self):
         try:
-            return await super().poll()
+            status = await super().poll()
         except Exception as exc:
             # Unknown is not dead: keep the server (and its GPUs) until Docker answers.
             self.log.warning("Could not inspect %s (%s); taking it as still running",
                              self.object_name, exc)
             return None
+        labels = getattr(self, "_object_labels", {})
+        if status is None and self.lease_id is None and labels.get(LABEL_LEASE) \
+                and labels.get(LABEL_POOL) == pool_identity(self.pool):
+            try:
+                await self.adopt_lease(int(labels[LABEL_LEASE]))
+            except (ValueError, PoolError) as exc:
+                self.log.warning("Could not adopt the lease of %s: %s", self.object_name, exc)
+        return status
 
     async def lease_holders(self, lease_id: int) -> list[str]:
         containers = await self.docker(

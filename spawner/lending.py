@@ -302,6 +302,25 @@ class GPULendingSpawner(Spawner):
         self.gpu_uuids = list(lease.gpu_uuids)
         self.gpu_host = lease.host
 
+    async def adopt_lease(self, lease_id: int) -> bool:
+        """Take over the lease this server's running container carries, when the state lacks it.
+
+        A hub killed mid-spawn saved this server's state before its lease
+        existed; the container it started carries the lease in its labels.
+        Adopted (only an active lease of this very user and server), the lease
+        is tracked while the hub checks the server, and ends on the usual stop
+        paths instead of by a reconcile pass judging a server still in use."""
+        if self.lease_id is not None:
+            return False
+        lease = await self._ledger(self.pool.lease, lease_id)
+        if lease is None or not lease.active or lease.user != self.user.name \
+                or lease.server_name != (self.name or ""):
+            return False
+        self._set_lease(lease)
+        self.log.info("Adopted GPU lease %s (%s) of %s from its container", lease.id,
+                      ",".join(lease.gpu_uuids), self._log_name)
+        return True
+
     # ------------------------------------------------------- ending a lease
     #
     # JupyterHub ends a server in User.stop(): poll, stop() only if poll says

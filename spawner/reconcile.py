@@ -135,8 +135,11 @@ class Reconciler(LoggingConfigurable):
         try:
             pool = self._pool_factory()
             client = self._docker_factory()
-            return await asyncio.to_thread(reconcile, pool, client, self._host, self._tracked(), self.log,
-                                           self.min_lease_age)
+            report = await asyncio.to_thread(reconcile, pool, client, self._host, self._tracked(), self.log,
+                                             self.min_lease_age)
+            self.log.debug("GPU reconcile pass: kept leases %s, ended %s, removed containers %s",
+                           report.kept, report.ended, report.containers_stopped)
+            return report
         except PoolError as exc:
             self.log.error("GPU ledger reconcile skipped: %s", exc)
         except Exception:

@@ -8,6 +8,7 @@ answering) are injected in front of the real ones (tests/fixtures/faults.py).
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 
 import pytest
@@ -67,7 +68,7 @@ def test_a_stop_that_fails_keeps_the_gpu_lent_until_the_container_is_gone(make_h
     docker_faults.clear()
     wait_for(lambda: not lease_of(hub, lease_id).active, timeout=30, what="the lease to end", hub=hub)
     assert lease_of(hub, lease_id).end_reason == "reconciled"
-    assert container.name not in {c.name for c in docker_client.containers.list(all=True)}
+    assert container.name not in {c.name for c in docker_client.containers.list(all=True, ignore_removed=True)}
 
 
 def test_an_inspect_that_answers_500_is_not_a_dead_server(make_hub, docker_client, docker_faults):
@@ -102,6 +103,39 @@ def test_a_kept_container_survives_reconcile_after_a_restart_on_the_same_gpu(mak
     assert container.status == "running"
     assert container.labels[LABEL_LEASE] == str(second["gpu_lease_id"])
     assert [lease.id for lease in hub.ledger().leases()] == [second["gpu_lease_id"]]
+
+
+def test_a_server_whose_saved_state_lost_its_lease_keeps_it_after_a_hub_restart(make_hub, docker_client):
+    # A hub killed mid-spawn saved the server's state before its lease existed,
+    # while the container it started carries the lease.  After the restart the
+    # hub finds the server up: it must adopt the lease, not let a reconcile pass
+    # remove the container of a server it still lists as running.
+    hub = make_hub(RECONCILE_FAST)
+    hub.create_user("lost")
+    lease_id = hub.start_server("lost", {"profile": "tf-gpu-1"})["state"]["gpu_lease_id"]
+    hub.kill()
+    db = sqlite3.connect(hub.directory / "jupyterhub.sqlite")
+    (state,) = db.execute("SELECT spawners.state FROM spawners JOIN users ON users.id = spawners.user_id "
+                          "WHERE users.name = 'lost'").fetchone()
+    state = {k: v for k, v in json.loads(state).items() if not k.startswith("gpu_")}
+    db.execute("UPDATE spawners SET state = ? WHERE user_id = (SELECT id FROM users WHERE name = 'lost')",
+               (json.dumps(state),))
+    db.commit()
+    db.close()
+
+    passes_before = hub.log_tail(100000).count("GPU reconcile pass")
+    hub.start()
+    wait_for(lambda: hub.log_tail(100000).count("GPU reconcile pass") >= passes_before + 2, timeout=30,
+             what="two reconcile passes after the restart", hub=hub)
+    server = hub.server_model("lost")
+    assert server and server["ready"], hub.log_tail(40)
+    assert server["state"].get("gpu_lease_id") == lease_id
+    assert container_of(hub, docker_client, "lost").status == "running"
+    assert [lease.id for lease in hub.ledger().leases()] == [lease_id]
+    # The adopted lease ends with the server, as any lease does.
+    hub.stop_server("lost", token=hub.user_token("lost"))
+    wait_for(lambda: not hub.ledger().leases(), timeout=30, what="the adopted lease to end", hub=hub)
+    assert hub.ledger().lease(lease_id).end_reason == "stopped"
 
 
 # The directory identity a login would put in auth_state, read from a file the

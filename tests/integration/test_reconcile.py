@@ -46,7 +46,7 @@ def containers(docker_client, base_image):
 
 
 def names(docker_client) -> set[str]:
-    return {c.name for c in docker_client.containers.list()}
+    return {c.name for c in docker_client.containers.list(ignore_removed=True)}
 
 
 def test_reconcile_keeps_tracked_ends_orphans_and_stops_unleased_containers(pool, containers, docker_client):
@@ -101,4 +101,4 @@ def test_a_paused_container_holding_gpus_without_a_lease_is_removed(pool, contai
     paused.pause()
     report = reconcile(pool, docker_client, HOST, set(), min_age=0, process_started=datetime.now(timezone.utc))
     assert paused.name in report.containers_stopped
-    assert paused.name not in {c.name for c in docker_client.containers.list(all=True)}
+    assert paused.name not in {c.name for c in docker_client.containers.list(all=True, ignore_removed=True)}
