@@ -1,0 +1,227 @@
+"""GPU batch jobs through the gpu-pool service, on a real hub, ledger and Docker.
+
+The hub starts the service; jobs share the notebook servers' pool, queue and
+quotas; their containers get exactly the leased GPUs (through the daemon's
+NVIDIA hook double) and their leases end with job-* reasons.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from ..fixtures.hub import Hub, wait_for
+from .test_gpu_spawner import visible_devices
+from .test_poolpage import logged_in, page_api, wait_for_page
+
+ACTIVE = ("queued", "running")
+
+
+def jobs_api(hub: Hub, method: str, path: str, token: str, **kwargs) -> requests.Response:
+    return page_api(hub, method, "api/jobs" + path, token, **kwargs)
+
+
+def submit(hub: Hub, token: str, body: dict) -> dict:
+    r = jobs_api(hub, "POST", "", token, json=body)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def job(hub: Hub, token: str, job_id: int) -> dict:
+    r = jobs_api(hub, "GET", f"/{job_id}", token)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_state(hub: Hub, token: str, job_id: int, states, timeout: float = 120) -> dict:
+    states = (states,) if isinstance(states, str) else states
+    return wait_for(lambda: (j := job(hub, token, job_id))["state"] in states and j,
+                    timeout=timeout, what=f"job {job_id} to be {states}", hub=hub)
+
+
+def job_containers(hub: Hub, docker_client, job_id: int | None = None) -> list:
+    name = f"{hub.prefix}-job-" + (str(job_id) if job_id is not None else "")
+    return [c for c in hub.containers(docker_client) if c.name.startswith(name)]
+
+
+def lease_of(hub: Hub, lease_id: int):
+    return hub.ledger().lease(lease_id)
+
+
+def job_hub(make_hub, env: dict | None = None, users=("pat",)) -> tuple[Hub, dict]:
+    hub = make_hub(env=env)
+    tokens = {}
+    for user in users:
+        hub.create_user(user, admin=user == "ada")
+        tokens[user] = hub.user_token(user)
+    wait_for_page(hub, tokens[users[0]])
+    return hub, tokens
+
+
+def test_a_job_trains_on_the_mkl_image_and_its_model_lands_in_the_home(make_hub, docker_client, mkl_image):
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_GPU_IMAGE": mkl_image})
+    pat = tokens["pat"]
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "workdir": "tensorflow-examples",
+                          "command": ["python", "train.py", "--epochs", "1", "--model_path", "model.keras"]})
+    assert j["state"] in ACTIVE and j["profile"] == "tf-gpu-1"
+    running = wait_state(hub, pat, j["id"], ("running", "succeeded", "failed"), timeout=120)
+    done = wait_state(hub, pat, j["id"], ("succeeded", "failed"), timeout=600)
+    logs = jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text
+    assert done["state"] == "succeeded", (done, logs[-2000:])
+    assert done["exit_code"] == 0 and len(done["gpus"]) == 1 and done["host"]
+    assert "model saved to" in logs
+    lease = lease_of(hub, done["lease_id"])
+    assert lease.end_reason == "job-finished" and list(lease.gpu_uuids) == done["gpus"]
+    assert running["gpus"] == done["gpus"]
+    assert not job_containers(hub, docker_client, j["id"])  # removed once it ended
+    # The model is in the user's home, where their notebook sees it.
+    hub.start_server("pat", {"profile": "tf-cpu"})
+    from .test_gpu_spawner import container_of
+
+    code, out = container_of(hub, docker_client, "pat").exec_run(
+        ["ls", "-l", "/home/jovyan/tensorflow-examples/model.keras"])
+    assert code == 0, out
+
+
+def test_a_queued_job_starts_when_a_server_stops_and_cancels_free_everything(make_hub, docker_client):
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_SIMULATED_GPUS": "2"}, users=("pat", "bob", "cat"))
+    pat = tokens["pat"]
+    hub.start_server("bob", {"profile": "tf-gpu-1"})
+    hub.start_server("cat", {"profile": "tf-gpu-1"})
+    first = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sleep", "300"]})
+    second = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sleep", "300"]})
+    wait_for(lambda: job(hub, pat, second["id"])["queue_position"] == 2, what="two jobs queued", hub=hub)
+    assert job(hub, pat, first["id"])["queue_position"] == 1
+    assert [(w.user, w.server_name) for w in hub.ledger().queue()] == [
+        ("pat", f"job/{first['id']}"), ("pat", f"job/{second['id']}")]
+
+    # Cancelled while queued: it leaves the queue, took nothing.
+    r = jobs_api(hub, "DELETE", f"/{second['id']}", pat)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    assert [w.server_name for w in hub.ledger().queue()] == [f"job/{first['id']}"]
+    assert r.json()["lease_id"] is None and not job_containers(hub, docker_client, second["id"])
+    assert jobs_api(hub, "DELETE", f"/{second['id']}", pat).status_code == 409
+
+    # bob's server stops: the queued job gets his GPU and runs.
+    freed = hub.server_model("bob")["state"]["gpu_uuids"]
+    hub.stop_server("bob")
+    running = wait_state(hub, pat, first["id"], "running", timeout=60)
+    assert running["gpus"] == freed and running["queue_position"] is None
+    container = wait_for(lambda: job_containers(hub, docker_client, first["id"]), hub=hub,
+                         what="the job's container")[0]
+    container.reload()
+    assert visible_devices(container) == freed[0]
+    host = container.attrs["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd") and not host["Privileged"]
+    assert "no-new-privileges" in host["SecurityOpt"] and host["NetworkMode"] == "none"
+    assert host["NanoCpus"] == 2 * 10**9 and host["Memory"] == 8 * 1024**3
+    assert container.attrs["Config"]["User"] == "1000:100"
+    assert any(m["Type"] == "volume" and m["Destination"] == "/home/jovyan" and m["Name"].startswith(hub.prefix)
+               for m in container.attrs["Mounts"])
+    # One quota for jobs and servers: the user's lease is in the ledger under their name.
+    assert {l.user for l in hub.ledger().leases()} == {"pat", "cat"}
+
+    # Cancelled while running: stopped, GPU free at once, lease ended job-cancelled.
+    r = jobs_api(hub, "DELETE", f"/{first['id']}", pat)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    assert lease_of(hub, running["lease_id"]).end_reason == "job-cancelled"
+    assert {l.user for l in hub.ledger().leases()} == {"cat"}
+    assert not job_containers(hub, docker_client, first["id"])
+    listed = jobs_api(hub, "GET", "", pat).json()["jobs"]
+    assert [(j["id"], j["state"]) for j in listed] == [(second["id"], "cancelled"), (first["id"], "cancelled")]
+
+
+def test_a_job_over_its_timeout_is_stopped_and_its_log_kept(make_hub, docker_client):
+    hub, tokens = job_hub(make_hub, users=("pat", "bob"))
+    pat = tokens["pat"]
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "timeout": 3,
+                          "command": ["sh", "-c", "echo started; sleep 120"]})
+    done = wait_state(hub, pat, j["id"], ("timed-out", "succeeded", "failed"), timeout=90)
+    assert done["state"] == "timed-out", done
+    assert lease_of(hub, done["lease_id"]).end_reason == "job-timeout"
+    assert not hub.ledger().leases() and not job_containers(hub, docker_client)
+    assert "started" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text  # kept after the end
+    # Only the owner sees it; a failing command is "failed" with its exit code.
+    assert jobs_api(hub, "GET", f"/{j['id']}", tokens["bob"]).status_code == 404
+    assert jobs_api(hub, "GET", "", tokens["bob"]).json() == {"jobs": []}
+    f = submit(hub, pat, {"profile": "tf-cpu", "command": ["sh", "-c", "exit 3"]})
+    failed = wait_state(hub, pat, f["id"], ("failed", "succeeded"), timeout=60)
+    assert (failed["state"], failed["exit_code"], failed["gpus"]) == ("failed", 3, [])
+
+
+HOSTILE = [
+    ({"profile": "tf-gpu-1", "command": ["true"], "image": "alpine"}, "'image'"),
+    ({"profile": "tf-gpu-1", "command": ["true"], "env": {"NVIDIA_VISIBLE_DEVICES": "all"}}, "'env'"),
+    ({"profile": "tf-gpu-1", "command": ["true"], "mounts": ["/:/host"]}, "'mounts'"),
+    ({"profile": "tf-gpu-1", "command": ["true"], "workdir": "/etc"}, "relative"),
+    ({"profile": "tf-gpu-1", "command": ["true"], "workdir": "a/../../etc"}, "'..'"),
+    ({"profile": "tf-gpu-1", "command": "python train.py"}, "list of strings"),
+    ({"profile": "tf-gpu-1", "command": ["python", 5]}, "string"),
+    ({"profile": "tf-gpu-1", "command": ["x" * 1000] * 20}, "bytes"),
+    ({"profile": "tf-gpu-1", "command": ["true"], "timeout": 10**9}, "maximum"),
+    ({"profile": "no-such", "command": ["true"]}, "Unknown profile"),
+    ({"command": ["true"]}, "'profile' is required"),
+    (["tf-gpu-1"], "JSON object"),
+]
+
+
+def test_hostile_bodies_get_400_and_leave_nothing(make_hub, docker_client):
+    hub, tokens = job_hub(make_hub)
+    pat = tokens["pat"]
+    for body, message in HOSTILE:
+        r = jobs_api(hub, "POST", "", pat, json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert message in r.json()["message"] and "Traceback" not in r.text, (body, r.text)
+    r = jobs_api(hub, "POST", "", pat, data=b"{" + b" " * 70000 + b"}")
+    assert r.status_code == 400 and "larger" in r.json()["message"]
+    assert jobs_api(hub, "POST", "", pat, data=b"not json").status_code == 400
+    assert jobs_api(hub, "GET", "", "not-a-token").status_code == 403
+    assert jobs_api(hub, "GET", "", pat).json() == {"jobs": []}
+    assert not hub.ledger().leases() and not hub.ledger().history() and not hub.ledger().queue()
+    assert not job_containers(hub, docker_client)
+
+
+def test_jobs_survive_a_hub_sigkill_and_their_lease_ends_after(make_hub, docker_client):
+    hub, tokens = job_hub(make_hub)
+    pat = tokens["pat"]
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sh", "-c", "sleep 15; echo finished"]})
+    running = wait_state(hub, pat, j["id"], "running", timeout=60)
+    hub.kill()
+    time.sleep(3)
+    # The job runs on without the hub or the service.
+    assert [c.status for c in job_containers(hub, docker_client, j["id"])] == ["running"]
+    assert lease_of(hub, running["lease_id"]).active
+    hub.start()
+    wait_for_page(hub, pat)
+    done = wait_state(hub, pat, j["id"], ("succeeded", "failed"), timeout=90)
+    assert done["state"] == "succeeded", done
+    assert "finished" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text
+    assert lease_of(hub, running["lease_id"]).end_reason == "job-finished"
+    assert not job_containers(hub, docker_client)
+    log = hub.log_path.read_text(errors="replace")
+    assert "is gone; stopping the gpu-pool service" in log  # the orphaned service stepped aside
+    assert f"Job {j['id']} of pat found running; taking it up again" in log
+
+
+def test_the_pool_page_lists_jobs_and_an_admin_cancels_one(make_hub, docker_client):
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_ADMIN_USERS": "ada"}, users=("pat", "ada"))
+    pat = tokens["pat"]
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sh", "-c", "echo hello-from-job; sleep 300"]})
+    wait_state(hub, pat, j["id"], "running", timeout=60)
+    wait_for(lambda: "hello-from-job" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text, hub=hub,
+             what="the running job's log")
+    page = wait_for(lambda: (p := logged_in(hub, "pat").get(f"{hub.url}/services/gpu-pool/", timeout=30))
+                    and 'id="jobs"' in p.text and p, hub=hub, what="the jobs on the page")
+    assert f'jobs/{j["id"]}"' in page.text and "running" in page.text
+    ada = logged_in(hub, "ada")
+    admin_page = ada.get(f"{hub.url}/services/gpu-pool/", timeout=30).text
+    assert "pat" in admin_page and f'jobs/{j["id"]}"' in admin_page
+    job_page = ada.get(f"{hub.url}/services/gpu-pool/jobs/{j['id']}", timeout=30)
+    assert "hello-from-job" in job_page.text and 'id="cancel"' in job_page.text
+    xsrf = job_page.text.split('name="_xsrf" value="')[1].split('"')[0]
+    r = ada.post(f"{hub.url}/services/gpu-pool/jobs/{j['id']}", data={"_xsrf": xsrf}, timeout=90)
+    assert r.status_code == 200 and "cancelled" in r.text, r.text[:500]
+    assert job(hub, pat, j["id"])["state"] == "cancelled"
+    assert not hub.ledger().leases()
