@@ -25,13 +25,13 @@ log = logging.getLogger("gpu-pool-page")
 MIN_AGE = 30.0
 
 
-async def reconcile_jobs(runner) -> dict[str, list]:
+async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
     """One pass (see the module docstring); what it did."""
     report: dict[str, list] = {"ended": [], "removed": []}
     host = runner.settings.host or None
     leases = await runner.call(runner.pool.leases, None, host)
     active = {lease.id for lease in leases}
-    cutoff = datetime.now(UTC) - timedelta(seconds=MIN_AGE)
+    cutoff = datetime.now(UTC) - timedelta(seconds=min_age)
     containers = await runner.docker("containers", all=True, filters={
         "label": [LABEL_JOB, f"{LABEL_POOL}={runner.pool_id}"]})
 

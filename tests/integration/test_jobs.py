@@ -187,7 +187,8 @@ def test_jobs_survive_a_hub_sigkill_and_their_lease_ends_after(make_hub, docker_
     hub, tokens = job_hub(make_hub)
     pat = tokens["pat"]
     j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sh", "-c", "sleep 15; echo finished"]})
-    running = wait_state(hub, pat, j["id"], "running", timeout=60)
+    running = wait_for(lambda: (r := job(hub, pat, j["id"]))["started_at"] and r, hub=hub,
+                       what="the job's container to start")
     hub.kill()
     time.sleep(3)
     # The job runs on without the hub or the service.
@@ -225,3 +226,63 @@ def test_the_pool_page_lists_jobs_and_an_admin_cancels_one(make_hub, docker_clie
     assert r.status_code == 200 and "cancelled" in r.text, r.text[:500]
     assert job(hub, pat, j["id"])["state"] == "cancelled"
     assert not hub.ledger().leases()
+
+
+def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, docker_client, base_image):
+    """The hub's reconciler keeps job leases (no hub server holds them); the jobs' own
+    reconciler ends a job lease without a live job once its container is removed, and
+    removes a job container that holds GPUs without a lease."""
+    import asyncio
+    import secrets
+
+    from spawner.inventory import SimulatedInventory
+    from spawner.jobs.reconcile import reconcile_jobs
+    from spawner.jobs.runner import JobRunner
+    from spawner.jobs.settings import JobSettings
+    from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_JOB, LABEL_LEASE, LABEL_POOL, pool_identity
+    from spawner.pool import GPUPool
+    from spawner.pool.jobs import RUNNING
+    from spawner.profiles import DEFAULT_PROFILES
+    from spawner.reconcile import reconcile
+
+    host, tag = "jobs-reconcile-host", secrets.token_hex(3)
+    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=4, host=host))
+    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jr{tag}"))
+    made = []
+
+    def container(name, job_id, lease_id, gpus):
+        made.append(docker_client.containers.run(
+            base_image, ["sleep", "300"], name=f"gpuhub-jr{tag}-{name}", detach=True, network_mode="none",
+            labels={LABEL_JOB: str(job_id), LABEL_LEASE: str(lease_id), LABEL_GPUS: ",".join(gpus),
+                    LABEL_HOST: host, LABEL_POOL: pool_identity(pool)}))
+        return made[-1]
+
+    try:
+        orphan = pool.try_acquire("ann", "job/999", 1)  # a lease whose job record never came
+        orphan_box = container("orphan", 999, orphan.id, orphan.gpu_uuids)
+        live_job = runner.ledger.create("bob", [], "tf-gpu-1", ["sleep", "300"], "", 600, host, 1000, 100)
+        live = pool.try_acquire("bob", f"job/{live_job.id}", 1)
+        runner.ledger.update(live_job.id, state=RUNNING, lease_id=live.id, gpu_uuids=live.gpu_uuids)
+        live_box = container("live", live_job.id, live.id, live.gpu_uuids)
+        unleased_box = container("unleased", 998, 424242, ("GPU-nobody-lent-this",))
+
+        report = reconcile(pool, docker_client, host, [], min_age=0)
+        assert orphan.id not in report.ended and live.id not in report.ended
+        assert {l.id for l in pool.leases()} == {orphan.id, live.id}
+        for box in (orphan_box, live_box):
+            box.reload()
+            assert box.status == "running"
+
+        done = asyncio.run(reconcile_jobs(runner, min_age=0))
+        assert done["ended"] == [orphan.id]
+        assert pool.lease(orphan.id).end_reason == "reconciled"
+        assert [l.id for l in pool.leases()] == [live.id]
+        left = {c.name for c in docker_client.containers.list(all=True) if c.name.startswith(f"gpuhub-jr{tag}")}
+        assert left == {live_box.name}, (left, unleased_box.name)
+    finally:
+        for box in made:
+            try:
+                box.remove(force=True)
+            except Exception:
+                pass
+        pool.close()
