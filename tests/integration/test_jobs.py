@@ -286,3 +286,41 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
             except Exception:
                 pass
         pool.close()
+
+
+def test_gpu_job_submits_follows_and_cancels_from_inside_a_notebook_server(make_hub, docker_client):
+    import re
+
+    from .test_gpu_spawner import container_of
+
+    hub, tokens = job_hub(make_hub)
+    hub.start_server("pat", {"profile": "tf-cpu"})
+    box = container_of(hub, docker_client, "pat")
+
+    def sh(command: str) -> tuple[int, str]:
+        code, out = box.exec_run(["sh", "-c", command], workdir="/home/jovyan")
+        return code, out.decode(errors="replace")
+
+    # The server's own token and the bridge address the hub gave it.
+    code, out = sh("mkdir -p work && cd work && "
+                   "gpu-job submit --profile tf-gpu-1 -- sh -c 'echo from-the-job; pwd; sleep 2'")
+    assert code == 0, out
+    job_id = int(re.search(r"job (\d+): (queued|running)", out).group(1))
+    code, out = sh(f"gpu-job logs -f {job_id}")  # returns when the job ends
+    assert code == 0 and "from-the-job" in out and "/home/jovyan/work" in out, out
+    done = wait_state(hub, tokens["pat"], job_id, ("succeeded", "failed"), timeout=60)
+    assert done["state"] == "succeeded" and done["workdir"] == "work" and len(done["gpus"]) == 1
+    code, out = sh(f"gpu-job status {job_id}")
+    assert code == 0 and f"job {job_id}: succeeded, exit code 0" in out, out
+    code, out = sh("gpu-job list")
+    assert code == 0 and re.search(rf"{job_id}\s+succeeded", out), out
+
+    code, out = sh("gpu-job submit --profile tf-gpu-1 -- sleep 300")
+    long_id = int(re.search(r"job (\d+):", out).group(1))
+    wait_state(hub, tokens["pat"], long_id, "running", timeout=60)
+    code, out = sh(f"gpu-job cancel {long_id}")
+    assert code == 0 and f"job {long_id}: cancelled" in out, out
+    assert not hub.ledger().leases()
+
+    code, out = sh("gpu-job submit --profile no-such -- true")
+    assert code == 1 and "Unknown profile" in out and "Traceback" not in out, out
