@@ -116,10 +116,18 @@ class JobRunner:
         """Find the jobs of this host again, then reconcile and watch the hub process."""
         from .reconcile import reconcile_forever
 
+        held = {lease.server_name: lease for lease in await self.call(self.pool.leases, None, self.settings.host or None)}
         for job in await self.call(self.ledger.jobs, None, True, 10000):
-            if job.host == self.settings.host and job.id not in self._tasks:
-                log.info("Job %s of %s found %s; taking it up again", job.id, job.user, job.state)
-                self._spawn(job)
+            if job.host != self.settings.host or job.id in self._tasks:
+                continue
+            lease = held.get(job_server_name(job.id))
+            if job.state == QUEUED and lease is not None:
+                # Leased just before the last service stopped, not yet recorded: use that
+                # lease rather than queue for a second one.
+                job = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
+                                      gpu_uuids=lease.gpu_uuids) or job
+            log.info("Job %s of %s found %s; taking it up again", job.id, job.user, job.state)
+            self._spawn(job)
         self._background.append(asyncio.create_task(reconcile_forever(self)))
         self._background.append(asyncio.create_task(self._refresh_snapshot()))
         self._background.append(asyncio.create_task(self._exit_with_the_hub(os.getppid())))

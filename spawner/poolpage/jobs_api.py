@@ -153,6 +153,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
             except Exception:
                 pass
             finally:
+                api.close()
                 loop.call_soon_threadsafe(chunks.put_nowait, None)
 
         threading.Thread(target=pump, daemon=True, name=f"job-{job.id}-log").start()

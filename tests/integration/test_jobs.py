@@ -107,8 +107,10 @@ def test_a_queued_job_starts_when_a_server_stops_and_cancels_free_everything(mak
     # bob's server stops: the queued job gets his GPU and runs.
     freed = hub.server_model("bob")["state"]["gpu_uuids"]
     hub.stop_server("bob")
-    running = wait_state(hub, pat, first["id"], "running", timeout=60)
-    assert running["gpus"] == freed and running["queue_position"] is None
+    running = wait_for(lambda: (r := job(hub, pat, first["id"]))["started_at"] and r, timeout=60, hub=hub,
+                       what="the queued job's container to start")
+    assert running["state"] == "running" and running["queue_position"] is None
+    assert running["gpus"] == freed
     container = wait_for(lambda: job_containers(hub, docker_client, first["id"]), hub=hub,
                          what="the job's container")[0]
     container.reload()
@@ -183,12 +185,14 @@ def test_hostile_bodies_get_400_and_leave_nothing(make_hub, docker_client):
     assert not job_containers(hub, docker_client)
 
 
-def test_jobs_survive_a_hub_sigkill_and_their_lease_ends_after(make_hub, docker_client):
-    hub, tokens = job_hub(make_hub)
+def test_jobs_survive_a_hub_sigkill_and_their_leases_end_after(make_hub, docker_client):
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_SIMULATED_GPUS": "1"})
     pat = tokens["pat"]
     j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sh", "-c", "sleep 15; echo finished"]})
     running = wait_for(lambda: (r := job(hub, pat, j["id"]))["started_at"] and r, hub=hub,
                        what="the job's container to start")
+    queued = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["echo", "second"]})
+    wait_for(lambda: job(hub, pat, queued["id"])["queue_position"] == 1, hub=hub, what="the second job queued")
     hub.kill()
     time.sleep(3)
     # The job runs on without the hub or the service.
@@ -200,10 +204,15 @@ def test_jobs_survive_a_hub_sigkill_and_their_lease_ends_after(make_hub, docker_
     assert done["state"] == "succeeded", done
     assert "finished" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text
     assert lease_of(hub, running["lease_id"]).end_reason == "job-finished"
-    assert not job_containers(hub, docker_client)
+    # The queued one queued again, got the GPU once the first was done, and ran.
+    second = wait_state(hub, pat, queued["id"], ("succeeded", "failed"), timeout=90)
+    assert second["state"] == "succeeded" and second["gpus"] == done["gpus"], second
+    assert lease_of(hub, second["lease_id"]).end_reason == "job-finished"
+    assert not hub.ledger().leases() and not job_containers(hub, docker_client)
     log = hub.log_path.read_text(errors="replace")
     assert "is gone; stopping the gpu-pool service" in log  # the orphaned service stepped aside
     assert f"Job {j['id']} of pat found running; taking it up again" in log
+    assert f"Job {queued['id']} of pat found queued; taking it up again" in log
 
 
 def test_the_pool_page_lists_jobs_and_an_admin_cancels_one(make_hub, docker_client):
