@@ -19,7 +19,7 @@ import argparse
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,10 +32,10 @@ CULL_TIMEOUT_GPU = 900
 
 
 def started_at(container) -> float:
+    """Docker's own start time of the container (RFC 3339 with nanoseconds), as a Unix time."""
     container.reload()
-    return datetime.fromisoformat(container.attrs["State"]["StartedAt"].replace("Z", "+00:00")[:26] + "+00:00"
-                                  if "." in container.attrs["State"]["StartedAt"]
-                                  else container.attrs["State"]["StartedAt"].replace("Z", "+00:00")).timestamp()
+    head, _, fraction = container.attrs["State"]["StartedAt"].rstrip("Z").partition(".")
+    return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float("0." + (fraction or "0"))
 
 
 def jobs_api(hub, method, path, token, **kwargs):

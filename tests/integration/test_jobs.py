@@ -225,6 +225,9 @@ def test_the_pool_page_lists_jobs_and_an_admin_cancels_one(make_hub, docker_clie
     page = wait_for(lambda: (p := logged_in(hub, "pat").get(f"{hub.url}/services/gpu-pool/", timeout=30))
                     and 'id="jobs"' in p.text and p, hub=hub, what="the jobs on the page")
     assert f'jobs/{j["id"]}"' in page.text and "running" in page.text
+    everyone = jobs_api(hub, "GET", "?all=1", tokens["ada"]).json()["jobs"]
+    assert [(x["id"], x["user"]) for x in everyone] == [(j["id"], "pat")]
+    assert jobs_api(hub, "GET", "?all=1", pat).json()["jobs"][0]["user"] == "pat"  # only theirs anyway
     ada = logged_in(hub, "ada")
     admin_page = ada.get(f"{hub.url}/services/gpu-pool/", timeout=30).text
     assert "pat" in admin_page and f'jobs/{j["id"]}"' in admin_page
