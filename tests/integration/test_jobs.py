@@ -185,6 +185,16 @@ def test_hostile_bodies_get_400_and_leave_nothing(make_hub, docker_client):
     assert not job_containers(hub, docker_client)
 
 
+def test_a_users_jobs_and_servers_share_one_quota(make_hub, docker_client):
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_MAX_GPUS_PER_USER": "1"})
+    pat = tokens["pat"]
+    hub.start_server("pat", {"profile": "tf-gpu-1"})
+    r = jobs_api(hub, "POST", "", pat, json={"profile": "tf-gpu-1", "command": ["true"]})
+    assert r.status_code == 403 and "limit" in r.json()["message"].lower(), r.text
+    assert jobs_api(hub, "GET", "", pat).json() == {"jobs": []} and not job_containers(hub, docker_client)
+    assert [l.server_name for l in hub.ledger().leases()] == [""]
+
+
 def test_jobs_survive_a_hub_sigkill_and_their_leases_end_after(make_hub, docker_client):
     hub, tokens = job_hub(make_hub, env={"GPUHUB_SIMULATED_GPUS": "1"})
     pat = tokens["pat"]
