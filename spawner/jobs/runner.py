@@ -176,7 +176,7 @@ class JobRunner:
         job = await self.call(self.ledger.create, user, groups, sub.profile.slug, sub.command, sub.workdir,
                               sub.timeout_s, self.settings.host, uid, gid)
         log.info("Job %s of %s queued: profile %s, %s", job.id, user, job.profile, list(job.command))
-        self._spawn(job, has_directory_identity=bool((auth_state or {}).get("uid_number")))
+        self._spawn(job)
         return job
 
     async def cancel(self, job_id: int) -> Job:
@@ -208,12 +208,12 @@ class JobRunner:
 
     # ------------------------------------------------------------ a job's life
 
-    def _spawn(self, job: Job, has_directory_identity: bool = True) -> None:
-        task = asyncio.create_task(self._run(job, has_directory_identity))
+    def _spawn(self, job: Job) -> None:
+        task = asyncio.create_task(self._run(job))
         self._tasks[job.id] = task
         task.add_done_callback(lambda _t, i=job.id: self._tasks.pop(i, None))
 
-    async def _run(self, job: Job, has_directory_identity: bool) -> None:
+    async def _run(self, job: Job) -> None:
         try:
             profile = self.profiles.get(job.profile)
             if profile is None:
@@ -224,7 +224,7 @@ class JobRunner:
                 if job is None:
                     return
             if job.state == STARTING:
-                job = await self._launch(job, profile, has_directory_identity)
+                job = await self._launch(job, profile)
             if job is not None and job.state == RUNNING:
                 await self._watch(job)
         except asyncio.CancelledError:
@@ -267,7 +267,7 @@ class JobRunner:
         log.info("Job %s of %s leased %s", job.id, job.user, ", ".join(lease.gpu_uuids))
         return started
 
-    async def _launch(self, job: Job, profile, has_directory_identity: bool) -> Job | None:
+    async def _launch(self, job: Job, profile) -> Job | None:
         """Create and start the container on the job's lease (again, after a restart)."""
         import docker.errors
 
@@ -285,8 +285,10 @@ class JobRunner:
         if job.id in self._cancel:
             await self._finish(job, CANCELLED, message="cancelled before it started")
             return None
-        await prepare_home_volume(_HomeOwner(self, job.user, has_directory_identity), profile.image,
-                                  job.uid, job.gid)
+        # A job running as the fallback identity never takes over a home that a
+        # directory uid owns (homes.py refuses, as for a server).
+        directory = (job.uid, job.gid) != (self.settings.fallback_uid, self.settings.fallback_gid)
+        await prepare_home_volume(_HomeOwner(self, job.user, directory), profile.image, job.uid, job.gid)
         create, host = container_spec(job, profile, self.settings, self.home_volume(job.user), self.pool_id)
         create["host_config"] = self.api.create_host_config(**host)
         await self.docker("create_container", **create)
