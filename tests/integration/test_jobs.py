@@ -346,3 +346,20 @@ def test_gpu_job_submits_follows_and_cancels_from_inside_a_notebook_server(make_
 
     code, out = sh("gpu-job submit --profile no-such -- true")
     assert code == 1 and "Unknown profile" in out and "Traceback" not in out, out
+
+
+def test_a_job_runs_as_the_users_directory_uid_and_gid(make_hub, openldap, docker_client):
+    from .test_auth_hub import directory_hub, form_login
+
+    hub = directory_hub(make_hub, openldap)
+    alice = openldap.users["alice"]
+    assert form_login(hub, alice.name, alice.password).status_code == 302  # auth_state: uid/gid
+    token = hub.user_token(alice.name)
+    wait_for_page(hub, token)
+    j = submit(hub, token, {"profile": "tf-gpu-1",
+                            "command": ["sh", "-c", "id -u; id -g; stat -c %u:%g $HOME; touch $HOME/out"]})
+    done = wait_state(hub, token, j["id"], ("succeeded", "failed"), timeout=120)
+    output = jobs_api(hub, "GET", f"/{j['id']}/logs", token).text
+    assert done["state"] == "succeeded", (done, output)
+    assert output.split()[:3] == [str(alice.uid_number), str(alice.gid_number),
+                                  f"{alice.uid_number}:{alice.gid_number}"], output
