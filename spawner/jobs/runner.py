@@ -328,22 +328,21 @@ class JobRunner:
             await asyncio.sleep(POLL_SECONDS)
 
     async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
-        """Stop the container, keep its log, record the end, then end the lease once Docker
-        confirms nothing runs, then remove the container."""
+        """Stop the container and keep its log; end the lease once Docker confirms nothing
+        runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
         stopped = await self._stop_container(job)
         output = await self.read_log(job) if job.container else None
+        if job.lease_id is not None:
+            if stopped:
+                await self.call(self.pool.release, job.lease_id, END_REASONS[state])
+            else:  # the job reconciler removes it and ends the lease later
+                await self.call(self.pool.set_problem, job.lease_id,
+                                f"job {job.id}'s container would not stop; retried by the job reconciler")
         ended = await self.call(self.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
                                 state=state, exit_code=exit_code, message=message,
                                 **({"log": output} if output is not None else {}))
-        if ended is None:
-            return  # ended by someone else meanwhile
-        log.info("Job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
-        if job.lease_id is not None:
-            if not stopped:
-                await self.call(self.pool.set_problem, job.lease_id,
-                                f"job {job.id}'s container would not stop; retried by the job reconciler")
-                return
-            await self.call(self.pool.release, job.lease_id, END_REASONS[state])
+        if ended is not None:
+            log.info("Job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
         if stopped:
             await self.remove_container(job.container or container_name(self.settings, job.id))
 

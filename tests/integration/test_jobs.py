@@ -43,7 +43,10 @@ def wait_state(hub: Hub, token: str, job_id: int, states, timeout: float = 120) 
 
 def job_containers(hub: Hub, docker_client, job_id: int | None = None) -> list:
     name = f"{hub.prefix}-job-" + (str(job_id) if job_id is not None else "")
-    return [c for c in hub.containers(docker_client) if c.name.startswith(name)]
+    # Filtered by the daemon, and blind to containers removed while listed: other
+    # tests' containers come and go on the shared dockerd.
+    return [c for c in docker_client.containers.list(all=True, filters={"name": name}, ignore_removed=True)
+            if c.name.startswith(name)]
 
 
 def lease_of(hub: Hub, lease_id: int):
@@ -75,7 +78,7 @@ def test_a_job_trains_on_the_mkl_image_and_its_model_lands_in_the_home(make_hub,
     lease = lease_of(hub, done["lease_id"])
     assert lease.end_reason == "job-finished" and list(lease.gpu_uuids) == done["gpus"]
     assert running["gpus"] == done["gpus"]
-    assert not job_containers(hub, docker_client, j["id"])  # removed once it ended
+    wait_for(lambda: not job_containers(hub, docker_client, j["id"]), hub=hub, what="its container removed")
     # The model is in the user's home, where their notebook sees it.
     hub.start_server("pat", {"profile": "tf-cpu"})
     from .test_gpu_spawner import container_of
@@ -142,8 +145,8 @@ def test_a_job_over_its_timeout_is_stopped_and_its_log_kept(make_hub, docker_cli
                           "command": ["sh", "-c", "echo started; sleep 120"]})
     done = wait_state(hub, pat, j["id"], ("timed-out", "succeeded", "failed"), timeout=90)
     assert done["state"] == "timed-out", done
-    assert lease_of(hub, done["lease_id"]).end_reason == "job-timeout"
-    assert not hub.ledger().leases() and not job_containers(hub, docker_client)
+    assert lease_of(hub, done["lease_id"]).end_reason == "job-timeout" and not hub.ledger().leases()
+    wait_for(lambda: not job_containers(hub, docker_client), hub=hub, what="the job's container removed")
     assert "started" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text  # kept after the end
     # Only the owner sees it; a failing command is "failed" with its exit code.
     assert jobs_api(hub, "GET", f"/{j['id']}", tokens["bob"]).status_code == 404
@@ -217,8 +220,8 @@ def test_jobs_survive_a_hub_sigkill_and_their_leases_end_after(make_hub, docker_
     # The queued one queued again, got the GPU once the first was done, and ran.
     second = wait_state(hub, pat, queued["id"], ("succeeded", "failed"), timeout=90)
     assert second["state"] == "succeeded" and second["gpus"] == done["gpus"], second
-    assert lease_of(hub, second["lease_id"]).end_reason == "job-finished"
-    assert not hub.ledger().leases() and not job_containers(hub, docker_client)
+    assert lease_of(hub, second["lease_id"]).end_reason == "job-finished" and not hub.ledger().leases()
+    wait_for(lambda: not job_containers(hub, docker_client), hub=hub, what="the job containers removed")
     log = hub.log_path.read_text(errors="replace")
     assert "is gone; stopping the gpu-pool service" in log  # the orphaned service stepped aside
     assert f"Job {j['id']} of pat found running; taking it up again" in log
@@ -299,7 +302,8 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
         assert done["ended"] == [orphan.id]
         assert pool.lease(orphan.id).end_reason == "reconciled"
         assert [l.id for l in pool.leases()] == [live.id]
-        left = {c.name for c in docker_client.containers.list(all=True) if c.name.startswith(f"gpuhub-jr{tag}")}
+        left = {c.name for c in docker_client.containers.list(all=True, filters={"name": f"gpuhub-jr{tag}"},
+                                                              ignore_removed=True)}
         assert left == {live_box.name}, (left, unleased_box.name)
     finally:
         for box in made:
