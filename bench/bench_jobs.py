@@ -55,8 +55,10 @@ def job_to_running(hub, client, token, command) -> float:
     r = jobs_api(hub, "POST", "", token, json={"profile": "tf-gpu-1", "command": command})
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    container = wait_for(lambda: [c for c in client.containers.list(all=True)
-                                  if c.name == f"{hub.prefix}-job-{job_id}"], timeout=120, interval=0.05)[0]
+    name = f"{hub.prefix}-job-{job_id}"
+    container = wait_for(lambda: [c for c in client.containers.list(all=True, filters={"name": name},
+                                                                    ignore_removed=True) if c.name == name],
+                         timeout=120, interval=0.05)[0]
     wait_for(lambda: container.reload() or container.attrs["State"]["StartedAt"][:4] != "0001",
              timeout=120, interval=0.05)
     seconds = started_at(container) - began
