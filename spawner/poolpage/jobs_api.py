@@ -20,7 +20,7 @@ from tornado.iostream import StreamClosedError
 from ..jobs import JOBS_SCOPE
 from ..jobs.request import BadJob, check_submission
 from ..jobs.runner import JobError, JobRunner
-from ..pool.jobs import QUEUED, Job
+from ..pool.jobs import QUEUED, STARTING, Job
 from . import ADMIN_SCOPE
 from .app import APIHandler, BaseHandler, log
 
@@ -122,7 +122,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
         follow = self.get_argument("follow", "") in ("1", "true", "yes")
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("X-Content-Type-Options", "nosniff")
-        while follow and job.state == QUEUED:
+        while follow and job.state in (QUEUED, STARTING):  # nothing to follow yet
             await asyncio.sleep(1.0)
             job = await self.call(self.runner.ledger.get, job.id)
         if job.active and job.container:
