@@ -71,6 +71,6 @@ def configure_jobs(c, settings) -> None:
     # Notebook servers submit jobs with their own token, to the service's bridge address.
     c.GPUDockerSpawner.server_token_scopes = SERVER_TOKEN_SCOPES
     if js.bridge_ip:
-        env = dict(c.GPUDockerSpawner.environment) if "environment" in c.GPUDockerSpawner else {}
-        env["GPUHUB_JOBS_URL"] = f"http://{js.bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"
-        c.GPUDockerSpawner.environment = env
+        # update(): merges with what others add (the culler's), whether set or lazy.
+        c.GPUDockerSpawner.environment.update(
+            {"GPUHUB_JOBS_URL": f"http://{js.bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"})

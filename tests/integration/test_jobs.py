@@ -367,3 +367,20 @@ def test_a_job_runs_as_the_users_directory_uid_and_gid(make_hub, openldap, docke
     assert done["state"] == "succeeded", (done, output)
     assert output.split()[:3] == [str(alice.uid_number), str(alice.gid_number),
                                   f"{alice.uid_number}:{alice.gid_number}"], output
+
+
+def test_a_job_queued_behind_an_idle_server_starts_when_the_culler_stops_it(make_hub, docker_client):
+    hub = make_hub(env={"GPUHUB_SIMULATED_GPUS": "1", "GPUHUB_CULL": "true", "GPUHUB_CULL_EVERY": "1",
+                        "GPUHUB_CULL_TIMEOUT_GPU": "10", "GPUHUB_CULL_TIMEOUT_CPU": "600"})
+    for user in ("pat", "bob"):
+        hub.create_user(user)
+    pat = hub.user_token("pat")
+    wait_for_page(hub, pat)
+    hub.start_server("bob", {"profile": "tf-gpu-1"})
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["echo", "after-the-cull"]})
+    assert job(hub, pat, j["id"])["state"] == "queued"
+    done = wait_state(hub, pat, j["id"], ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", done
+    assert [l.end_reason for l in hub.ledger().history(user="bob")] == ["culled"]
+    assert lease_of(hub, done["lease_id"]).end_reason == "job-finished"
+    assert "after-the-cull" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text

@@ -144,6 +144,7 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     c.GPUDockerSpawner.profiles = DEFAULT_PROFILES
     c.GPUPool.max_gpus_per_user = 1
     c.JupyterHub.hub_connect_ip = "172.30.0.1"
+    c.GPUDockerSpawner.environment.update({"OTHER": "kept"})  # as the culler adds its own
     configure_pool_page(c, settings)
     configure_jobs(c, settings)
     configure_jobs(c, settings)  # twice: still one of each
@@ -160,7 +161,8 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     assert js.max_seconds == 86400 and js.log_max_bytes == 1024 * 1024
     # notebook servers submit with their own token, to the bridge address
     assert {JOBS_SCOPE, ACCESS_SCOPE} <= set(c.GPUDockerSpawner.server_token_scopes)
-    assert c.GPUDockerSpawner.environment["GPUHUB_JOBS_URL"] == "http://172.30.0.1:9123/services/gpu-pool/"
+    env = c.GPUDockerSpawner.environment.get_value({})
+    assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": "http://172.30.0.1:9123/services/gpu-pool/"}
     assert json.loads(service["environment"][ENV_NAME])["prefix"] == "gpuhub"
 
 
