@@ -174,7 +174,8 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
     from . import jobs_api  # imports this module's handlers
 
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
-    jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
+    if jobs is not None:  # the page's Jobs section shows only where jobs run
+        jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
     api = url_path_join(prefix, "api")
     return web.Application(
         [

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import requests
 
 from ..fixtures.hub import Hub, wait_for
