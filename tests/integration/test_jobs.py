@@ -383,3 +383,28 @@ def test_a_job_queued_behind_an_idle_server_starts_when_the_culler_stops_it(make
     assert [l.end_reason for l in hub.ledger().history(user="bob")] == ["culled"]
     assert lease_of(hub, done["lease_id"]).end_reason == "job-finished"
     assert "after-the-cull" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text
+
+
+def test_a_job_whose_container_will_not_stop_keeps_its_gpu_until_it_is_gone(make_hub, docker_client,
+                                                                          docker_faults):
+    hub, tokens = job_hub(make_hub, env={"DOCKER_HOST": docker_faults.url})
+    pat = tokens["pat"]
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sleep", "300"]})
+    running = wait_for(lambda: (r := job(hub, pat, j["id"]))["started_at"] and r, hub=hub,
+                       what="the job's container to start")
+    # `docker stop` fails (a GPU process stuck in the kernel), and so does removal.
+    docker_faults.fail("POST", r"/containers/[^/]+/(stop|kill)$", 500, "container did not stop in time")
+    docker_faults.fail("DELETE", r"/containers/[^/]+$", 500, "container did not stop in time")
+    r = jobs_api(hub, "DELETE", f"/{j['id']}", pat)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    [box] = job_containers(hub, docker_client, j["id"])
+    assert box.status == "running"
+    lease = lease_of(hub, running["lease_id"])
+    assert lease.active and "would not stop" in (lease.problem or ""), lease
+    assert running["gpus"][0] not in {s.gpu.uuid for s in hub.ledger().gpus() if s.lease is None}
+
+    # Docker recovers: the job reconciler removes the container, then ends the lease.
+    docker_faults.clear()
+    wait_for(lambda: not lease_of(hub, running["lease_id"]).active, timeout=90, hub=hub, what="the lease to end")
+    assert lease_of(hub, running["lease_id"]).end_reason == "job-cancelled"
+    assert not job_containers(hub, docker_client, j["id"])
