@@ -113,9 +113,25 @@ class JobRunner:
     # ------------------------------------------------------------ start/stop
 
     async def start(self) -> None:
-        """Find the jobs of this host again, then reconcile and watch the hub process."""
+        """Find the jobs of this host again (retried while the ledger does not answer), then
+        reconcile; stop with the hub."""
+        self._background.append(asyncio.create_task(self._take_up_then_reconcile()))
+        self._background.append(asyncio.create_task(self._refresh_snapshot()))
+        self._background.append(asyncio.create_task(self._exit_with_the_hub(os.getppid())))
+
+    async def _take_up_then_reconcile(self) -> None:
         from .reconcile import reconcile_forever
 
+        while True:
+            try:
+                await self._take_up()
+                break
+            except PoolError as exc:
+                log.error("Cannot read the jobs yet (%s); trying again in 5 s", exc)
+                await asyncio.sleep(5.0)
+        await reconcile_forever(self)
+
+    async def _take_up(self) -> None:
         held = {lease.server_name: lease for lease in await self.call(self.pool.leases, None, self.settings.host or None)}
         for job in await self.call(self.ledger.jobs, None, True, 10000):
             if job.host != self.settings.host or job.id in self._tasks:
@@ -128,9 +144,6 @@ class JobRunner:
                                       gpu_uuids=lease.gpu_uuids) or job
             log.info("Job %s of %s found %s; taking it up again", job.id, job.user, job.state)
             self._spawn(job)
-        self._background.append(asyncio.create_task(reconcile_forever(self)))
-        self._background.append(asyncio.create_task(self._refresh_snapshot()))
-        self._background.append(asyncio.create_task(self._exit_with_the_hub(os.getppid())))
 
     async def _exit_with_the_hub(self, parent: int) -> None:
         # The hub starts services in their own session: a hub killed with SIGKILL
@@ -185,6 +198,8 @@ class JobRunner:
         job = await self.call(self.ledger.get, job_id)
         if job is None or not job.active:
             return job
+        if job.host != self.settings.host:
+            raise JobError(f"Job {job.id} runs on {job.host}; cancel it through that host's hub", 409)
         self._cancel.add(job_id)
         acquiring = self._acquiring.get(job_id)
         if acquiring is not None:

@@ -109,7 +109,10 @@ class JobAPI(JobsMixin, APIHandler):
         if not job.active:
             raise web.HTTPError(409, f"Job {job.id} has already ended ({job.public_state})")
         log.info("%s cancels job %s of %s", name, job.id, job.user)
-        job = await self.runner.cancel(job.id)
+        try:
+            job = await self.runner.cancel(job.id)
+        except JobError as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
         self.write_json(await self.job_dict(job))
 
 
@@ -186,7 +189,10 @@ class JobPage(JobsMixin, BaseHandler):
         job, name, _ = await self.owned_job(job_id)
         if job.active:
             log.info("%s cancels job %s of %s from the page", name, job.id, job.user)
-            await self.runner.cancel(job.id)
+            try:
+                await self.runner.cancel(job.id)
+            except JobError as exc:
+                raise web.HTTPError(exc.status, str(exc)) from None
         self.redirect(url_path_join(self.settings["prefix"], "jobs", str(job.id)))
 
     async def call(self, fn, *args, **kwargs):
