@@ -7,12 +7,15 @@ Called by apply_settings after the pool page's own configuration (GPUHUB_JOBS).
 from __future__ import annotations
 
 import os
+import socket
+from pathlib import Path
 
 from ..culling import without_named
 from ..poolpage import SERVICE_NAME
 from ..poolpage.service import ACCESS_SCOPE
+from ..profiles import DEFAULT_PROFILES
 from . import JOBS_SCOPE
-from .settings import ENV_NAME, JobSettings
+from .settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 
 SERVICE_ROLE = "gpu-pool-service"
 # JupyterHub's `server` role, plus submitting jobs to the gpu-pool service.
@@ -20,21 +23,48 @@ SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOP
 
 
 def job_settings(c, settings) -> JobSettings:
+    """What the service needs, read from the hub's config `c` (the spawner's own options)."""
     spawner = c.GPUDockerSpawner
     hub_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
+    host = c.Inventory.host if "host" in c.Inventory else settings.gpu_host
     return JobSettings(
-        profiles=list(spawner.profiles),
-        host=settings.gpu_host or os.uname().nodename,
-        network=settings.docker_network,
-        prefix=settings.container_prefix,
-        home_volume=settings.home_volume,
+        profiles=list(spawner.get("profiles") or c.GPULendingSpawner.get("profiles") or DEFAULT_PROFILES),
+        host=host or socket.gethostname(),  # the inventory's own default
+        network=spawner.get("network_name", settings.docker_network),
+        prefix=spawner.get("prefix", settings.container_prefix),
+        home_volume=spawner.get("home_volume_name", settings.home_volume),
+        home_mount_point=spawner.get("home_mount_point", JobSettings.home_mount_point),
+        home_volume_prep_image=spawner.get("home_volume_prep_image", ""),
         fallback_uid=spawner.get("fallback_uid", JobSettings.fallback_uid),
         fallback_gid=spawner.get("fallback_gid", JobSettings.fallback_gid),
+        shm_size=spawner.get("shm_size", JobSettings.shm_size),
         max_seconds=settings.job_max_seconds,
         log_max_bytes=settings.job_log_max_bytes,
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
     )
+
+
+def write_when_loaded(settings, path: Path) -> None:
+    """In the hub: once every config file is loaded (the next turn of its event loop, long
+    before services start), write the service's settings from the final config to `path`,
+    so options set after hub_config (c.GPUDockerSpawner.profiles, c.GPUPool quotas) count."""
+    import asyncio
+
+    try:
+        loop = asyncio.get_running_loop()
+        from jupyterhub.app import JupyterHub
+    except (RuntimeError, ImportError):
+        return
+    if not JupyterHub.initialized():
+        return
+
+    def write():
+        js = job_settings(JupyterHub.instance().config, settings)
+        path.with_suffix(".tmp").write_text(js.to_env())
+        path.with_suffix(".tmp").replace(path)
+
+    loop.call_soon(write)
 
 
 def configure_jobs(c, settings) -> None:
@@ -57,10 +87,12 @@ def configure_jobs(c, settings) -> None:
     section.load_roles = roles
 
     js = job_settings(c, settings)
+    path = settings.data_dir / "gpu-jobs.json"
+    write_when_loaded(settings, path)
     services = []
     for spec in section.services:
         if spec.get("name") == SERVICE_NAME:
-            env = {**spec.get("environment", {}), ENV_NAME: js.to_env()}
+            env = {**spec.get("environment", {}), ENV_NAME: js.to_env(), FILE_ENV_NAME: str(path)}
             if os.environ.get("DOCKER_HOST"):
                 env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
             allowed = [s for s in spec.get("oauth_client_allowed_scopes", []) if s != JOBS_SCOPE]

@@ -2,18 +2,22 @@
 
 The hub's config knows the profiles, the Docker network, the home volumes and
 the identity fallbacks; the service, a separate process, gets them from
-`GPUHUB_JOBS_CONFIG` (written by config.py) and builds containers exactly as
-the spawner would.
+`GPUHUB_JOBS_CONFIG_FILE` (written by the hub from its final config) or else
+`GPUHUB_JOBS_CONFIG` (config.py), and builds containers exactly as the spawner would.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 
 from ..profiles import Profile, load_profiles
 
 ENV_NAME = "GPUHUB_JOBS_CONFIG"
+# The same, written by the hub from its final config once every config file is loaded;
+# preferred when present (config.py: write_when_loaded).
+FILE_ENV_NAME = "GPUHUB_JOBS_CONFIG_FILE"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,9 @@ class JobSettings:
     @classmethod
     def from_env(cls, environ) -> "JobSettings | None":
         raw = environ.get(ENV_NAME)
+        path = environ.get(FILE_ENV_NAME)
+        if raw and path and os.path.isfile(path):
+            raw = open(path).read()
         if not raw:
             return None
         return cls(**json.loads(raw))

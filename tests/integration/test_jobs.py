@@ -52,8 +52,8 @@ def lease_of(hub: Hub, lease_id: int):
     return hub.ledger().lease(lease_id)
 
 
-def job_hub(make_hub, env: dict | None = None, users=("pat",)) -> tuple[Hub, dict]:
-    hub = make_hub(env=env)
+def job_hub(make_hub, env: dict | None = None, users=("pat",), extra_config: str = "") -> tuple[Hub, dict]:
+    hub = make_hub(extra_config, env=env)
     tokens = {}
     for user in users:
         hub.create_user(user, admin=user == "ada")
@@ -171,9 +171,20 @@ HOSTILE = [
 ]
 
 
+# A profile added by a config loaded after hub_config, as an admin's own file would.
+LATE_PROFILE = """
+c.GPUDockerSpawner.profiles = list(c.GPUDockerSpawner.profiles) + [{
+    "slug": "late-gpu", "display_name": "Late", "gpus": 1, "job_max_seconds": 5,
+    "image": c.GPUDockerSpawner.profiles[0]["image"]}]
+"""
+
+
 def test_hostile_bodies_get_400_and_leave_nothing(make_hub, docker_client):
-    hub, tokens = job_hub(make_hub)
+    hub, tokens = job_hub(make_hub, extra_config=LATE_PROFILE)
     pat = tokens["pat"]
+    # The service sees the hub's final config: the late profile, with its own maximum.
+    r = jobs_api(hub, "POST", "", pat, json={"profile": "late-gpu", "command": ["true"], "timeout": 6})
+    assert r.status_code == 400 and "between 1 and 5" in r.json()["message"], r.text
     for body, message in HOSTILE:
         r = jobs_api(hub, "POST", "", pat, json=body)
         assert r.status_code == 400, (body, r.text)

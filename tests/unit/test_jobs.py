@@ -13,7 +13,7 @@ from spawner.jobs import JOBS_SCOPE
 from spawner.jobs.config import SERVICE_ROLE, configure_jobs
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
-from spawner.jobs.settings import ENV_NAME, JobSettings
+from spawner.jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 from spawner.jobs.spec import container_spec
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
 from spawner.poolpage.service import ACCESS_SCOPE, configure_pool_page
@@ -164,6 +164,11 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     env = c.GPUDockerSpawner.environment.get_value({})
     assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": "http://172.30.0.1:9123/services/gpu-pool/"}
     assert json.loads(service["environment"][ENV_NAME])["prefix"] == "gpuhub"
+    # the hub's final config, written at its start, wins over what was known here
+    path = tmp_path / "gpu-jobs.json"
+    assert service["environment"][FILE_ENV_NAME] == str(path)
+    path.write_text(JobSettings(profiles=DEFAULT_PROFILES[:1], prefix="late").to_env())
+    assert JobSettings.from_env(service["environment"]).prefix == "late"
 
 
 def test_jobs_settings(tmp_path):
