@@ -147,6 +147,16 @@ def test_a_job_over_its_timeout_is_stopped_and_its_log_kept(make_hub, docker_cli
     assert lease_of(hub, done["lease_id"]).end_reason == "job-timeout" and not hub.ledger().leases()
     wait_for(lambda: not job_containers(hub, docker_client), hub=hub, what="the job's container removed")
     assert "started" in jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text  # kept after the end
+    # `gpu-pool history` tells the job apart from notebook servers.
+    import contextlib
+    import io
+
+    from spawner.cli import main as gpu_pool
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert gpu_pool(["--db-url", hub.pool_db_url, "history", "--user", "pat"]) == 0
+    assert f"job/{j['id']}" in out.getvalue() and "job-timeout" in out.getvalue(), out.getvalue()
     # Only the owner sees it; a failing command is "failed" with its exit code.
     assert jobs_api(hub, "GET", f"/{j['id']}", tokens["bob"]).status_code == 404
     assert jobs_api(hub, "GET", "", tokens["bob"]).json() == {"jobs": []}
