@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Iterable
 
 from .labels import LABEL_CONFIG, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
@@ -66,3 +67,23 @@ def lease_labels(user: str, server: str, gpu_uuids: Iterable[str], host: str, le
     if digest:
         labels[LABEL_CONFIG] = digest
     return labels
+
+
+def runtime_env(cpu_limit, gpu_uuids: Iterable[str]) -> dict[str, str]:
+    """Environment every lease-holding container gets: thread counts that match its CPU
+    limit, and the NVIDIA runtime's view (no GPU at all without a lease)."""
+    env: dict[str, str] = {}
+    if cpu_limit:
+        threads = str(max(1, math.ceil(cpu_limit)))
+        env.update({
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "TF_NUM_INTRAOP_THREADS": threads,
+            "TF_NUM_INTEROP_THREADS": str(min(2, int(threads))),
+        })
+    if not list(gpu_uuids):
+        # Even where nvidia is the default runtime, a CPU container gets no GPU.
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"
+    else:
+        env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
+    return env

@@ -18,6 +18,8 @@ LABEL_HOST = f"{PREFIX}.host"
 LABEL_CUDA = f"{PREFIX}.cuda-version"
 LABEL_HOME_OWNER = f"{PREFIX}.home-owner"
 LABEL_POOL = f"{PREFIX}.pool"
+# The batch job a container runs (spawner/jobs): its id in the ledger.
+LABEL_JOB = f"{PREFIX}.job"
 # A digest of what a kept container (remove=False) was made for: its lease,
 # image, limits and identity.  A start whose digest differs recreates it.
 LABEL_CONFIG = f"{PREFIX}.config"

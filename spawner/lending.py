@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default, validate
 
+from .containers import runtime_env
 from .inventory import inventory_from_config
 from .ledger_io import ledger_call
 from .metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
@@ -62,6 +62,26 @@ class IdentityRefused(web.HTTPError):
         super().__init__(403, message)
 
 
+def container_identity(auth_state: dict | None, fallback_uid: int, fallback_gid: int) -> tuple[int, int]:
+    """uid, gid from the directory (auth_state) when it has them, else the fallback.
+
+    A directory identity that would run as root (uid or gid 0) or that is
+    malformed is refused, never remapped: a silent fallback would hand the
+    user's files to another uid.  Servers and jobs both run as this."""
+    auth_state = auth_state or {}
+    uid = auth_state.get("uid_number")
+    gid = auth_state.get("gid_number")
+    for what, value in (("uidNumber", uid), ("gidNumber", gid)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise IdentityRefused(
+                f"Your directory account has {what} {value!r}, which this hub will not run a "
+                "server as (never root, never root's group). Ask your directory administrator "
+                "to give you a regular one.")
+    return (uid if uid is not None else fallback_uid, gid if gid is not None else fallback_gid)
+
+
 class GPULendingSpawner(Spawner):
     """Profiles, GPU leases and their ends, for any engine (see the module docstring)."""
 
@@ -74,7 +94,10 @@ class GPULendingSpawner(Spawner):
         `slug` (what REST clients send as `{"profile": slug}`), `display_name`,
         `description`, `image`, `gpus` (how many GPUs the profile leases; 0 for
         none), `cpu_limit`, `mem_limit`, and `groups` (JupyterHub groups allowed
-        to use it; empty for everyone).  Users can choose nothing else: no image,
+        to use it; empty for everyone).  For batch jobs also `job_max_seconds`
+        (the longest timeout a job may ask; default GPUHUB_JOB_MAX_SECONDS) and
+        `job_network` (true: the job's container joins the hub's Docker network;
+        default false: no network).  Users can choose nothing else: no image,
         environment, mount or GPU beyond what their profile grants.
         """,
     )
@@ -397,23 +420,8 @@ class GPULendingSpawner(Spawner):
     # ------------------------------------------------------------- identity
 
     def container_identity(self) -> tuple[int, int]:
-        """uid, gid from the directory (auth_state) when it has them, else the fallback.
-
-        A directory identity that would run as root (uid or gid 0) or that is
-        malformed is refused, never remapped: a silent fallback would hand the
-        user's files to another uid."""
-        uid = self._auth_state.get("uid_number")
-        gid = self._auth_state.get("gid_number")
-        for what, value in (("uidNumber", uid), ("gidNumber", gid)):
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise IdentityRefused(
-                    f"Your directory account has {what} {value!r}, which this hub will not run a "
-                    "server as (never root, never root's group). Ask your directory administrator "
-                    "to give you a regular one.")
-        return (uid if uid is not None else self.fallback_uid,
-                gid if gid is not None else self.fallback_gid)
+        """uid, gid from the directory (auth_state) when it has them, else the fallback."""
+        return container_identity(self._auth_state, self.fallback_uid, self.fallback_gid)
 
     def has_directory_identity(self) -> bool:
         return self._auth_state.get("uid_number") is not None
@@ -425,19 +433,7 @@ class GPULendingSpawner(Spawner):
     def get_env(self):
         env = super().get_env()
         cpu = self.profile.cpu_limit if self.profile else self.cpu_limit
-        if cpu:
-            threads = str(max(1, math.ceil(cpu)))
-            env.update({
-                "OMP_NUM_THREADS": threads,
-                "MKL_NUM_THREADS": threads,
-                "TF_NUM_INTRAOP_THREADS": threads,
-                "TF_NUM_INTEROP_THREADS": str(min(2, int(threads))),
-            })
-        if not self.gpu_uuids:
-            # Even where nvidia is the default runtime, a CPU server gets no GPU.
-            env["NVIDIA_VISIBLE_DEVICES"] = "void"
-        else:
-            env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
+        env.update(runtime_env(cpu, self.gpu_uuids))
         return env
 
     # ------------------------------------------------------------- starting

@@ -39,7 +39,8 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
     },
 ]
 
-_FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups"}
+_FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups",
+           "job_max_seconds", "job_network"}
 
 
 class ProfileConfigError(ValueError):
@@ -56,6 +57,11 @@ class Profile:
     mem_limit: str | None = None
     groups: tuple[str, ...] = ()
     description: str = ""
+    # Batch jobs (spawner/jobs): the longest timeout a job may ask for (None: the
+    # hub's GPUHUB_JOB_MAX_SECONDS), and whether its container gets the hub's
+    # Docker network (False: no network at all).
+    job_max_seconds: int | None = None
+    job_network: bool = False
 
     def allows(self, user_groups: Iterable[str]) -> bool:
         """An empty group list means everyone may use the profile."""
@@ -80,7 +86,14 @@ class Profile:
         groups = raw.get("groups") or []
         if not isinstance(groups, (list, tuple)) or not all(isinstance(g, str) for g in groups):
             raise ProfileConfigError(f"profile {raw['slug']!r}: 'groups' must be a list of group names")
+        job_max = raw.get("job_max_seconds")
+        if job_max is not None and (not isinstance(job_max, int) or isinstance(job_max, bool) or job_max <= 0):
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'job_max_seconds' must be a positive integer")
+        if not isinstance(raw.get("job_network", False), bool):
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'job_network' must be true or false")
         return cls(
+            job_max_seconds=job_max,
+            job_network=raw.get("job_network", False),
             slug=raw["slug"],
             display_name=raw["display_name"],
             image=raw["image"],

@@ -11,6 +11,9 @@ polled every server it knew) and then every `interval` seconds:
   remove it, the GPU stays lent and the next pass tries again;
 - a running container that carries GPUs without an active lease: stopped and
   removed, so no one uses a GPU the ledger thinks is free.
+
+Batch jobs' leases (server name `job/<id>`) belong to no hub server: the jobs'
+own reconciler (spawner/jobs/reconcile.py, in the gpu-pool service) judges them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from traitlets.config import LoggingConfigurable
 
 from .labels import HOLDING_STATES, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from .pool import EndReason, GPUPool, PoolError
+from .pool.jobs import is_job_server
 
 
 @dataclass
@@ -67,7 +71,7 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
 
     active = {lease.id: lease for lease in pool.leases(host=host)}
     for lease_id, lease in active.items():
-        if lease_id in tracked or lease.started_at > cutoff:
+        if lease_id in tracked or lease.started_at > cutoff or is_job_server(lease.server_name):
             report.kept.append(lease_id)
             continue
         removed = [_remove(container, report, log, f"its lease {lease_id} is held by no server the hub tracks")

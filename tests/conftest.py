@@ -42,7 +42,7 @@ FIXED_PORT_UNITS = {
                               "tests/integration/test_upgrade.py"}),
 }
 LONG_MODULES_FIRST = [
-    "test_auth_hub.py", "test_gpu_spawner.py", "test_failure_paths.py", "test_culling.py",
+    "test_auth_hub.py", "test_gpu_spawner.py", "test_jobs.py", "test_failure_paths.py", "test_culling.py",
     "test_browser.py", "test_tensorflow_hub.py", "test_poolpage.py", "test_reconcile.py",
 ]
 

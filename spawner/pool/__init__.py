@@ -65,6 +65,7 @@ Layout (one concern per module; data flows inventory -> pool -> spawner)
     admin.py           release, reconcile, drain
     reads.py           leases, history, GPU states, the queue
     inventory_sync.py  recording the inventory's GPUs
+    jobs.py            the batch jobs' records (JobLedger)
     gpupool.py         GPUPool: the configurable facade composing them
 """
 
@@ -90,6 +91,7 @@ from .schema import (
     UTCDateTime,
     audit_table,
     gpus_table,
+    jobs_table,
     lease_gpus_table,
     leases_table,
     meta_table,
@@ -118,6 +120,7 @@ __all__ = [
     "UTCDateTime",
     "audit_table",
     "gpus_table",
+    "jobs_table",
     "lease_gpus_table",
     "leases_table",
     "meta_table",

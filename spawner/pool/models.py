@@ -92,6 +92,11 @@ class EndReason(str, Enum):
     DIED = "died"
     RECONCILED = "reconciled"
     ADMIN = "admin"
+    # Batch jobs (spawner/jobs): told apart from notebook servers in history and usage.
+    JOB_FINISHED = "job-finished"
+    JOB_FAILED = "job-failed"
+    JOB_CANCELLED = "job-cancelled"
+    JOB_TIMEOUT = "job-timeout"
 
     def __str__(self) -> str:
         return self.value

@@ -28,7 +28,7 @@ from sqlalchemy.types import TypeDecorator
 
 from .models import PoolUnavailable
 
-SCHEMA_VERSION = 4  # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log
+SCHEMA_VERSION = 5  # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs
 NAME_MAX = 255
 
 
@@ -160,6 +160,38 @@ queue_log_table = Table(
 )
 
 
+jobs_table = Table(
+    "gpu_pool_jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(NAME_MAX), nullable=False),
+    Column("groups", Text, nullable=False),  # JSON list, as the user's leases record them
+    Column("profile", String(NAME_MAX), nullable=False),
+    Column("command", Text, nullable=False),  # JSON list of strings
+    Column("workdir", Text, nullable=False),
+    Column("timeout_s", Integer, nullable=False),
+    Column("host", String(NAME_MAX), nullable=False),
+    # The identity the container runs as (the servers' rule, fixed at submission).
+    Column("uid", Integer, nullable=False),
+    Column("gid", Integer, nullable=False),
+    # queued, starting, running, succeeded, failed, cancelled, timed-out
+    Column("state", String(16), nullable=False),
+    Column("lease_id", Integer),
+    Column("container", String(NAME_MAX)),
+    Column("gpu_uuids", Text, nullable=False),  # JSON list
+    Column("exit_code", Integer),
+    Column("message", Text),
+    Column("submitted_at", UTCDateTime, nullable=False),
+    Column("started_at", UTCDateTime),
+    Column("ended_at", UTCDateTime),
+    # The output kept once the container is gone (its last bytes, capped).
+    Column("log", Text),
+    Index("ix_gpu_pool_jobs_user", "user_name"),
+    Index("ix_gpu_pool_jobs_state", "state"),
+    sqlite_autoincrement=True,
+)
+
+
 def create_schema(conn) -> None:
     """Create the tables if missing; refuse a ledger written by newer code."""
     metadata.create_all(conn)
@@ -170,8 +202,8 @@ def create_schema(conn) -> None:
         if int(version) < 2:
             # 1 -> 2: the column ledgers made by 0.1 lack.
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
-        # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log: new tables
-        # create_all has just made.
+        # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs:
+        # new tables create_all has just made.
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

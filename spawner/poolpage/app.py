@@ -21,6 +21,8 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
 
+from ..jobs.runner import JobRunner
+from ..jobs.settings import JobSettings
 from ..ledger_io import ledger_call
 from ..pool import GPUPool
 from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
@@ -180,8 +182,12 @@ def _more_routes(prefix: str) -> list:
     return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
 
 
-def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool) -> web.Application:
+def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None) -> web.Application:
+    from . import jobs_api  # imports this module's handlers
+
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
+    if jobs is not None:  # the page's Jobs section shows only where jobs run
+        jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
     api = url_path_join(prefix, "api")
     return web.Application(
         [
@@ -194,8 +200,9 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool) -> w
             (url_path_join(api, "usage.csv"), UsageCSV),
             (url_path_join(api, "audit"), AuditAPI),
             *_more_routes(prefix),
+            *jobs_api.routes(prefix),
         ],
-        pool=pool, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
+        pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
         cookie_secret=os.urandom(32), xsrf_cookies=False,
     )
 
@@ -210,8 +217,12 @@ async def serve(app: web.Application, port: int) -> None:
     server = HTTPServer(app, xheaders=True)
     server.listen(port, "127.0.0.1")
     log.info("GPU pool page on http://127.0.0.1:%s%s", port, app.settings["prefix"])
+    from .jobs_api import start_jobs
+
+    stop_jobs = await start_jobs(app, port)
     await stop.wait()
     server.stop()
+    await stop_jobs()
     log.info("GPU pool page stopped")
 
 
@@ -219,9 +230,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s %(asctime)s gpu-pool-page] %(message)s")
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-pool/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8091"))
-    pool = GPUPool(db_url=os.environ["GPUHUB_POOL_DB_URL"])
+    job_settings = JobSettings.from_env(os.environ)
+    pool = GPUPool(db_url=os.environ["GPUHUB_POOL_DB_URL"], **(job_settings.pool if job_settings else {}))
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"),
-                   env_bool(os.environ, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False))
+                   env_bool(os.environ, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
+                   jobs=JobRunner(pool, job_settings) if job_settings else None)
     try:
         asyncio.run(serve(app, url.port or 80))
     finally:

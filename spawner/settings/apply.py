@@ -119,6 +119,10 @@ def apply_settings(c, settings: Settings) -> None:
         from ..poolpage.service import configure_pool_page
 
         configure_pool_page(c, settings)
+    if settings.jobs:
+        from ..jobs.config import configure_jobs
+
+        configure_jobs(c, settings)
 
     from ..reconcile import start_in_hub
 

@@ -61,6 +61,9 @@ class Settings:
     pool_page: bool = True
     pool_page_port: int = 8091
     pool_page_show_holders: bool = False
+    jobs: bool = True
+    job_max_seconds: int = 86400
+    job_log_max_bytes: int = 1024 * 1024
     directory: "DirectorySettings | None" = None
     extra: dict = field(default_factory=dict)
 
@@ -209,6 +212,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         pool_page=pool_page,
         pool_page_port=pool_page_port,
         pool_page_show_holders=env_bool(env, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
+        # Batch jobs run in the gpu-pool service: without it there are none.
+        jobs=pool_page and env_bool(env, "GPUHUB_JOBS", True),
+        job_max_seconds=env_int(env, "GPUHUB_JOB_MAX_SECONDS", Settings.job_max_seconds, minimum=1),
+        job_log_max_bytes=env_int(env, "GPUHUB_JOB_LOG_MAX_BYTES", Settings.job_log_max_bytes, minimum=1024),
         directory=directory,
     )
 

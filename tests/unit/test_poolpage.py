@@ -8,7 +8,7 @@ import pytest
 from traitlets.config import Config
 
 from spawner.inventory import GPU, SimulatedInventory
-from spawner.pool import GPUPool
+from spawner.pool import SCHEMA_VERSION, GPUPool
 from spawner.pool.models import GPUStatus, Lease, Waiter
 from spawner.poolpage import ADMIN_SCOPE, views
 from spawner.poolpage.app import TEMPLATES
@@ -194,5 +194,5 @@ def test_older_ledgers_gain_the_audit_and_queue_tables_in_place(tmp_path, old):
     finally:
         pool.close()
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == "4"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == str(SCHEMA_VERSION)
     engine.dispose()

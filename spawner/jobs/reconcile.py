@@ -1,0 +1,82 @@
+"""Keep job leases and job containers in agreement, with the servers' guarantees.
+
+The hub's reconciler leaves job leases alone (no hub server holds them); this
+pass, run by the gpu-pool service at start and every `reconcile_interval`:
+
+- a job lease whose job has ended, is missing, or holds another lease (and is
+  older than `MIN_AGE`): its containers are removed, and the lease ends once
+  Docker confirms that (reason: the job's end, else `reconciled`);
+- a job container that runs with GPUs but without an active lease: removed;
+- a stopped container of an ended job (a removal that failed before): removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+
+from ..labels import HOLDING_STATES, LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL
+from ..pool import EndReason, PoolError
+from ..pool.jobs import END_REASONS, is_job_server
+
+log = logging.getLogger("gpu-pool-page")
+# A lease this young may belong to a job whose record is being written.
+MIN_AGE = 30.0
+
+
+async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
+    """One pass (see the module docstring); what it did."""
+    report: dict[str, list] = {"ended": [], "removed": []}
+    host = runner.settings.host or None
+    leases = await runner.call(runner.pool.leases, None, host)
+    active = {lease.id for lease in leases}
+    cutoff = datetime.now(UTC) - timedelta(seconds=min_age)
+    containers = await runner.docker("containers", all=True, filters={
+        "label": [LABEL_JOB, f"{LABEL_POOL}={runner.pool_id}"]})
+
+    for lease in leases:
+        if not is_job_server(lease.server_name) or lease.started_at > cutoff:
+            continue
+        job = await runner.call(runner.ledger.get, int(lease.server_name.split("/", 1)[1]))
+        if job is not None and job.active and (job.lease_id in (None, lease.id)):
+            continue  # its job runs (or starts) on it
+        holders = [c for c in containers if c["Labels"].get(LABEL_LEASE) == str(lease.id)]
+        removed = [await runner.remove_container(c["Id"]) for c in holders]
+        if all(removed):
+            reason = END_REASONS.get(job.state, EndReason.RECONCILED) if job is not None else EndReason.RECONCILED
+            if await runner.call(runner.pool.release, lease.id, reason):
+                report["ended"].append(lease.id)
+                log.warning("Ended GPU lease %s of job %s: its job has ended", lease.id, lease.server_name)
+
+    for c in containers:
+        labels = c["Labels"]
+        try:
+            lease_id = int(labels.get(LABEL_LEASE) or -1)
+        except ValueError:
+            lease_id = -1
+        holding = c.get("State") in HOLDING_STATES or c.get("State") == "created"
+        if holding and labels.get(LABEL_GPUS) and lease_id not in active:
+            why = "it holds GPUs without an active lease"
+        elif not holding:
+            job = await runner.call(runner.ledger.get, int(labels[LABEL_JOB]))
+            if job is not None and job.active:
+                continue  # its runner reads its exit and log first
+            why = "its job has ended"
+        else:
+            continue
+        if await runner.remove_container(c["Id"]):
+            report["removed"].append(c["Names"][0].lstrip("/") if c.get("Names") else c["Id"][:12])
+            log.warning("Removed job container %s: %s", report["removed"][-1], why)
+    return report
+
+
+async def reconcile_forever(runner) -> None:
+    while True:
+        try:
+            await reconcile_jobs(runner)
+        except PoolError as exc:
+            log.error("Job reconcile skipped: %s", exc)
+        except Exception:
+            log.exception("Job reconcile failed; will retry")
+        await asyncio.sleep(runner.settings.reconcile_interval)

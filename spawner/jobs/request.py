@@ -1,0 +1,112 @@
+"""What a job submission may contain, checked before anything is leased or created.
+
+Only `profile`, `command` (a list of strings), `workdir` (relative, inside the
+home) and `timeout` (seconds, within the profile's maximum).  Anything else is
+refused with a message (HTTP 400): a user never picks an image, environment,
+mount or GPU.  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..profiles import Profile, choose_profile
+
+ALLOWED_KEYS = ("profile", "command", "workdir", "timeout")
+MAX_ARGS = 256
+MAX_COMMAND_BYTES = 16 * 1024
+MAX_WORKDIR = 1024
+
+
+class BadJob(ValueError):
+    """A submission refused; str() is the message for the user, `status` the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Submission:
+    profile: Profile
+    command: tuple[str, ...]
+    workdir: str
+    timeout_s: int
+
+
+def _shown(value: Any) -> str:
+    """A short printable excerpt of hostile input, for messages."""
+    return "".join(ch for ch in str(value)[:40] if ch.isprintable())
+
+
+def check_workdir(value: Any) -> str:
+    """A path relative to the home, without `..`; "" is the home itself."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadJob(f"'workdir' must be a string (a directory in your home), not {type(value).__name__}")
+    if len(value) > MAX_WORKDIR or any(ord(ch) < 32 for ch in value):
+        raise BadJob("'workdir' is too long or contains control characters")
+    if value.startswith("/") or value.startswith("~"):
+        raise BadJob(f"'workdir' must be relative to your home, not {_shown(value)!r}")
+    parts = [p for p in value.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise BadJob("'workdir' must stay inside your home ('..' is not allowed)")
+    return "/".join(parts)
+
+
+def check_command(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise BadJob("'command' must be a non-empty list of strings, e.g. [\"python\", \"train.py\"]")
+    if len(value) > MAX_ARGS:
+        raise BadJob(f"'command' has {len(value)} arguments; at most {MAX_ARGS} are allowed")
+    if not all(isinstance(arg, str) for arg in value):
+        raise BadJob("every item of 'command' must be a string")
+    if any("\0" in arg for arg in value):
+        raise BadJob("'command' must not contain NUL characters")
+    size = sum(len(arg.encode()) for arg in value)
+    if size > MAX_COMMAND_BYTES:
+        raise BadJob(f"'command' is {size} bytes long; at most {MAX_COMMAND_BYTES} are allowed")
+    if not value[0]:
+        raise BadJob("'command' must start with the program to run")
+    return tuple(value)
+
+
+def max_seconds(profile: Profile, default_max: int) -> int:
+    return profile.job_max_seconds or default_max
+
+
+def check_timeout(value: Any, limit: int) -> int:
+    if value is None:
+        return limit
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise BadJob(f"'timeout' must be a number of seconds, not {_shown(value)!r}")
+    if value < 1 or value > limit:
+        raise BadJob(f"'timeout' must be between 1 and {limit} seconds (this profile's maximum)")
+    return int(value)
+
+
+def check_submission(body: Any, profiles: list[Profile], user_groups, default_max: int) -> Submission:
+    """The submission in `body` (parsed JSON), or BadJob (400; 403 for a profile not theirs)."""
+    if not isinstance(body, dict):
+        raise BadJob('The body must be a JSON object such as {"profile": "tf-gpu-1", "command": ["python", "train.py"]}')
+    extra = sorted(_shown(k) for k in body if k not in ALLOWED_KEYS)
+    if extra:
+        raise BadJob(f"Unsupported field(s) {', '.join(repr(k) for k in extra)}: a job takes only "
+                     f"{', '.join(ALLOWED_KEYS)}; the image, environment, mounts and GPUs come "
+                     "from the profile.")
+    if "profile" not in body:
+        raise BadJob("'profile' is required (the slug of a profile, e.g. tf-gpu-1)")
+    from tornado import web
+
+    try:
+        profile = choose_profile({"profile": body["profile"]}, profiles, user_groups)
+    except web.HTTPError as exc:
+        raise BadJob(exc.log_message, exc.status_code) from None
+    return Submission(
+        profile=profile,
+        command=check_command(body.get("command")),
+        workdir=check_workdir(body.get("workdir")),
+        timeout_s=check_timeout(body.get("timeout"), max_seconds(profile, default_max)),
+    )

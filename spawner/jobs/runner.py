@@ -1,0 +1,413 @@
+"""JobRunner: runs batch jobs in the gpu-pool service, from queue to freed GPUs.
+
+A job waits in the pool's fair queue like a notebook spawn (same quotas: its
+lease is the user's), runs in a locked-down container given exactly its
+leased GPUs, and ends succeeded / failed / cancelled / timed-out.  Its lease
+ends only once Docker confirms the container no longer runs.  Every step is
+recorded in the ledger first, so a runner that restarts (the hub was killed)
+finds its jobs again: running containers are watched on, queued jobs queue
+again, and a job whose start was cut short starts again on its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+from ..homes import prepare_home_volume
+from ..labels import pool_identity
+from ..lending import container_identity
+from ..ledger_io import ledger_call
+from ..pool import GPUPool, PoolError
+from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED, TIMED_OUT,
+                         Job, JobLedger, job_server_name)
+from .request import Submission
+from .settings import JobSettings
+from .spec import container_name, container_spec
+
+log = logging.getLogger("gpu-pool-page")
+LEDGER_TIMEOUT = 10.0
+POLL_SECONDS = 0.5
+STOP_GRACE_SECONDS = 5
+_DOCKER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpu-jobs-docker")
+
+
+class JobError(Exception):
+    """A job request refused; `status` is the HTTP status, str() the message."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class _HomeOwner:
+    """What homes.prepare_home_volume asks of a spawner, for a job's user: the same rules."""
+
+    def __init__(self, runner: "JobRunner", user: str, has_directory_identity: bool):
+        s = runner.settings
+        self.user = SimpleNamespace(name=user)
+        self.client = runner.api
+        self.docker = runner.docker
+        self.home_volume_name = s.home_volume
+        self.home_mount_point = s.home_mount_point
+        self.home_volume_prep_image = s.home_volume_prep_image
+        self.home_prep_timeout = s.home_prep_timeout
+        self.fallback_uid, self.fallback_gid = s.fallback_uid, s.fallback_gid
+        self._directory = has_directory_identity
+
+    def has_directory_identity(self) -> bool:
+        return self._directory
+
+    def _render_templates(self, template: str) -> str:
+        from dockerspawner import DockerSpawner
+
+        # DockerSpawner's own escaping, so a job mounts the very volume the server does.
+        return template.format(username=DockerSpawner._escape(self.user.name), raw_username=self.user.name)
+
+
+class JobRunner:
+    def __init__(self, pool: GPUPool, settings: JobSettings, docker_api=None):
+        self.pool = pool
+        self.settings = settings
+        self.ledger = JobLedger(pool)
+        self.profiles = {p.slug: p for p in settings.profile_objects()}
+        self._api = docker_api
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._acquiring: dict[int, asyncio.Future] = {}
+        self._cancel: set[int] = set()
+        self._background: list[asyncio.Task] = []
+        # The newest jobs as the pool page shows them, refreshed in the background.
+        self.snapshot: list[dict] = []
+
+    # ------------------------------------------------------------ plumbing
+
+    @property
+    def api(self):
+        if self._api is None:
+            import docker
+
+            self._api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=60)
+        return self._api
+
+    async def docker(self, method: str, *args, **kwargs):
+        """A (blocking) Docker API call on the runner's own threads."""
+        fn = functools.partial(getattr(self.api, method), *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(_DOCKER, fn)
+
+    async def call(self, fn, *args, **kwargs):
+        return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
+
+    @property
+    def pool_id(self) -> str:
+        return pool_identity(self.pool)
+
+    def home_volume(self, user: str) -> str:
+        return _HomeOwner(self, user, False)._render_templates(self.settings.home_volume)
+
+    # ------------------------------------------------------------ start/stop
+
+    async def start(self) -> None:
+        """Find the jobs of this host again (retried while the ledger does not answer), then
+        reconcile; stop with the hub."""
+        self._background.append(asyncio.create_task(self._take_up_then_reconcile()))
+        self._background.append(asyncio.create_task(self._refresh_snapshot()))
+        self._background.append(asyncio.create_task(self._exit_with_the_hub(os.getppid())))
+
+    async def _take_up_then_reconcile(self) -> None:
+        from .reconcile import reconcile_forever
+
+        while True:
+            try:
+                await self._take_up()
+                break
+            except PoolError as exc:
+                log.error("Cannot read the jobs yet (%s); trying again in 5 s", exc)
+                await asyncio.sleep(5.0)
+        await reconcile_forever(self)
+
+    async def _take_up(self) -> None:
+        held = {lease.server_name: lease for lease in await self.call(self.pool.leases, None, self.settings.host or None)}
+        for job in await self.call(self.ledger.jobs, None, True, 10000):
+            if job.host != self.settings.host or job.id in self._tasks:
+                continue
+            lease = held.get(job_server_name(job.id))
+            if job.state == QUEUED and lease is not None:
+                # Leased just before the last service stopped, not yet recorded: use that
+                # lease rather than queue for a second one.
+                job = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
+                                      gpu_uuids=lease.gpu_uuids) or job
+            log.info("Job %s of %s found %s; taking it up again", job.id, job.user, job.state)
+            self._spawn(job)
+
+    async def _exit_with_the_hub(self, parent: int) -> None:
+        # The hub starts services in their own session: a hub killed with SIGKILL
+        # leaves this process behind with a token the next hub no longer knows.
+        # Stop instead (the jobs' containers run on; the next service adopts them).
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        log.warning("The hub (pid %s) is gone; stopping the gpu-pool service", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _refresh_snapshot(self, every: float = 2.0, rows: int = 200) -> None:
+        while True:
+            try:
+                now = datetime.now(UTC)
+                self.snapshot = [
+                    {**j.to_dict(), "duration_s": round(((j.ended_at or now) - j.started_at).total_seconds())
+                     if j.started_at else None}
+                    for j in await self.call(self.ledger.jobs, None, False, rows)]
+            except PoolError as exc:
+                log.warning("Could not read the jobs for the page: %s", exc)
+            await asyncio.sleep(every)
+
+    async def stop(self) -> None:
+        """Stop watching (jobs keep running: the next service takes them up)."""
+        for task in [*self._tasks.values(), *self._background]:
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), *self._background, return_exceptions=True)
+
+    # ------------------------------------------------------------ requests
+
+    async def submit(self, user: str, groups, auth_state: dict | None, sub: Submission) -> Job:
+        """Record a job and queue it; refused (JobError) before any lease or container."""
+        try:
+            uid, gid = container_identity(auth_state, self.settings.fallback_uid, self.settings.fallback_gid)
+        except Exception as exc:  # IdentityRefused
+            raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
+        if sub.profile.gpus:
+            try:
+                await self.call(self.pool.check_request, user, sub.profile.gpus, groups,
+                                self.settings.host or None)
+            except PoolError as exc:
+                raise JobError(str(exc), exc.status_code) from None
+        job = await self.call(self.ledger.create, user, groups, sub.profile.slug, sub.command, sub.workdir,
+                              sub.timeout_s, self.settings.host, uid, gid)
+        log.info("Job %s of %s queued: profile %s, %s", job.id, user, job.profile, list(job.command))
+        self._spawn(job)
+        return job
+
+    async def cancel(self, job_id: int) -> Job:
+        """Cancel: a queued job leaves the queue, a running one is stopped; returns once its
+        GPUs are free (or, if Docker cannot stop it, once that is recorded)."""
+        job = await self.call(self.ledger.get, job_id)
+        if job is None or not job.active:
+            return job
+        if job.host != self.settings.host:
+            raise JobError(f"Job {job.id} runs on {job.host}; cancel it through that host's hub", 409)
+        self._cancel.add(job_id)
+        acquiring = self._acquiring.get(job_id)
+        if acquiring is not None:
+            acquiring.cancel()
+        task = self._tasks.get(job_id)
+        if task is None:  # nothing watches it (cannot happen once started); end it here
+            await self._finish(job, CANCELLED, message="cancelled")
+        else:
+            await asyncio.wait({task}, timeout=60)
+        return await self.call(self.ledger.get, job_id)
+
+    async def position(self, job: Job) -> int | None:
+        """The job's place in the pool's queue while it waits."""
+        if job.state != QUEUED:
+            return None
+        name = job_server_name(job.id)
+        for waiter in await self.call(self.pool.queue):
+            if waiter.user == job.user and waiter.server_name == name:
+                return waiter.position
+        return None
+
+    # ------------------------------------------------------------ a job's life
+
+    def _spawn(self, job: Job) -> None:
+        task = asyncio.create_task(self._run(job))
+        self._tasks[job.id] = task
+        task.add_done_callback(lambda _t, i=job.id: self._tasks.pop(i, None))
+
+    async def _run(self, job: Job) -> None:
+        try:
+            profile = self.profiles.get(job.profile)
+            if profile is None:
+                await self._finish(job, FAILED, message=f"profile {job.profile!r} is no longer configured")
+                return
+            if job.state == QUEUED:
+                job = await self._lease(job, profile)
+                if job is None:
+                    return
+            if job.state == STARTING:
+                job = await self._launch(job, profile)
+            if job is not None and job.state == RUNNING:
+                await self._watch(job)
+        except asyncio.CancelledError:
+            raise  # the service stops; the job runs on and is taken up again
+        except Exception as exc:
+            log.exception("Job %s failed", job.id)
+            job = await self.call(self.ledger.get, job.id) or job
+            message = getattr(exc, "log_message", None) or str(exc) or type(exc).__name__
+            await self._finish(job, FAILED, message=message)
+        finally:
+            self._cancel.discard(job.id)
+
+    async def _lease(self, job: Job, profile) -> Job | None:
+        """Wait in the fair queue for the profile's GPUs; the job STARTING, or None if cancelled."""
+        if not profile.gpus:
+            return await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING)
+        acquiring = asyncio.ensure_future(self.pool.acquire(
+            job.user, job_server_name(job.id), profile.gpus, job.groups,
+            timeout=self.settings.queue_timeout, host=self.settings.host or None))
+        self._acquiring[job.id] = acquiring
+        try:
+            lease = await acquiring
+        except asyncio.CancelledError:
+            if job.id not in self._cancel:
+                raise
+            log.info("Job %s of %s cancelled while queued", job.id, job.user)
+            await self.call(self.ledger.update, job.id, (QUEUED,), "ended_at", state=CANCELLED,
+                            message="cancelled while queued")
+            return None
+        except PoolError as exc:
+            await self.call(self.ledger.update, job.id, (QUEUED,), "ended_at", state=FAILED, message=str(exc))
+            return None
+        finally:
+            self._acquiring.pop(job.id, None)
+        started = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
+                                  gpu_uuids=lease.gpu_uuids)
+        if started is None:  # ended meanwhile (an admin): hand the GPUs back
+            await self.call(self.pool.release, lease.id, END_REASONS[CANCELLED])
+            return None
+        log.info("Job %s of %s leased %s", job.id, job.user, ", ".join(lease.gpu_uuids))
+        return started
+
+    async def _launch(self, job: Job, profile) -> Job | None:
+        """Create and start the container on the job's lease (again, after a restart)."""
+        import docker.errors
+
+        name = container_name(self.settings, job.id)
+        try:
+            found = await self.docker("inspect_container", name)
+        except docker.errors.NotFound:
+            found = None
+        if found and found["State"].get("Running"):
+            # Started before a restart cut the record short: it is the job.
+            return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
+                                    container=name)
+        if found:
+            await self.docker("remove_container", name, force=True)
+        if job.id in self._cancel:
+            await self._finish(job, CANCELLED, message="cancelled before it started")
+            return None
+        # A job running as the fallback identity never takes over a home that a
+        # directory uid owns (homes.py refuses, as for a server).
+        directory = (job.uid, job.gid) != (self.settings.fallback_uid, self.settings.fallback_gid)
+        await prepare_home_volume(_HomeOwner(self, job.user, directory), profile.image, job.uid, job.gid)
+        create, host = container_spec(job, profile, self.settings, self.home_volume(job.user), self.pool_id)
+        create["host_config"] = self.api.create_host_config(**host)
+        await self.docker("create_container", **create)
+        await self.docker("start", name)
+        log.info("Job %s of %s runs in %s", job.id, job.user, name)
+        return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
+                               container=name)
+
+    async def _watch(self, job: Job) -> None:
+        """Until the container exits, the timeout passes or a cancel comes."""
+        import docker.errors
+
+        loop = asyncio.get_running_loop()
+        # The ledger's clock is this machine's for SQLite and close to it for PostgreSQL.
+        elapsed = (datetime.now(UTC) - job.started_at).total_seconds() if job.started_at else 0.0
+        deadline = loop.time() + job.timeout_s - max(elapsed, 0.0)
+        while True:
+            try:
+                state = (await self.docker("inspect_container", job.container))["State"]
+            except docker.errors.NotFound:
+                await self._finish(job, FAILED, message="its container was removed from outside")
+                return
+            except Exception as exc:  # unknown is not gone: keep watching
+                log.warning("Could not inspect job %s's container: %s", job.id, exc)
+                state = {"Running": True}
+            if not state.get("Running") and state.get("Status") != "created":
+                code = state.get("ExitCode")
+                await self._finish(job, SUCCEEDED if code == 0 else FAILED, exit_code=code,
+                                   message=None if code == 0 else f"exited with code {code}")
+                return
+            if job.id in self._cancel:
+                await self._finish(job, CANCELLED, message="cancelled while running")
+                return
+            if loop.time() >= deadline:
+                await self._finish(job, TIMED_OUT, message=f"stopped after its timeout of {job.timeout_s} s")
+                return
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
+        """Stop the container and keep its log; end the lease once Docker confirms nothing
+        runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
+        stopped = await self._stop_container(job)
+        output = await self.read_log(job) if job.container else None
+        if job.lease_id is not None:
+            if stopped:
+                await self.call(self.pool.release, job.lease_id, END_REASONS[state])
+            else:  # the job reconciler removes it and ends the lease later
+                await self.call(self.pool.set_problem, job.lease_id,
+                                f"job {job.id}'s container would not stop; retried by the job reconciler")
+        ended = await self.call(self.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
+                                state=state, exit_code=exit_code, message=message,
+                                **({"log": output} if output is not None else {}))
+        if ended is not None:
+            log.info("Job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
+        if stopped:
+            await self.remove_container(job.container or container_name(self.settings, job.id))
+
+    async def _stop_container(self, job: Job) -> bool:
+        """True once Docker confirms the job's container (if any) no longer runs."""
+        import docker.errors
+
+        name = job.container or container_name(self.settings, job.id)
+        for _ in range(3):
+            try:
+                state = (await self.docker("inspect_container", name))["State"]
+                if not state.get("Running") and state.get("Status") not in ("restarting", "removing"):
+                    return True
+                await self.docker("stop", name, timeout=STOP_GRACE_SECONDS)
+            except docker.errors.NotFound:
+                return True
+            except Exception as exc:
+                log.error("Could not stop job %s's container %s: %s", job.id, name, exc)
+                await asyncio.sleep(1.0)
+        return False
+
+    async def remove_container(self, name: str) -> bool:
+        import docker.errors
+
+        try:
+            await self.docker("remove_container", name, force=True)
+        except docker.errors.NotFound:
+            pass
+        except Exception as exc:
+            log.error("Could not remove container %s: %s", name, exc)
+            return False
+        return True
+
+    async def read_log(self, job: Job) -> str | None:
+        """The container's output so far, its last `log_max_bytes` bytes; None if it is gone."""
+        import docker.errors
+
+        try:
+            raw = await self.docker("logs", job.container or container_name(self.settings, job.id),
+                                    stdout=True, stderr=True)
+        except docker.errors.NotFound:
+            return None
+        except Exception as exc:
+            log.warning("Could not read job %s's log: %s", job.id, exc)
+            return None
+        return cap(raw, self.settings.log_max_bytes)
+
+
+def cap(raw: bytes, limit: int) -> str:
+    """The last `limit` bytes of `raw` as text, saying when the start was cut."""
+    if len(raw) <= limit:
+        return raw.decode(errors="replace")
+    return f"[... first {len(raw) - limit} bytes not kept ...]\n" + raw[-limit:].decode(errors="replace")

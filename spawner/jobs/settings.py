@@ -1,0 +1,59 @@
+"""What the hub tells the gpu-pool service about job containers (one JSON environment variable).
+
+The hub's config knows the profiles, the Docker network, the home volumes and
+the identity fallbacks; the service, a separate process, gets them from
+`GPUHUB_JOBS_CONFIG_FILE` (written by the hub from its final config) or else
+`GPUHUB_JOBS_CONFIG` (config.py), and builds containers exactly as the spawner would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from ..profiles import Profile, load_profiles
+
+ENV_NAME = "GPUHUB_JOBS_CONFIG"
+# The same, written by the hub from its final config once every config file is loaded;
+# preferred when present (config.py: write_when_loaded).
+FILE_ENV_NAME = "GPUHUB_JOBS_CONFIG_FILE"
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    profiles: list = field(default_factory=list)  # raw profile dicts, as configured
+    host: str = ""  # the inventory's host: jobs lease GPUs of this Docker host only
+    network: str = "gpuhub"
+    prefix: str = "gpuhub"
+    home_volume: str = "gpuhub-home-{username}"
+    home_mount_point: str = "/home/jovyan"
+    home_volume_prep_image: str = ""
+    home_prep_timeout: float = 600.0
+    fallback_uid: int = 1000
+    fallback_gid: int = 100
+    shm_size: str = "2g"
+    max_seconds: int = 86400
+    log_max_bytes: int = 1024 * 1024
+    queue_timeout: float = 86400.0
+    reconcile_interval: float = 30.0
+    # Where containers reach the service (the hub's bridge address); "" = 127.0.0.1 only.
+    bridge_ip: str = ""
+    # The hub's c.GPUPool options (quotas, queue rules), so jobs queue by the same rules.
+    pool: dict = field(default_factory=dict)
+
+    def profile_objects(self) -> list[Profile]:
+        return load_profiles(self.profiles)
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_env(cls, environ) -> "JobSettings | None":
+        raw = environ.get(ENV_NAME)
+        path = environ.get(FILE_ENV_NAME)
+        if raw and path and os.path.isfile(path):
+            raw = open(path).read()
+        if not raw:
+            return None
+        return cls(**json.loads(raw))

@@ -1,0 +1,154 @@
+"""The batch jobs' records in the ledger: one row per job, so jobs outlive the process running them.
+
+A job's lease is an ordinary lease (same queue, quotas and accounting) whose
+server name is `job/<id>`: JupyterHub server names never contain a slash, so
+the hub's reconciler can tell a job's lease from a notebook server's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from .models import EndReason, iso
+from .schema import jobs_table
+
+JOB_SERVER_PREFIX = "job/"
+
+QUEUED, STARTING, RUNNING = "queued", "starting", "running"
+SUCCEEDED, FAILED, CANCELLED, TIMED_OUT = "succeeded", "failed", "cancelled", "timed-out"
+ACTIVE_STATES = (QUEUED, STARTING, RUNNING)
+# A finished job's state -> the reason its lease ends with.
+END_REASONS = {
+    SUCCEEDED: EndReason.JOB_FINISHED,
+    FAILED: EndReason.JOB_FAILED,
+    CANCELLED: EndReason.JOB_CANCELLED,
+    TIMED_OUT: EndReason.JOB_TIMEOUT,
+}
+
+
+def job_server_name(job_id: int) -> str:
+    """The server name a job's lease and queue entry carry."""
+    return f"{JOB_SERVER_PREFIX}{job_id}"
+
+
+def is_job_server(server_name: str) -> bool:
+    return server_name.startswith(JOB_SERVER_PREFIX)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    user: str
+    groups: tuple[str, ...]
+    profile: str
+    command: tuple[str, ...]
+    workdir: str
+    timeout_s: int
+    host: str
+    uid: int
+    gid: int
+    state: str
+    lease_id: int | None
+    container: str | None
+    gpu_uuids: tuple[str, ...]
+    exit_code: int | None
+    message: str | None
+    submitted_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def public_state(self) -> str:
+        # "starting" holds GPUs already: to a user it is running.
+        return RUNNING if self.state == STARTING else self.state
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "user": self.user, "profile": self.profile,
+            "command": list(self.command), "workdir": self.workdir, "timeout": self.timeout_s,
+            "state": self.public_state, "exit_code": self.exit_code, "message": self.message,
+            "gpus": list(self.gpu_uuids), "host": self.host, "lease_id": self.lease_id,
+            "submitted_at": iso(self.submitted_at), "started_at": iso(self.started_at),
+            "ended_at": iso(self.ended_at),
+        }
+
+
+def _job(row) -> Job:
+    m = row._mapping
+    return Job(
+        id=m["id"], user=m["user_name"], groups=tuple(json.loads(m["groups"])), profile=m["profile"],
+        command=tuple(json.loads(m["command"])), workdir=m["workdir"], timeout_s=m["timeout_s"],
+        host=m["host"], uid=m["uid"], gid=m["gid"], state=m["state"], lease_id=m["lease_id"], container=m["container"],
+        gpu_uuids=tuple(json.loads(m["gpu_uuids"])), exit_code=m["exit_code"], message=m["message"],
+        submitted_at=m["submitted_at"], started_at=m["started_at"], ended_at=m["ended_at"],
+    )
+
+
+_COLUMNS = [c for c in jobs_table.c if c.name != "log"]
+
+
+class JobLedger:
+    """Reads and writes of `gpu_pool_jobs` through a GPUPool's database (its clock, its locks)."""
+
+    def __init__(self, pool):
+        self._store = pool._store
+
+    def create(self, user: str, groups, profile: str, command, workdir: str, timeout_s: int,
+               host: str, uid: int, gid: int) -> Job:
+        def write(conn):
+            job_id = conn.execute(insert(jobs_table).values(**{
+                "user_name": user, "groups": json.dumps(sorted(groups)), "profile": profile,
+                "command": json.dumps(list(command)), "workdir": workdir, "timeout_s": timeout_s,
+                "host": host, "uid": uid, "gid": gid, "state": QUEUED, "gpu_uuids": "[]",
+                "submitted_at": self._store.now(conn)})).inserted_primary_key[0]
+            return self._get(conn, job_id)
+        return self._store.write(write)
+
+    def _get(self, conn, job_id: int) -> Job | None:
+        rows = conn.execute(select(*_COLUMNS).where(jobs_table.c.id == job_id)).all()
+        return _job(rows[0]) if rows else None
+
+    def get(self, job_id: int) -> Job | None:
+        return self._store.read(lambda conn: self._get(conn, job_id))
+
+    def jobs(self, user: str | None = None, active_only: bool = False, limit: int = 200) -> list[Job]:
+        """Newest first."""
+        stmt = select(*_COLUMNS).order_by(jobs_table.c.id.desc()).limit(limit)
+        if user is not None:
+            stmt = stmt.where(jobs_table.c.user_name == user)
+        if active_only:
+            stmt = stmt.where(jobs_table.c.state.in_(ACTIVE_STATES))
+        return self._store.read(lambda conn: [_job(r) for r in conn.execute(stmt).all()])
+
+    def update(self, job_id: int, expect: tuple[str, ...] | None = None, stamp: str | None = None,
+               **values) -> Job | None:
+        """Set `values` (columns; lists as JSON), and `stamp` (started_at/ended_at) to the
+        database's now; only while the job's state is in `expect`.  The job, or None if not."""
+        for key in ("gpu_uuids", "command", "groups"):
+            if key in values:
+                values[key] = json.dumps(list(values[key]))
+
+        def write(conn):
+            stmt = update(jobs_table).where(jobs_table.c.id == job_id)
+            if expect is not None:
+                stmt = stmt.where(jobs_table.c.state.in_(expect))
+            row = dict(values)
+            if stamp:
+                row[stamp] = self._store.now(conn)
+            if conn.execute(stmt.values(**row)).rowcount == 0:
+                return None
+            return self._get(conn, job_id)
+        return self._store.write(write)
+
+    def log(self, job_id: int) -> str | None:
+        stmt = select(jobs_table.c.log).where(jobs_table.c.id == job_id)
+        return self._store.read(lambda conn: conn.execute(stmt).scalar())
