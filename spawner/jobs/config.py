@@ -12,12 +12,13 @@ from pathlib import Path
 
 from ..culling import without_named
 from ..poolpage import SERVICE_NAME
-from ..poolpage.service import ACCESS_SCOPE
+from ..poolpage.service import ACCESS_SCOPE, SERVICE_ROLE
 from ..profiles import DEFAULT_PROFILES
 from . import JOBS_SCOPE
 from .settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 
-SERVICE_ROLE = "gpu-pool-service"
+# What the service's own token needs besides the pool page's: users' groups and directory identity.
+JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
 # JupyterHub's `server` role, plus submitting jobs to the gpu-pool service.
 SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE, ACCESS_SCOPE]
 
@@ -78,13 +79,14 @@ def configure_jobs(c, settings) -> None:
     for role in roles:
         if role.get("name") == "user" and JOBS_SCOPE not in role["scopes"]:
             role["scopes"] = [*role["scopes"], JOBS_SCOPE]
-    roles = without_named(roles, SERVICE_ROLE) + [{
-        "name": SERVICE_ROLE,
-        "description": "The gpu-pool service reads users' groups and directory identity to run their jobs",
-        "scopes": ["read:users", "admin:auth_state"],
-        "services": [SERVICE_NAME],
-    }]
-    section.load_roles = roles
+    service_role = next((r for r in roles if r.get("name") == SERVICE_ROLE),
+                        {"name": SERVICE_ROLE, "scopes": [], "services": [SERVICE_NAME]})
+    service_role = {**service_role, "scopes": [*service_role["scopes"],
+                                               *(s for s in JOB_SERVICE_SCOPES if s not in service_role["scopes"])]}
+    why = "; it reads users' groups and directory identity to run their jobs"
+    if why not in service_role.get("description", ""):
+        service_role["description"] = service_role.get("description", "The gpu-pool service") + why
+    section.load_roles = without_named(roles, SERVICE_ROLE) + [service_role]
 
     js = job_settings(c, settings)
     path = settings.data_dir / "gpu-jobs.json"

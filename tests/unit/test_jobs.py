@@ -10,7 +10,9 @@ from traitlets.config import Config
 
 from spawner.containers import HARDENING
 from spawner.jobs import JOBS_SCOPE
-from spawner.jobs.config import SERVICE_ROLE, configure_jobs
+from spawner.jobs.config import configure_jobs
+from spawner.poolpage.hubapi import SERVICE_SCOPES
+from spawner.poolpage.service import SERVICE_ROLE
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
 from spawner.jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
@@ -152,7 +154,9 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     assert roles["user"]["scopes"].count(JOBS_SCOPE) == 1
     assert roles[SERVICE_ROLE]["services"] == ["gpu-pool"]
-    assert set(roles[SERVICE_ROLE]["scopes"]) == {"read:users", "admin:auth_state"}
+    # The pool page's role, extended (not replaced) by what running jobs needs, each scope once.
+    scopes = roles[SERVICE_ROLE]["scopes"]
+    assert set(scopes) == {"read:users", "admin:auth_state", *SERVICE_SCOPES} and len(scopes) == len(set(scopes))
     [service] = c.JupyterHub.services
     assert service["oauth_client_allowed_scopes"].count(JOBS_SCOPE) == 1
     js = JobSettings.from_env(service["environment"])
