@@ -96,6 +96,10 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
 
         start_in_hub()
 
+    def home_volume_create_kwargs(self) -> dict:
+        """Extra arguments of the home volume's creation (driver options): none on one host."""
+        return {}
+
     def _check_security_config(self) -> None:
         """Refuse configurations that would hand a user the Docker daemon."""
         configured = [str(v) for v in list(self.volumes) + list(self.volumes.values())]

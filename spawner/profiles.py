@@ -39,7 +39,8 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
     },
 ]
 
-_FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups"}
+_FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups",
+           "node_labels"}
 
 
 class ProfileConfigError(ValueError):
@@ -56,6 +57,8 @@ class Profile:
     mem_limit: str | None = None
     groups: tuple[str, ...] = ()
     description: str = ""
+    node_labels: tuple[tuple[str, str], ...] = ()
+    """Swarm node labels the GPUs must come from, e.g. (("gpu.model", "a100"),)."""
 
     def allows(self, user_groups: Iterable[str]) -> bool:
         """An empty group list means everyone may use the profile."""
@@ -80,6 +83,11 @@ class Profile:
         groups = raw.get("groups") or []
         if not isinstance(groups, (list, tuple)) or not all(isinstance(g, str) for g in groups):
             raise ProfileConfigError(f"profile {raw['slug']!r}: 'groups' must be a list of group names")
+        labels = raw.get("node_labels") or {}
+        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in labels.items()):
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'node_labels' must map label names to "
+                                     "values, like {\"gpu.model\": \"a100\"}")
         return cls(
             slug=raw["slug"],
             display_name=raw["display_name"],
@@ -89,6 +97,7 @@ class Profile:
             mem_limit=raw.get("mem_limit"),
             groups=tuple(groups),
             description=raw.get("description", ""),
+            node_labels=tuple(sorted(labels.items())),
         )
 
 

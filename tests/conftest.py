@@ -22,4 +22,5 @@ pytest_plugins = [
     "tests.fixtures.images",
     "tests.fixtures.browser",
     "tests.fixtures.faults",
+    "tests.fixtures.swarm",
 ]
