@@ -200,6 +200,17 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             raise RuntimeError(f"Service {self.service_name} has no address on {self.network_name}")
         return ip, self.port
 
+    async def run_post_stop_hook(self):
+        # JupyterHub skips stop() for a server that poll found dead (a task that
+        # exited, a node that went down): its service still exists.  Remove it,
+        # so that nothing can run it again, before the lease is settled.
+        try:
+            if await self.get_object() is not None:
+                await self.remove_object()
+        except Exception as exc:  # the lease then stays lent; the reconciler retries
+            self.log.warning("Could not remove service %s: %s", self.service_name, exc)
+        await super().run_post_stop_hook()
+
     async def lease_holders(self, lease_id: int) -> list[str]:
         return await asyncio.to_thread(lease_holders_in, self.client, lease_id, pool_identity(self.pool))
 
