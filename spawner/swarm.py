@@ -28,7 +28,7 @@ from .homes import prepare_home_volume
 from .labels import pool_identity
 from .profiles import Profile
 from .readiness import wait_for_server
-from .swarm_tasks import lease_holders_in, node_states, task_ip
+from .swarm_tasks import LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
 
 SQLITE_REFUSED = ("gpu-swarm lends the GPUs of several hosts from one ledger, which must be "
                   "PostgreSQL (GPUPool.db_url / GPUHUB_POOL_DB_URL = postgresql+psycopg://...); "
@@ -162,8 +162,10 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         constraints = [f"node.hostname=={self.gpu_host}"] if self.gpu_uuids else list(self.cpu_constraints)
         task = TaskTemplate(
             container_spec=ContainerSpec(**spec), resources=resources,
-            # A server that exits stays exited: the hub sees it die and its lease ends.
-            restart_policy=RestartPolicy(condition="none"),
+            # A server that exits stays exited: the hub sees it die and its lease ends.  With
+            # the generic-resource guard, Swarm may reject a first task and needs retries.
+            restart_policy=(RestartPolicy(condition="on-failure", max_attempts=3)
+                            if self.generic_resource_guard else RestartPolicy(condition="none")),
             placement=Placement(constraints=constraints or None),
             networks=[NetworkAttachmentConfig(self.network_name)] if self.network_name else [],
         )
@@ -171,7 +173,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         service = await self.docker("create_service", task, name=self.service_name, labels=labels,
                                     endpoint_spec=EndpointSpec(mode="dnsrr"))
         while not await self.docker("tasks", filters={"service": self.service_name}):
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.1)
         return service
 
     async def get_object(self):
@@ -192,6 +194,24 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             if states.get(task["NodeID"]) == "down":
                 return {**task, "Status": {**task.get("Status", {}), "State": "down"}}
         return task
+
+    async def start_object(self):
+        """Wait until the task runs, checking every 0.2 s (SwarmSpawner backs off up to 11 s)."""
+        while True:
+            task = await self.get_task()
+            if not task:
+                raise RuntimeError(f"Service {self.service_name} has no task")
+            status = task.get("Status") or {}
+            state = (status.get("State") or "").lower()
+            if state == "running":
+                return
+            if state == "rejected" and self.generic_resource_guard:
+                pass  # Swarm often rejects the first task of a generic-resource service, then retries
+            elif state not in LIVE_TASK_STATES:
+                # Rejected, failed, or on a node that went down: say why, in Swarm's words.
+                raise web.HTTPError(500, f"Your server's task did not start on {self.gpu_host or 'a node'}: "
+                                    f"{state} ({status.get('Err') or status.get('Message') or 'no reason given'})")
+            await asyncio.sleep(0.2)
 
     async def get_ip_and_port(self):
         task = await self.get_task()

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""gpu-swarm on a real 2-worker Swarm made on this machine (tests/fixtures/swarm.py).
+
+1. REST POST -> ready: `gpu-swarm` (1 GPU) versus dockerspawner's SwarmSpawner,
+   same cluster, image and overlay, alternating in one run.  The baseline
+   differs from stock SwarmSpawner in two lines only, which this harness
+   needs: the hub runs outside Docker's DNS, so it reaches the task at its
+   overlay address, and services use `dnsrr` (this kernel has no IPVS).
+2. A storm: N users against the 4 GPUs of 2 nodes, POSTs 0.3 s apart, each
+   holds its server a moment: all served, in queue order (lease starts in
+   POST order), no GPU lent twice.
+
+    .venv/bin/python bench/bench_swarm.py [--rounds 5] [--storm-users 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.bench_spawner import time_to_ready  # noqa: E402
+from bench.common import environment, percentile  # noqa: E402
+from tests.fixtures.postgres import start_postgres  # noqa: E402
+from tests.fixtures.swarm import (_docker0_gateway, cleanup_swarm_hub, prepare_swarm_hub, start_swarm,  # noqa: E402
+                                  stop_swarm)
+from tests.fixtures.tcp_proxy import BlackholeProxy  # noqa: E402
+
+PLAIN_SWARMSPAWNER = """
+from dockerspawner import SwarmSpawner
+from spawner.swarm_tasks import task_ip
+
+class TaskAddressSwarmSpawner(SwarmSpawner):
+    async def get_ip_and_port(self):
+        return task_ip(await self.get_task(), self.network_name), self.port
+
+c.JupyterHub.spawner_class = TaskAddressSwarmSpawner
+c.SwarmSpawner.image = {image!r}
+c.SwarmSpawner.network_name = {network!r}
+c.SwarmSpawner.use_internal_ip = True
+c.SwarmSpawner.pull_policy = "skip"
+c.SwarmSpawner.prefix = {prefix!r}
+c.SwarmSpawner.extra_endpoint_spec = {{"mode": "dnsrr"}}
+c.SwarmSpawner.extra_placement_spec = {{"constraints": ["node.role==worker"]}}
+"""
+
+GPU = {"profile": "tf-gpu-1"}
+
+
+def bench_post_to_ready(swarm, pg, forward, image, work: Path, rounds: int, client) -> None:
+    gpu_hub = prepare_swarm_hub(swarm, pg, forward.port, image, work / "gpu", index=1)
+    plain_hub = prepare_swarm_hub(swarm, pg, forward.port, image, work / "plain", index=2)
+    plain_hub.config_file.write_text(plain_hub.config_file.read_text() + PLAIN_SWARMSPAWNER.format(
+        image=image, network=swarm.network, prefix=plain_hub.prefix))
+    arms = (("gpu-swarm (1 GPU)", gpu_hub, GPU), ("SwarmSpawner", plain_hub, {}))
+    try:
+        for _, hub, options in arms:
+            hub.start()
+            hub.create_user("bench")
+            time_to_ready(hub, "bench", options)  # warm-up
+            hub.stop_server("bench")
+        results: dict[str, list[float]] = {label: [] for label, _, _ in arms}
+        stops: dict[str, list[float]] = {label: [] for label, _, _ in arms}
+        for _ in range(rounds):
+            for label, hub, options in arms:
+                results[label].append(time_to_ready(hub, "bench", options))
+                began = time.perf_counter()
+                hub.stop_server("bench")
+                stops[label].append(time.perf_counter() - began)
+        base = statistics.median(results["SwarmSpawner"])
+        print(f"\nREST POST -> ready on a 2-worker Swarm, {rounds} alternating rounds (seconds)")
+        print(f"{'spawner':22} {'median':>8} {'min':>8} {'max':>8} {'ratio':>7} {'stop med':>9}")
+        for label, values in results.items():
+            med = statistics.median(values)
+            print(f"{label:22} {med:8.2f} {min(values):8.2f} {max(values):8.2f} {med / base:7.3f} "
+                  f"{statistics.median(stops[label]):9.2f}")
+    finally:
+        cleanup_swarm_hub(gpu_hub, client)
+        cleanup_swarm_hub(plain_hub, client)
+
+
+def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, client) -> None:
+    hub = prepare_swarm_hub(swarm, pg, forward.port, image, work / "storm", index=3,
+                            env={"GPUHUB_LEASE_WAIT_TIMEOUT": "600"})
+    hub.start()
+    names = [f"storm{i:02d}" for i in range(users)]
+    for name in names:
+        hub.create_user(name)
+    errors: list[str] = []
+    posted: dict[str, float] = {}
+
+    def one(name: str) -> None:
+        try:
+            posted[name] = time.time()
+            r = hub.api("POST", f"/users/{name}/server", json=GPU, timeout=700)
+            assert r.status_code in (201, 202), r.text
+            hub.wait_ready(name, timeout=700)
+            time.sleep(hold)
+            hub.stop_server(name, timeout=120)
+        except Exception as exc:  # reported below
+            errors.append(f"{name}: {exc}")
+
+    began = time.perf_counter()
+    threads = []
+    for name in names:
+        threads.append(threading.Thread(target=one, args=(name,)))
+        threads[-1].start()
+        time.sleep(0.3)  # a definite queue order: the POST order
+    for t in threads:
+        t.join(900)
+    total = time.perf_counter() - began
+    try:
+        history = [lease for lease in hub.ledger().history() if lease.user in posted]
+        waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history]
+        by_gpu: dict[tuple[str, str], list] = {}
+        for lease in history:
+            for uuid in lease.gpu_uuids:
+                by_gpu.setdefault((lease.host, uuid), []).append((lease.started_at, lease.ended_at))
+        overlaps = 0
+        for spans in by_gpu.values():
+            spans.sort()
+            overlaps += sum(1 for a, b in zip(spans, spans[1:]) if a[1] is None or a[1] > b[0])
+        started = [lease.user for lease in sorted(history, key=lambda lease: lease.started_at)]
+        out_of_order = sum(1 for i, u in enumerate(started) for v in started[i + 1:] if v < u)
+        hosts = len({lease.host for lease in history})
+        print(f"\nStorm: {users} users, POSTs 0.3 s apart, against 4 GPUs on 2 nodes; each holds "
+              f"its server {hold:.0f} s")
+        print(f"{'users':>6} {'all run (s)':>12} {'wait p50 (s)':>13} {'wait p99 (s)':>13} {'leases':>7} "
+              f"{'nodes':>6} {'out of queue order':>19} {'double lent':>12} {'errors':>7}")
+        print(f"{users:6d} {total:12.1f} {percentile(waits, 0.5):13.2f} {percentile(waits, 0.99):13.2f} "
+              f"{len(history):7d} {hosts:6d} {out_of_order:19d} {overlaps:12d} {len(errors):7d}")
+        for e in errors:
+            print("  error:", e[:300])
+    finally:
+        cleanup_swarm_hub(hub, client)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--storm-users", type=int, default=16)
+    parser.add_argument("--hold", type=float, default=2.0, help="seconds each storm user keeps its server")
+    parser.add_argument("--skip-storm", action="store_true")
+    args = parser.parse_args()
+    client, image, _ = environment()
+    swarm = start_swarm()
+    pg = start_postgres()
+    forward = BlackholeProxy(pg.port, listen_host=_docker0_gateway())
+    try:
+        swarm.load_image(image)
+        with tempfile.TemporaryDirectory(prefix="gpuhub-bench-swarm-") as tmp:
+            work = Path(tmp)
+            for sub in ("gpu", "plain", "storm"):
+                (work / sub).mkdir()
+            bench_post_to_ready(swarm, pg, forward, image, work, args.rounds, client)
+            if not args.skip_storm:
+                bench_storm(swarm, pg, forward, image, work, args.storm_users, args.hold, client)
+    finally:
+        forward.close()
+        pg.stop()
+        stop_swarm(swarm)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
