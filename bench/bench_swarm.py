@@ -28,9 +28,9 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_spawner import time_to_ready  # noqa: E402
 from bench.common import environment, percentile  # noqa: E402
+from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa: E402
 from tests.fixtures.postgres import start_postgres  # noqa: E402
-from tests.fixtures.swarm import (_docker0_gateway, cleanup_swarm_hub, prepare_swarm_hub, start_swarm,  # noqa: E402
-                                  stop_swarm)
+from tests.fixtures.swarm import cleanup_swarm_hub, prepare_swarm_hub  # noqa: E402
 from tests.fixtures.tcp_proxy import BlackholeProxy  # noqa: E402
 
 PLAIN_SWARMSPAWNER = """

@@ -155,21 +155,24 @@ def choose_profile(user_options: Any, profiles: list[Profile], user_groups: Iter
     return profile
 
 
-def options_form_html(allowed: list[Profile], default_slug: str, counts: dict | None) -> str:
+def options_form_html(allowed: list[Profile], default_slug: str, counts: dict | None,
+                      per_profile: dict[str, dict] | None = None) -> str:
     """The spawn form: the profiles a user may choose, each GPU one with how many GPUs are
-    free now (`counts` from the pool; None when the ledger did not answer)."""
+    free now (`counts` from the pool; None when the ledger did not answer).  `per_profile`
+    (slug -> counts) overrides them for profiles limited to some hosts (node labels)."""
     from html import escape
 
     if not allowed:
         return "<p>No profile is available to you; ask an administrator for access.</p>"
-    if counts is None:
-        free = total = None
-    else:
-        free = counts.get("free", 0)
-        total = free + counts.get("lent", 0)
     default = default_slug or allowed[0].slug
     rows = []
     for profile in allowed:
+        mine = (per_profile or {}).get(profile.slug, counts)
+        if mine is None:
+            free = total = None
+        else:
+            free = mine.get("free", 0)
+            total = free + mine.get("lent", 0)
         if profile.gpus == 0:
             availability = "no GPU"
         elif free is None:

@@ -26,7 +26,9 @@ from .containers import hardened_host_config, lease_labels
 from .dockerspawner import GPUDockerSpawner
 from .homes import prepare_home_volume
 from .labels import pool_identity
-from .profiles import Profile
+from .pool import PoolError
+from .pool.reads import counts as counts_of
+from .profiles import Profile, options_form_html
 from .readiness import wait_for_server
 from .swarm_tasks import LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
 
@@ -117,6 +119,20 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             raise web.HTTPError(409, f"No GPU node carries the labels {wanted} that profile "
                                 f"{profile.display_name!r} asks for. Ask an administrator.")
         return hosts
+
+    async def _render_options_form(self) -> str:
+        """The spawn form; a profile limited to some nodes shows the free GPUs of those nodes."""
+        allowed = self._allowed_profiles()
+        try:
+            statuses = await self._ledger(self.pool.gpus)
+        except PoolError:
+            return options_form_html(allowed, self.default_profile, None)
+        per_profile = {}
+        for profile in allowed:
+            if profile.gpus and profile.node_labels:
+                hosts = set(self.pool.inventory.hosts_matching(dict(profile.node_labels)))
+                per_profile[profile.slug] = counts_of([st for st in statuses if st.gpu.host in hosts], 0)
+        return options_form_html(allowed, self.default_profile, counts_of(statuses, 0), per_profile)
 
     async def lease_for_start(self, profile: Profile) -> None:
         # Nodes that joined, left, went down or were drained reach the ledger first.
@@ -213,6 +229,13 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
                                     f"{state} ({status.get('Err') or status.get('Message') or 'no reason given'})")
             await asyncio.sleep(0.2)
 
+    async def _task_running(self) -> bool:
+        try:
+            task = await self.get_task()
+        except Exception:
+            return True  # unknown is not gone: the hub's own check decides
+        return bool(task) and (task.get("Status") or {}).get("State") in LIVE_TASK_STATES
+
     async def get_ip_and_port(self):
         task = await self.get_task()
         ip = task_ip(task, self.network_name) if task else None
@@ -272,6 +295,6 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         self._emit(60, f"Creating your service from {profile.image}{where}")
         result = await SwarmSpawner.start(self)
         self._emit(80, "Service started; waiting for JupyterLab")
-        await wait_for_server(self, result)
+        await wait_for_server(self, result, is_running=self._task_running)
         return result
 

@@ -8,11 +8,10 @@ would expose.  The hub runs on the overlay; the ledger is PostgreSQL.
 
 from __future__ import annotations
 
-import signal
 import threading
-import time
 
 import pytest
+import requests
 
 from tests.fixtures.hub import wait_for
 from tests.fixtures.swarm import docker
@@ -107,6 +106,11 @@ def test_queue_across_the_cluster_and_tagged_profiles(make_swarm_hub, swarm_clus
     hub.start_server("t1", {"profile": "a100"})
     hub.start_server("t2", {"profile": "a100"})
     assert {lease_of(hub, u)["gpu_host"] for u in ("t1", "t2")} == {a100.hostname}
+    # The spawn form counts each profile's own GPUs: none of the A100s is free, both T4s are.
+    form = requests.get(f"{hub.url}/hub/spawn/t3", headers={"Authorization": f"token {hub.user_token('t3')}"},
+                        timeout=30).text
+    assert "1 A100</strong> <span class=\"gpu-availability\">(1 GPU(s); 0 of 2 free now)" in form, form
+    assert "1 T4</strong> <span class=\"gpu-availability\">(1 GPU(s); 2 of 2 free now)" in form, form
     # The A100 node is full: a third A100 request queues although the other node has free GPUs.
     r = hub.api("POST", "/users/t3/server", json={"profile": "a100"})
     assert r.status_code == 202, r.text

@@ -147,3 +147,13 @@ def test_profile_node_labels():
     assert dict(p.node_labels) == {"gpu.model": "a100"}
     with pytest.raises(ProfileConfigError, match="node_labels"):
         Profile.from_config({"slug": "a", "display_name": "A", "image": "i", "node_labels": ["a100"]})
+
+
+def test_spawn_form_counts_a_tagged_profiles_own_gpus():
+    from spawner.profiles import options_form_html
+
+    profiles = [Profile("any", "Any GPU", "i", gpus=1),
+                Profile("a100", "A100", "i", gpus=1, node_labels=(("gpu.model", "a100"),))]
+    html = options_form_html(profiles, "", {"free": 3, "lent": 1}, {"a100": {"free": 0, "lent": 2}})
+    assert "1 GPU(s); 3 of 4 free now" in html
+    assert "1 GPU(s); 0 of 2 free now" in html
