@@ -7,8 +7,9 @@
    needs: the hub runs outside Docker's DNS, so it reaches the task at its
    overlay address, and services use `dnsrr` (this kernel has no IPVS).
 2. A storm: N users against the 4 GPUs of 2 nodes, POSTs 0.3 s apart, each
-   holds its server a moment: all served, in queue order (lease starts in
-   POST order), no GPU lent twice.
+   holds its server a moment: all served, in queue order (the waiters'
+   order in the ledger's queue, watched during the storm, against the order
+   their leases started), no GPU lent twice.
 
     .venv/bin/python bench/bench_swarm.py [--rounds 5] [--storm-users 16]
 """
@@ -107,6 +108,19 @@ def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, 
         except Exception as exc:  # reported below
             errors.append(f"{name}: {exc}")
 
+    # The ledger's queue order: each waiter's id, watched while the storm runs.
+    waiter_ids: dict[str, int] = {}
+    watching = threading.Event()
+
+    def watch() -> None:
+        ledger = hub.ledger()
+        while not watching.is_set():
+            for waiter in ledger.queue():
+                waiter_ids.setdefault(waiter.user, waiter.id)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     began = time.perf_counter()
     threads = []
     for name in names:
@@ -116,6 +130,8 @@ def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, 
     for t in threads:
         t.join(900)
     total = time.perf_counter() - began
+    watching.set()
+    watcher.join()
     try:
         history = [lease for lease in hub.ledger().history() if lease.user in posted]
         waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history]
@@ -127,15 +143,18 @@ def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, 
         for spans in by_gpu.values():
             spans.sort()
             overlaps += sum(1 for a, b in zip(spans, spans[1:]) if a[1] is None or a[1] > b[0])
-        started = [lease.user for lease in sorted(history, key=lambda lease: lease.started_at)]
-        out_of_order = sum(1 for i, u in enumerate(started) for v in started[i + 1:] if v < u)
+        # Pairs of queued users served in the opposite order of their places in the queue.
+        started = [lease.user for lease in sorted(history, key=lambda lease: lease.started_at)
+                   if lease.user in waiter_ids]
+        out_of_order = sum(1 for i, u in enumerate(started) for v in started[i + 1:]
+                           if waiter_ids[v] < waiter_ids[u])
         hosts = len({lease.host for lease in history})
         print(f"\nStorm: {users} users, POSTs 0.3 s apart, against 4 GPUs on 2 nodes; each holds "
               f"its server {hold:.0f} s")
         print(f"{'users':>6} {'all run (s)':>12} {'wait p50 (s)':>13} {'wait p99 (s)':>13} {'leases':>7} "
-              f"{'nodes':>6} {'out of queue order':>19} {'double lent':>12} {'errors':>7}")
+              f"{'nodes':>6} {'queued':>7} {'out of queue order':>19} {'double lent':>12} {'errors':>7}")
         print(f"{users:6d} {total:12.1f} {percentile(waits, 0.5):13.2f} {percentile(waits, 0.99):13.2f} "
-              f"{len(history):7d} {hosts:6d} {out_of_order:19d} {overlaps:12d} {len(errors):7d}")
+              f"{len(history):7d} {hosts:6d} {len(waiter_ids):7d} {out_of_order:19d} {overlaps:12d} {len(errors):7d}")
         for e in errors:
             print("  error:", e[:300])
     finally:

@@ -13,7 +13,7 @@ import threading
 import pytest
 import requests
 
-from tests.fixtures.hub import wait_for
+from tests.fixtures.hub import DUMMY_PASSWORD, wait_for
 from tests.fixtures.swarm import docker
 
 pytestmark = pytest.mark.integration
@@ -107,8 +107,11 @@ def test_queue_across_the_cluster_and_tagged_profiles(make_swarm_hub, swarm_clus
     hub.start_server("t2", {"profile": "a100"})
     assert {lease_of(hub, u)["gpu_host"] for u in ("t1", "t2")} == {a100.hostname}
     # The spawn form counts each profile's own GPUs: none of the A100s is free, both T4s are.
-    form = requests.get(f"{hub.url}/hub/spawn/t3", headers={"Authorization": f"token {hub.user_token('t3')}"},
-                        timeout=30).text
+    session = requests.Session()
+    session.get(f"{hub.url}/hub/login", timeout=30)
+    session.post(f"{hub.url}/hub/login", timeout=30, data={
+        "username": "t3", "password": DUMMY_PASSWORD, "_xsrf": session.cookies.get("_xsrf")})
+    form = session.get(f"{hub.url}/hub/spawn", timeout=30).text
     assert "1 A100</strong> <span class=\"gpu-availability\">(1 GPU(s); 0 of 2 free now)" in form, form
     assert "1 T4</strong> <span class=\"gpu-availability\">(1 GPU(s); 2 of 2 free now)" in form, form
     # The A100 node is full: a third A100 request queues although the other node has free GPUs.
