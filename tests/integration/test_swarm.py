@@ -31,6 +31,25 @@ def service_name(hub, user: str) -> str:
     return f"{hub.prefix}-{user}"
 
 
+def in_parallel(fn, *argument_tuples) -> None:
+    """fn(*args) for each tuple at once (spawns and stops take seconds each)."""
+    errors = []
+
+    def run(args):
+        try:
+            fn(*args)
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in argument_tuples]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def seen_by_runtime(swarm, hub, user: str) -> tuple[str, str]:
     """(node hostname, NVIDIA_VISIBLE_DEVICES the runtime saw) for the user's running task."""
     node, cid = wait_for(lambda: swarm.task_container(service_name(hub, user)), what=f"{user}'s task")
@@ -40,13 +59,9 @@ def seen_by_runtime(swarm, hub, user: str) -> tuple[str, str]:
 def test_gpus_lent_across_both_nodes_exactly_as_leased(make_swarm_hub, swarm_cluster):
     hub = make_swarm_hub()
     users = ["ann", "ben", "cid", "dan"]
-    for user in users:
+    for user in users + ["cpu1"]:
         hub.create_user(user)
-    threads = [threading.Thread(target=hub.start_server, args=(u, GPU1)) for u in users]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_parallel(hub.start_server, *[(u, GPU1) for u in users], ("cpu1", CPU))
     seen = {}
     for user in users:
         hub.wait_ready(user)
@@ -58,8 +73,14 @@ def test_gpus_lent_across_both_nodes_exactly_as_leased(make_swarm_hub, swarm_clu
         seen[user] = (node, visible)
     assert len({v for _, v in seen.values()}) == 4, seen  # no GPU lent twice
     assert {n for n, _ in seen.values()} == {n.hostname for n in swarm_cluster.nodes}
-    for user in users:
-        hub.stop_server(user)
+    # A CPU server sees no GPU, although nvidia is its node's default runtime, and runs locked down.
+    assert seen_by_runtime(swarm_cluster, hub, "cpu1")[1] == "void"
+    status = in_task(swarm_cluster, hub, "cpu1", "grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status")
+    fields = {line.split(":")[0]: line.split(":")[1].split() for line in status.splitlines()}
+    assert fields["NoNewPrivs"] == ["1"]
+    assert fields["CapEff"] == ["0000000000000000"]
+    assert fields["Uid"][0] != "0"
+    in_parallel(hub.stop_server, *[(u,) for u in users])
     assert hub.ledger().leases() == []
 
 
@@ -83,20 +104,6 @@ def in_task(swarm, hub, user: str, script: str) -> str:
     return node.docker("exec", cid, "sh", "-c", script)
 
 
-def test_cpu_task_sees_no_gpu_and_runs_locked_down(make_swarm_hub, swarm_cluster):
-    hub = make_swarm_hub()
-    hub.create_user("cpu1")
-    hub.start_server("cpu1", CPU)
-    node, visible = seen_by_runtime(swarm_cluster, hub, "cpu1")
-    assert visible == "void"  # nvidia is the node's default runtime, yet no GPU
-    status = in_task(swarm_cluster, hub, "cpu1", "grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status")
-    fields = {line.split(":")[0]: line.split(":")[1].split() for line in status.splitlines()}
-    assert fields["NoNewPrivs"] == ["1"]
-    assert fields["CapEff"] == ["0000000000000000"]
-    assert fields["Uid"][0] != "0"
-    hub.stop_server("cpu1")
-
-
 def test_queue_across_the_cluster_and_tagged_profiles(make_swarm_hub, swarm_cluster, notebook_image):
     hub = make_swarm_hub(profiles_config(notebook_image))
     a100 = next(n for n in swarm_cluster.nodes if n.labels["gpu.model"] == "a100")
@@ -118,8 +125,7 @@ def test_queue_across_the_cluster_and_tagged_profiles(make_swarm_hub, swarm_clus
     r = hub.api("POST", "/users/t3/server", json={"profile": "a100"})
     assert r.status_code == 202, r.text
     wait_for(lambda: [w for w in hub.ledger().queue() if w.user == "t3"], what="t3 in the queue")
-    hub.start_server("t4", GPU1)
-    hub.start_server("t5", GPU1)  # the cluster's 4 GPUs are now lent
+    in_parallel(hub.start_server, ("t4", GPU1), ("t5", GPU1))  # the cluster's 4 GPUs are now lent
     assert lease_of(hub, "t4")["gpu_host"] != a100.hostname
     hub.stop_server("t1")
     hub.wait_ready("t3")
@@ -128,8 +134,6 @@ def test_queue_across_the_cluster_and_tagged_profiles(make_swarm_hub, swarm_clus
     leases = hub.ledger().leases()
     assert len(leases) == 4
     assert len({(l.host, u) for l in leases for u in l.gpu_uuids}) == 4  # no GPU lent twice
-    for user in ("t2", "t3", "t4", "t5"):
-        hub.stop_server(user)
 
 
 def test_home_follows_the_user_to_another_node(make_swarm_hub, swarm_cluster, notebook_image):
@@ -151,7 +155,7 @@ def test_drained_node_gets_nothing_new(make_swarm_hub, swarm_cluster):
     try:
         for user in ("d1", "d2"):
             hub.create_user(user)
-            hub.start_server(user, GPU1)
+        in_parallel(hub.start_server, ("d1", GPU1), ("d2", GPU1))
         assert {lease_of(hub, u)["gpu_host"] for u in ("d1", "d2")} == {swarm_cluster.nodes[0].hostname}
         hub.create_user("d3")
         r = hub.api("POST", "/users/d3/server", json=GPU1)
@@ -162,8 +166,6 @@ def test_drained_node_gets_nothing_new(make_swarm_hub, swarm_cluster):
         hub.wait_stopped("d3")
     finally:
         docker("node", "update", "--availability", "active", drained.node_id)
-    for user in ("d1", "d2"):
-        hub.stop_server(user)
 
 
 def test_hub_sigkill_then_restart_reconciles_the_cluster(make_swarm_hub, swarm_cluster, notebook_image):
