@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import tempfile
 import threading
@@ -27,8 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.bench_spawner import time_to_ready  # noqa: E402
-from bench.common import environment, percentile  # noqa: E402
+from bench.common import alternate_spawns, double_lent, environment, percentile, spawn_bench_arguments  # noqa: E402
 from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa: E402
 from tests.fixtures.postgres import start_postgres  # noqa: E402
 from tests.fixtures.swarm import cleanup_swarm_hub, prepare_swarm_hub  # noqa: E402
@@ -60,28 +57,9 @@ def bench_post_to_ready(swarm, pg, forward, image, work: Path, rounds: int, clie
     plain_hub = prepare_swarm_hub(swarm, pg, forward.port, image, work / "plain", index=2)
     plain_hub.config_file.write_text(plain_hub.config_file.read_text() + PLAIN_SWARMSPAWNER.format(
         image=image, network=swarm.network, prefix=plain_hub.prefix))
-    arms = (("gpu-swarm (1 GPU)", gpu_hub, GPU), ("SwarmSpawner", plain_hub, {}))
     try:
-        for _, hub, options in arms:
-            hub.start()
-            hub.create_user("bench")
-            time_to_ready(hub, "bench", options)  # warm-up
-            hub.stop_server("bench")
-        results: dict[str, list[float]] = {label: [] for label, _, _ in arms}
-        stops: dict[str, list[float]] = {label: [] for label, _, _ in arms}
-        for _ in range(rounds):
-            for label, hub, options in arms:
-                results[label].append(time_to_ready(hub, "bench", options))
-                began = time.perf_counter()
-                hub.stop_server("bench")
-                stops[label].append(time.perf_counter() - began)
-        base = statistics.median(results["SwarmSpawner"])
-        print(f"\nREST POST -> ready on a 2-worker Swarm, {rounds} alternating rounds (seconds)")
-        print(f"{'spawner':22} {'median':>8} {'min':>8} {'max':>8} {'ratio':>7} {'stop med':>9}")
-        for label, values in results.items():
-            med = statistics.median(values)
-            print(f"{label:22} {med:8.2f} {min(values):8.2f} {max(values):8.2f} {med / base:7.3f} "
-                  f"{statistics.median(stops[label]):9.2f}")
+        alternate_spawns((("gpu-swarm (1 GPU)", gpu_hub, GPU), ("SwarmSpawner", plain_hub, {})), rounds,
+                         "REST POST -> ready on a 2-worker Swarm")
     finally:
         cleanup_swarm_hub(gpu_hub, client)
         cleanup_swarm_hub(plain_hub, client)
@@ -135,14 +113,7 @@ def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, 
     try:
         history = [lease for lease in hub.ledger().history() if lease.user in posted]
         waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history]
-        by_gpu: dict[tuple[str, str], list] = {}
-        for lease in history:
-            for uuid in lease.gpu_uuids:
-                by_gpu.setdefault((lease.host, uuid), []).append((lease.started_at, lease.ended_at))
-        overlaps = 0
-        for spans in by_gpu.values():
-            spans.sort()
-            overlaps += sum(1 for a, b in zip(spans, spans[1:]) if a[1] is None or a[1] > b[0])
+        overlaps = double_lent(history)
         # Pairs of queued users served in the opposite order of their places in the queue.
         started = [lease.user for lease in sorted(history, key=lambda lease: lease.started_at)
                    if lease.user in waiter_ids]
@@ -162,12 +133,7 @@ def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--storm-users", type=int, default=16)
-    parser.add_argument("--hold", type=float, default=2.0, help="seconds each storm user keeps its server")
-    parser.add_argument("--skip-storm", action="store_true")
-    args = parser.parse_args()
+    args = spawn_bench_arguments(__doc__)
     client, image, _ = environment()
     swarm = start_swarm()
     pg = start_postgres()

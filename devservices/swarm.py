@@ -51,6 +51,25 @@ exec runc "$@"
 """
 
 
+def in_parallel(fn, *argument_tuples) -> None:
+    """fn(*args) for each tuple at once; the first error is raised in the caller's thread."""
+    errors: list[BaseException] = []
+
+    def run(args):
+        try:
+            fn(*args)
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(a,), daemon=True) for a in argument_tuples]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 class SwarmUnavailable(RuntimeError):
     """The Swarm could not be made here; str() says why."""
 
@@ -120,23 +139,8 @@ class Swarm:
             if load.returncode != 0 or save.returncode != 0:
                 raise RuntimeError(f"loading {image} into {node.container} failed: {load.stderr[-800:]!r}")
 
-        errors: list = []
-        threads = [threading.Thread(target=self._guard, args=(one, n, errors), daemon=True)
-                   for n in self.nodes if (n.container, image) not in self._loaded]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        in_parallel(one, *[(n,) for n in self.nodes if (n.container, image) not in self._loaded])
         self._loaded.update((n.container, image) for n in self.nodes)
-
-    @staticmethod
-    def _guard(fn, node, errors):
-        try:
-            fn(node)
-        except Exception as exc:  # reported by the caller
-            errors.append(exc)
 
     def task_of(self, service: str) -> dict | None:
         """The current task of a service (the running one if any)."""

@@ -187,16 +187,16 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
             self.object_id = ""
 
     async def get_object(self):
-        """The container, or None only when Docker says it does not exist (404).
+        """The container (a service, on Swarm), or None only when Docker says it does not exist (404).
 
         DockerSpawner reads an inspect that answers 500 as "gone"; then poll
         says a running server died and its GPUs are lent again."""
         try:
-            obj = await self.docker("inspect_container", self.object_name)
+            obj = await self.docker(f"inspect_{self.object_type}", self.object_name)
         except docker.errors.NotFound:
             self.object_id = ""
             return None
-        self.object_id = obj["Id"]
+        self.object_id = obj[self.object_id_key]
         return obj
 
     async def poll(self):

@@ -192,16 +192,6 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             await asyncio.sleep(0.1)
         return service
 
-    async def get_object(self):
-        """The service, or None only when Swarm says it does not exist (404)."""
-        try:
-            obj = await self.docker("inspect_service", self.object_name)
-        except docker.errors.NotFound:
-            self.object_id = ""
-            return None
-        self.object_id = obj["ID"]
-        return obj
-
     async def get_task(self):
         """The service's task; one on a node that is down counts as gone ("down")."""
         task = await SwarmSpawner.get_task(self)

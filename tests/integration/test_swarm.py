@@ -8,13 +8,12 @@ would expose.  The hub runs on the overlay; the ledger is PostgreSQL.
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 import requests
 
 from tests.fixtures.hub import DUMMY_PASSWORD, wait_for
-from tests.fixtures.swarm import docker
+from tests.fixtures.swarm import docker, in_parallel
 
 pytestmark = pytest.mark.integration
 
@@ -29,25 +28,6 @@ def lease_of(hub, user: str) -> dict:
 
 def service_name(hub, user: str) -> str:
     return f"{hub.prefix}-{user}"
-
-
-def in_parallel(fn, *argument_tuples) -> None:
-    """fn(*args) for each tuple at once (spawns and stops take seconds each)."""
-    errors = []
-
-    def run(args):
-        try:
-            fn(*args)
-        except BaseException as exc:  # re-raised below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(a,)) for a in argument_tuples]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def seen_by_runtime(swarm, hub, user: str) -> tuple[str, str]:
