@@ -218,8 +218,11 @@ def _docker0_gateway() -> str:
     return out or "172.17.0.1"
 
 
-def start_swarm(session: str | None = None, gpus_per_node: int = 2) -> Swarm:
-    """Make the manager a swarm manager (if it is not one), start two GPU workers and join them."""
+def start_swarm(session: str | None = None, gpus_per_node: int = 2, homes_root: Path | None = None) -> Swarm:
+    """Make the manager a swarm manager (if it is not one), start two GPU workers and join them.
+
+    `homes_root`: the directory standing in for shared storage (kept); by default one
+    inside the harness's temporary directory (removed with the swarm)."""
     session = session or secrets.token_hex(3)
     state = docker("info", "--format", "{{.Swarm.LocalNodeState}}")
     gateway = _docker0_gateway()
@@ -235,8 +238,8 @@ def start_swarm(session: str | None = None, gpus_per_node: int = 2) -> Swarm:
     token = docker("swarm", "join-token", "-q", "worker")
     image = node_image()
     base = Path(tempfile.mkdtemp(prefix=f"gpuhub-swarm-{session}-", dir="/var/tmp"))
-    homes_root = base / "homes"
-    homes_root.mkdir()
+    homes_root = Path(homes_root).resolve() if homes_root else base / "homes"
+    homes_root.mkdir(parents=True, exist_ok=True)
     swarm = Swarm(session=session, manager_addr=manager_addr, network=f"gpuhub-swarm-{session}",
                   homes_root=homes_root, nodes=[], inited_here=inited, node_image=image)
     swarm._base = base  # type: ignore[attr-defined]

@@ -13,8 +13,8 @@ http://127.0.0.1:8000 as in `make demo` (a forwarder to the hub's address).
 
 Ctrl-C stops the hub and its servers, then removes the nodes, the overlay
 and (if this demo made it one) leaves the swarm, then stops PostgreSQL and
-the directory.  The ledger is thrown away with PostgreSQL; homes are kept in
-.demo-swarm/ only for the run.
+the directory.  The ledger is thrown away with PostgreSQL; the homes stay in
+.demo-swarm/homes/ (the shared storage every node mounts) for the next run.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class SwarmDemo(Demo):
         from tests.fixtures.services import free_port
 
         say("making a 2-node Swarm (manager: this dockerd; 2 GPU workers with 2 simulated GPUs each)")
-        self.swarm = start_swarm(session="demo")
+        self.swarm = start_swarm(session="demo", homes_root=self.dir / "homes")
         say(f"loading {env['GPUHUB_CPU_IMAGE']} into the worker nodes (docker save | docker load)")
         for image in {env["GPUHUB_CPU_IMAGE"], env["GPUHUB_GPU_IMAGE"]}:
             self.swarm.load_image(image)
