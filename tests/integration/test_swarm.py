@@ -161,20 +161,21 @@ def test_hub_sigkill_then_restart_reconciles_the_cluster(make_swarm_hub, swarm_c
     node = swarm_cluster.node(next(n.hostname for n in swarm_cluster.nodes if n.hostname != kept["gpu_host"]))
     orphan = ledger.try_acquire("ghost", "", 1, host=node.hostname)
     assert orphan is not None
-    # ... and a task holding a GPU without a lease.
-    stray = f"{hub.prefix}-stray"
+    # ... and a task holding a GPU without a lease; beside it, one of another hub's ledger.
+    stray, foreign = f"{hub.prefix}-stray", f"{hub.prefix}-foreign"
     free = next(u for u in node.gpus if u not in orphan.gpu_uuids)
-    docker("service", "create", "--detach", "--name", stray, "--restart-condition", "none",
-           "--constraint", f"node.hostname=={node.hostname}",
-           "--container-label", f"{LABEL_LEASE}=999999", "--container-label", f"{LABEL_POOL}={pool_identity(ledger)}",
-           "--container-label", f"{LABEL_GPUS}={free}", "--container-label", f"{LABEL_HOST}={node.hostname}",
-           "--label", f"{LABEL_LEASE}=999999", "--label", f"{LABEL_POOL}={pool_identity(ledger)}",
-           "--label", f"{LABEL_GPUS}={free}", "--label", f"{LABEL_HOST}={node.hostname}",
-           "--entrypoint", "sleep", notebook_image, "600")
+    for name, pool_id in ((stray, pool_identity(ledger)), (foreign, "another-ledger")):
+        labels = {LABEL_LEASE: "999999", LABEL_POOL: pool_id, LABEL_GPUS: free, LABEL_HOST: node.hostname}
+        flags = [arg for key, value in labels.items() for arg in ("--label", f"{key}={value}",
+                                                                 "--container-label", f"{key}={value}")]
+        docker("service", "create", "--detach", "--name", name, "--restart-condition", "none",
+               "--constraint", f"node.hostname=={node.hostname}", *flags,
+               "--entrypoint", "sleep", notebook_image, "600")
     wait_for(lambda: swarm_cluster.task_container(stray), what="the stray task to run")
     hub.start()
     wait_for(lambda: ledger.lease(orphan.id).end_reason == "reconciled", what="the orphan lease to end", hub=hub)
     wait_for(lambda: docker("service", "ls", "-q", "--filter", f"name={stray}") == "", what="the stray service to go")
+    assert swarm_cluster.task_container(foreign), "another ledger's task was touched"
     # The server that kept running keeps its lease and answers.
     assert [l.id for l in ledger.leases()] == [kept["gpu_lease_id"]]
     assert hub.server_model("keeper")["ready"]
