@@ -8,6 +8,8 @@ would expose.  The hub runs on the overlay; the ledger is PostgreSQL.
 
 from __future__ import annotations
 
+import json
+
 
 import pytest
 import requests
@@ -129,7 +131,8 @@ def test_home_follows_the_user_to_another_node(make_swarm_hub, swarm_cluster, no
 
 
 def test_drained_node_gets_nothing_new(make_swarm_hub, swarm_cluster):
-    hub = make_swarm_hub()
+    # With the generic-resource guard on: Swarm also reserves the GPUs, the ledger's uuids still rule.
+    hub = make_swarm_hub("c.GPUSwarmSpawner.generic_resource_guard = True")
     drained = swarm_cluster.nodes[1]
     docker("node", "update", "--availability", "drain", drained.node_id)
     try:
@@ -137,6 +140,11 @@ def test_drained_node_gets_nothing_new(make_swarm_hub, swarm_cluster):
             hub.create_user(user)
         in_parallel(hub.start_server, ("d1", GPU1), ("d2", GPU1))
         assert {lease_of(hub, u)["gpu_host"] for u in ("d1", "d2")} == {swarm_cluster.nodes[0].hostname}
+        for user in ("d1", "d2"):
+            assert seen_by_runtime(swarm_cluster, hub, user)[1] == ",".join(lease_of(hub, user)["gpu_uuids"])
+            spec = json.loads(docker("service", "inspect", service_name(hub, user)))[0]["Spec"]
+            reserved = spec["TaskTemplate"]["Resources"]["Reservations"]["GenericResources"]
+            assert reserved == [{"DiscreteResourceSpec": {"Kind": "GPU", "Value": 1}}]
         hub.create_user("d3")
         r = hub.api("POST", "/users/d3/server", json=GPU1)
         assert r.status_code == 202, r.text
