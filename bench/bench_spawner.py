@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import alternate_spawns, double_lent, environment, percentile, spawn_bench_arguments  # noqa: E402
+from bench.common import alternate_spawns, environment, print_storm, spawn_bench_arguments, storm_user  # noqa: E402
 from tests.fixtures.hub import cleanup_hub, prepare_hub  # noqa: E402
 
 PLAIN_DOCKERSPAWNER = """
@@ -58,15 +58,7 @@ def bench_storm(client, image: str, net: str, workdir: Path, users: int, hold: f
     errors: list[str] = []
 
     def one(name: str) -> None:
-        try:
-            posted[name] = time.time()
-            r = hub.api("POST", f"/users/{name}/server", json={"profile": "tf-gpu-1"}, timeout=700)
-            assert r.status_code in (201, 202), r.text
-            hub.wait_ready(name, timeout=700)
-            time.sleep(hold)
-            hub.stop_server(name, timeout=120)
-        except Exception as exc:  # reported below
-            errors.append(f"{name}: {exc}")
+        storm_user(hub, name, {"profile": "tf-gpu-1"}, hold, posted, errors)
 
     began = time.perf_counter()
     threads = [threading.Thread(target=one, args=(n,)) for n in names]
@@ -78,15 +70,8 @@ def bench_storm(client, image: str, net: str, workdir: Path, users: int, hold: f
     try:
         ledger = hub.ledger()
         history = ledger.history()
-        waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history if lease.user in posted]
-        overlaps = double_lent(history)
-        print(f"\nStorm: {users} users spawn at once against 4 GPUs, each holds its server {hold:.0f} s")
-        print(f"{'users':>6} {'all run (s)':>12} {'wait p50 (s)':>13} {'wait p99 (s)':>13} "
-              f"{'leases':>7} {'double lent':>12} {'errors':>7}")
-        print(f"{users:6d} {total:12.1f} {percentile(waits, 0.5):13.2f} {percentile(waits, 0.99):13.2f} "
-              f"{len(history):7d} {overlaps:12d} {len(errors):7d}")
-        for e in errors:
-            print("  error:", e[:300])
+        print_storm(f"Storm: {users} users spawn at once against 4 GPUs, each holds its server {hold:.0f} s",
+                    history, posted, total, errors)
     finally:
         cleanup_hub(hub, client)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import alternate_spawns, double_lent, environment, percentile, spawn_bench_arguments  # noqa: E402
+from bench.common import alternate_spawns, environment, print_storm, spawn_bench_arguments, storm_user  # noqa: E402
 from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa: E402
 from tests.fixtures.postgres import start_postgres  # noqa: E402
 from tests.fixtures.swarm import cleanup_swarm_hub, prepare_swarm_hub  # noqa: E402
@@ -76,15 +76,7 @@ def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, 
     posted: dict[str, float] = {}
 
     def one(name: str) -> None:
-        try:
-            posted[name] = time.time()
-            r = hub.api("POST", f"/users/{name}/server", json=GPU, timeout=700)
-            assert r.status_code in (201, 202), r.text
-            hub.wait_ready(name, timeout=700)
-            time.sleep(hold)
-            hub.stop_server(name, timeout=120)
-        except Exception as exc:  # reported below
-            errors.append(f"{name}: {exc}")
+        storm_user(hub, name, GPU, hold, posted, errors)
 
     # The ledger's queue order: each waiter's id, watched while the storm runs.
     waiter_ids: dict[str, int] = {}
@@ -112,22 +104,15 @@ def bench_storm(swarm, pg, forward, image, work: Path, users: int, hold: float, 
     watcher.join()
     try:
         history = [lease for lease in hub.ledger().history() if lease.user in posted]
-        waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history]
-        overlaps = double_lent(history)
         # Pairs of queued users served in the opposite order of their places in the queue.
         started = [lease.user for lease in sorted(history, key=lambda lease: lease.started_at)
                    if lease.user in waiter_ids]
         out_of_order = sum(1 for i, u in enumerate(started) for v in started[i + 1:]
                            if waiter_ids[v] < waiter_ids[u])
-        hosts = len({lease.host for lease in history})
-        print(f"\nStorm: {users} users, POSTs 0.3 s apart, against 4 GPUs on 2 nodes; each holds "
-              f"its server {hold:.0f} s")
-        print(f"{'users':>6} {'all run (s)':>12} {'wait p50 (s)':>13} {'wait p99 (s)':>13} {'leases':>7} "
-              f"{'nodes':>6} {'queued':>7} {'out of queue order':>19} {'double lent':>12} {'errors':>7}")
-        print(f"{users:6d} {total:12.1f} {percentile(waits, 0.5):13.2f} {percentile(waits, 0.99):13.2f} "
-              f"{len(history):7d} {hosts:6d} {len(waiter_ids):7d} {out_of_order:19d} {overlaps:12d} {len(errors):7d}")
-        for e in errors:
-            print("  error:", e[:300])
+        print_storm(f"Storm: {users} users, POSTs 0.3 s apart, against 4 GPUs on 2 nodes; each holds "
+                    f"its server {hold:.0f} s", history, posted, total, errors,
+                    {"nodes": len({lease.host for lease in history}), "queued": len(waiter_ids),
+                     "out of queue order": out_of_order})
     finally:
         cleanup_swarm_hub(hub, client)
 

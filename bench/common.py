@@ -114,3 +114,31 @@ def alternate_spawns(arms, rounds: int, title: str) -> None:
         med = statistics.median(values)
         print(f"{label:{width}} {med:8.2f} {min(values):8.2f} {max(values):8.2f} {med / base:7.3f} "
               f"{statistics.median(stops[label]):9.2f}")
+
+
+def print_storm(title: str, history, posted: dict[str, float], total: float, errors: list[str],
+                extra: dict[str, object] | None = None) -> None:
+    """The storm's table: users, time until all ran, lease waits, leases, `extra` columns,
+    double lending (from the ledger's history) and errors."""
+    waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history if lease.user in posted]
+    row = {"users": len(posted), "all run (s)": f"{total:.1f}",
+           "wait p50 (s)": f"{percentile(waits, 0.5):.2f}", "wait p99 (s)": f"{percentile(waits, 0.99):.2f}",
+           "leases": len(history), **(extra or {}), "double lent": double_lent(history), "errors": len(errors)}
+    print(f"\n{title}")
+    print(" ".join(f"{key:>{len(key) + 1}}" for key in row))
+    print(" ".join(f"{value!s:>{len(key) + 1}}" for key, value in row.items()))
+    for e in errors:
+        print("  error:", e[:300])
+
+
+def storm_user(hub, name: str, options: dict, hold: float, posted: dict[str, float], errors: list[str]) -> None:
+    """One storm user: POST, wait until ready, hold the server `hold` s, stop; errors collected."""
+    try:
+        posted[name] = time.time()
+        r = hub.api("POST", f"/users/{name}/server", json=options, timeout=700)
+        assert r.status_code in (201, 202), r.text
+        hub.wait_ready(name, timeout=700)
+        time.sleep(hold)
+        hub.stop_server(name, timeout=120)
+    except Exception as exc:  # reported in the table
+        errors.append(f"{name}: {exc}")
