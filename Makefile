@@ -13,10 +13,11 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 VARIANTS ?= mkl
 
-.PHONY: help venv deps docker images install test-cuda-image demo test test-unit test-integration bench clean
+.PHONY: help venv deps docker images install test-cuda-image demo demo-swarm test test-unit test-integration bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
+	@echo "make demo-swarm  the same demo on a 2-node Docker Swarm made on this machine"
 	@echo "make test    run the whole test suite (unit + integration, real services)"
 	@echo "make images  build the notebook images (VARIANTS='mkl cuda')"
 	@echo "make bench   run the benchmarks and print their tables"
@@ -50,6 +51,11 @@ install:
 # The hub on http://127.0.0.1:8000 with a seeded OpenLDAP directory; Ctrl-C stops it.
 demo: deps docker
 	$(PY) hub_config/demo.py
+
+# The same demo on a 2-node Docker Swarm made here (GPU workers in containers,
+# PostgreSQL ledger, gpu-swarm); Ctrl-C removes the nodes again.
+demo-swarm: deps docker
+	$(PY) hub_config/demo_swarm.py
 
 # Builds the CUDA image (~2.6 GB of wheels, once) and checks it without a GPU.
 test-cuda-image: deps docker

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import tempfile
 import threading
@@ -23,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import environment, percentile  # noqa: E402
+from bench.common import alternate_spawns, environment, print_storm, spawn_bench_arguments, storm_user  # noqa: E402
 from tests.fixtures.hub import cleanup_hub, prepare_hub  # noqa: E402
 
 PLAIN_DOCKERSPAWNER = """
@@ -37,46 +35,14 @@ c.DockerSpawner.prefix = {prefix!r}
 """
 
 
-def time_to_ready(hub, user: str, options: dict) -> float:
-    began = time.perf_counter()
-    r = hub.api("POST", f"/users/{user}/server", json=options)
-    assert r.status_code in (201, 202), r.text
-    while True:
-        server = hub.server_model(user)
-        if server and server.get("ready"):
-            return time.perf_counter() - began
-        assert server is not None, f"spawn failed:\n{hub.log_tail()}"
-        time.sleep(0.05)
-
-
 def bench_post_to_ready(client, image: str, net: str, workdir: Path, rounds: int) -> None:
     gpu_hub = prepare_hub(workdir / "gpu", image, net)
     plain_hub = prepare_hub(workdir / "plain", image, net)
     plain_hub.config_file.write_text(plain_hub.config_file.read_text() + PLAIN_DOCKERSPAWNER.format(
         image=image, network=net, prefix=plain_hub.prefix))
     try:
-        for hub in (gpu_hub, plain_hub):
-            hub.start()
-            hub.create_user("bench")
-            # Warm-up spawn (first container creation pays one-off costs).
-            time_to_ready(hub, "bench", {"profile": "tf-gpu-1"} if hub is gpu_hub else {})
-            hub.stop_server("bench")
-        results: dict[str, list[float]] = {"gpu-docker (1 simulated GPU)": [], "DockerSpawner": []}
-        stops: dict[str, list[float]] = {k: [] for k in results}
-        for _ in range(rounds):
-            for label, hub, options in (("gpu-docker (1 simulated GPU)", gpu_hub, {"profile": "tf-gpu-1"}),
-                                        ("DockerSpawner", plain_hub, {})):
-                results[label].append(time_to_ready(hub, "bench", options))
-                began = time.perf_counter()
-                hub.stop_server("bench")
-                stops[label].append(time.perf_counter() - began)
-        base = statistics.median(results["DockerSpawner"])
-        print(f"\nREST POST -> ready, {rounds} alternating rounds (seconds)")
-        print(f"{'spawner':32} {'median':>8} {'min':>8} {'max':>8} {'ratio':>7} {'stop med':>9}")
-        for label, values in results.items():
-            med = statistics.median(values)
-            print(f"{label:32} {med:8.2f} {min(values):8.2f} {max(values):8.2f} {med / base:7.3f} "
-                  f"{statistics.median(stops[label]):9.2f}")
+        alternate_spawns((("gpu-docker (1 simulated GPU)", gpu_hub, {"profile": "tf-gpu-1"}),
+                          ("DockerSpawner", plain_hub, {})), rounds, "REST POST -> ready")
     finally:
         cleanup_hub(gpu_hub, client)
         cleanup_hub(plain_hub, client)
@@ -92,15 +58,7 @@ def bench_storm(client, image: str, net: str, workdir: Path, users: int, hold: f
     errors: list[str] = []
 
     def one(name: str) -> None:
-        try:
-            posted[name] = time.time()
-            r = hub.api("POST", f"/users/{name}/server", json={"profile": "tf-gpu-1"}, timeout=700)
-            assert r.status_code in (201, 202), r.text
-            hub.wait_ready(name, timeout=700)
-            time.sleep(hold)
-            hub.stop_server(name, timeout=120)
-        except Exception as exc:  # reported below
-            errors.append(f"{name}: {exc}")
+        storm_user(hub, name, {"profile": "tf-gpu-1"}, hold, posted, errors)
 
     began = time.perf_counter()
     threads = [threading.Thread(target=one, args=(n,)) for n in names]
@@ -112,33 +70,14 @@ def bench_storm(client, image: str, net: str, workdir: Path, users: int, hold: f
     try:
         ledger = hub.ledger()
         history = ledger.history()
-        waits = [lease.started_at.timestamp() - posted[lease.user] for lease in history if lease.user in posted]
-        overlaps = 0
-        by_gpu: dict[str, list] = {}
-        for lease in history:
-            for uuid in lease.gpu_uuids:
-                by_gpu.setdefault(uuid, []).append((lease.started_at, lease.ended_at))
-        for spans in by_gpu.values():
-            spans.sort()
-            overlaps += sum(1 for a, b in zip(spans, spans[1:]) if a[1] is None or a[1] > b[0])
-        print(f"\nStorm: {users} users spawn at once against 4 GPUs, each holds its server {hold:.0f} s")
-        print(f"{'users':>6} {'all run (s)':>12} {'wait p50 (s)':>13} {'wait p99 (s)':>13} "
-              f"{'leases':>7} {'double lent':>12} {'errors':>7}")
-        print(f"{users:6d} {total:12.1f} {percentile(waits, 0.5):13.2f} {percentile(waits, 0.99):13.2f} "
-              f"{len(history):7d} {overlaps:12d} {len(errors):7d}")
-        for e in errors:
-            print("  error:", e[:300])
+        print_storm(f"Storm: {users} users spawn at once against 4 GPUs, each holds its server {hold:.0f} s",
+                    history, posted, total, errors)
     finally:
         cleanup_hub(hub, client)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--storm-users", type=int, default=16)
-    parser.add_argument("--hold", type=float, default=2.0, help="seconds each storm user keeps its server")
-    parser.add_argument("--skip-storm", action="store_true")
-    args = parser.parse_args()
+    args = spawn_bench_arguments(__doc__)
     client, image, net = environment()
     with tempfile.TemporaryDirectory(prefix="gpuhub-bench-") as tmp:
         work = Path(tmp)

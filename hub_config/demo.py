@@ -154,6 +154,7 @@ class Demo:
         self.hub_dir = self.dir / "hub"
         self.ldap: subprocess.Popen | None = None
         self.hub: subprocess.Popen | None = None
+        self.launcher: list[str] = []  # a prefix for the hub's command (demo_swarm: its network namespace)
         self.stopping = False
         # The hub's own children (proxy, idle culler), seen while it ran, as
         # (pid, start time): if the hub dies without stopping them, they are
@@ -240,7 +241,7 @@ class Demo:
         log_path = self.dir / "hub.log"
         log = open(log_path, "ab")
         self.hub = subprocess.Popen(
-            [PY, "-m", "jupyterhub", "-f", str(REPO / "hub_config" / "jupyterhub_config.py")],
+            [*self.launcher, PY, "-m", "jupyterhub", "-f", str(REPO / "hub_config" / "jupyterhub_config.py")],
             cwd=self.hub_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )

@@ -97,6 +97,10 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
 
         start_in_hub()
 
+    def home_volume_create_kwargs(self) -> dict:
+        """Extra arguments of the home volume's creation (driver options): none on one host."""
+        return {}
+
     def _check_security_config(self) -> None:
         """Refuse configurations that would hand a user the Docker daemon."""
         configured = [str(v) for v in list(self.volumes) + list(self.volumes.values())]
@@ -184,17 +188,19 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
             self.object_id = ""
 
     async def get_object(self):
-        """The container, or None only when Docker says it does not exist (404).
+        """The container (a service, on Swarm), or None only when Docker says it does not exist (404).
 
         DockerSpawner reads an inspect that answers 500 as "gone"; then poll
         says a running server died and its GPUs are lent again."""
         try:
-            obj = await self.docker("inspect_container", self.object_name)
+            obj = await self.docker(f"inspect_{self.object_type}", self.object_name)
         except docker.errors.NotFound:
             self.object_id = ""
             return None
-        self.object_id = obj["Id"]
-        self._object_labels = (obj.get("Config") or {}).get("Labels") or {}
+        self.object_id = obj[self.object_id_key]
+        # A container's labels, or a Swarm service's.
+        self._object_labels = ((obj.get("Config") or {}).get("Labels")
+                               or (obj.get("Spec") or {}).get("Labels") or {})
         return obj
 
     async def poll(self):

@@ -62,7 +62,9 @@ async def prepare_home_volume(spawner, image: str, uid: int, gid: int) -> None:
         _known_owner.pop(name, None)
         # The label says whom the volume was made for (labels never change).
         volume = {"Labels": {LABEL_USER: spawner.user.name, LABEL_HOME_OWNER: owner}}
-        await spawner.docker("create_volume", name=name, labels=volume["Labels"])
+        # An engine may put homes on shared storage (Swarm: the local driver's NFS options).
+        extra = spawner.home_volume_create_kwargs() if hasattr(spawner, "home_volume_create_kwargs") else {}
+        await spawner.docker("create_volume", name=name, labels=volume["Labels"], **extra)
         if owner == fallback:
             # Docker's copy-up from the image gives a new volume to the image's
             # user, which the fallback identity is: nothing to hand over.

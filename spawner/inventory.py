@@ -81,9 +81,16 @@ class Inventory(LoggingConfigurable):
         # Computed per instance, not at import: the name is the machine's.
         return socket.gethostname()
 
+    # True for an inventory of several hosts (a Swarm): requests may land on any of them.
+    multi_host = False
+
     def gpus(self) -> list[GPU]:
         """Healthy, leasable units, ordered by index."""
         raise NotImplementedError
+
+    def hosts(self) -> set[str]:
+        """The hosts whose GPUs this inventory speaks for: their GPUs it no longer lists are missing."""
+        return {self.host}
 
     def cuda_driver_version(self) -> tuple[int, int] | None:
         """Highest CUDA version the host's driver supports, e.g. (12, 4); None if unknown."""
@@ -433,17 +440,21 @@ INVENTORY_KINDS = {
 
 
 def inventory_from_config(kind: str, config=None, parent=None) -> Inventory:
-    """Build the inventory named `kind` ("nvml", "static" or "simulated").
+    """Build the inventory named `kind` ("nvml", "static", "simulated" or "swarm").
 
     Its options come from `config` (c.NVMLInventory / c.StaticInventory /
     c.SimulatedInventory sections, plus c.Inventory.host) or from `parent`'s config.
     """
-    try:
-        cls = INVENTORY_KINDS[kind]
-    except KeyError:
+    if kind == "swarm":
+        from .swarm_inventory import SwarmInventory  # imports this module: loaded on demand
+
+        cls = SwarmInventory
+    elif kind not in INVENTORY_KINDS:
         raise ValueError(
-            f"unknown GPU inventory {kind!r}; choose one of {', '.join(sorted(INVENTORY_KINDS))}"
-        ) from None
+            f"unknown GPU inventory {kind!r}; choose one of {', '.join(sorted([*INVENTORY_KINDS, 'swarm']))}"
+        )
+    else:
+        cls = INVENTORY_KINDS[kind]
     kwargs: dict[str, Any] = {}
     if config is not None:
         kwargs["config"] = config

@@ -108,14 +108,15 @@ class GPULendingSpawner(Spawner):
         "Empty: the first profile the user may use.",
     )
     inventory_kind = CaselessStrEnum(
-        ["nvml", "static", "simulated"],
+        ["nvml", "static", "simulated", "swarm"],
         default_value="nvml",
         config=True,
         help="""
         Where the host's GPUs come from: `nvml` (the NVIDIA driver, through
-        nvidia-ml-py), `static` (a list in `StaticInventory.gpus_list`), or
+        nvidia-ml-py), `static` (a list in `StaticInventory.gpus_list`),
         `simulated` (`SimulatedInventory.count` fake GPUs, for demos and tests on
-        hosts without NVIDIA).
+        hosts without NVIDIA), or `swarm` (every Swarm node's GPUs, from the
+        manager: `SwarmInventory`; the default of `gpu-swarm`).
         """,
     )
     lease_wait_timeout = Float(
@@ -447,7 +448,7 @@ class GPULendingSpawner(Spawner):
         try:
             lease = await self.pool.acquire(
                 self.user.name, self.name or "", profile.gpus, self._user_groups(),
-                timeout=self.lease_wait_timeout, on_wait=self._on_wait,
+                timeout=self.lease_wait_timeout, on_wait=self._on_wait, host=self.lease_hosts(profile),
             )
         except PoolError as exc:
             self._emit(100, str(exc))
@@ -488,6 +489,10 @@ class GPULendingSpawner(Spawner):
                 raise
         finally:
             admission.leave(id(self))
+
+    def lease_hosts(self, profile: Profile) -> list[str] | None:
+        """The hosts a lease for `profile` may come from; None: the pool's default (engines may narrow)."""
+        return None
 
     async def check_image_fits(self, profile: Profile) -> None:
         """Engines refuse, before any lease, an image this host cannot run (CUDA too new)."""

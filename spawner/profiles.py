@@ -40,7 +40,7 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
 ]
 
 _FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups",
-           "job_max_seconds", "job_network"}
+           "job_max_seconds", "job_network", "node_labels"}
 
 
 class ProfileConfigError(ValueError):
@@ -62,6 +62,8 @@ class Profile:
     # Docker network (False: no network at all).
     job_max_seconds: int | None = None
     job_network: bool = False
+    node_labels: tuple[tuple[str, str], ...] = ()
+    """Swarm node labels the GPUs must come from, e.g. (("gpu.model", "a100"),)."""
 
     def allows(self, user_groups: Iterable[str]) -> bool:
         """An empty group list means everyone may use the profile."""
@@ -91,6 +93,11 @@ class Profile:
             raise ProfileConfigError(f"profile {raw['slug']!r}: 'job_max_seconds' must be a positive integer")
         if not isinstance(raw.get("job_network", False), bool):
             raise ProfileConfigError(f"profile {raw['slug']!r}: 'job_network' must be true or false")
+        labels = raw.get("node_labels") or {}
+        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in labels.items()):
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'node_labels' must map label names to "
+                                     "values, like {\"gpu.model\": \"a100\"}")
         return cls(
             job_max_seconds=job_max,
             job_network=raw.get("job_network", False),
@@ -102,6 +109,7 @@ class Profile:
             mem_limit=raw.get("mem_limit"),
             groups=tuple(groups),
             description=raw.get("description", ""),
+            node_labels=tuple(sorted(labels.items())),
         )
 
 
@@ -159,21 +167,24 @@ def choose_profile(user_options: Any, profiles: list[Profile], user_groups: Iter
     return profile
 
 
-def options_form_html(allowed: list[Profile], default_slug: str, counts: dict | None) -> str:
+def options_form_html(allowed: list[Profile], default_slug: str, counts: dict | None,
+                      per_profile: dict[str, dict] | None = None) -> str:
     """The spawn form: the profiles a user may choose, each GPU one with how many GPUs are
-    free now (`counts` from the pool; None when the ledger did not answer)."""
+    free now (`counts` from the pool; None when the ledger did not answer).  `per_profile`
+    (slug -> counts) overrides them for profiles limited to some hosts (node labels)."""
     from html import escape
 
     if not allowed:
         return "<p>No profile is available to you; ask an administrator for access.</p>"
-    if counts is None:
-        free = total = None
-    else:
-        free = counts.get("free", 0)
-        total = free + counts.get("lent", 0)
     default = default_slug or allowed[0].slug
     rows = []
     for profile in allowed:
+        mine = (per_profile or {}).get(profile.slug, counts)
+        if mine is None:
+            free = total = None
+        else:
+            free = mine.get("free", 0)
+            total = free + mine.get("lent", 0)
         if profile.gpus == 0:
             availability = "no GPU"
         elif free is None:

@@ -53,9 +53,10 @@ async def wait_until_answering(url: str, timeout: float, is_running=None) -> boo
     return False
 
 
-async def wait_for_server(spawner, address) -> bool:
+async def wait_for_server(spawner, address, is_running=None) -> bool:
     """At the end of a Docker spawner's start(): wait until the server at
-    `address` ((ip, port), start()'s result) answers, or its container stopped.
+    `address` ((ip, port), start()'s result) answers, or its container stopped
+    (`is_running`: the engine's own check; by default the container's state).
 
     Skipped with internal SSL (the hub's check needs its certificates).
     """
@@ -73,4 +74,4 @@ async def wait_for_server(spawner, address) -> bool:
             return False
 
     timeout = min(MAX_WAIT, float(getattr(spawner, "http_timeout", MAX_WAIT)))
-    return await wait_until_answering(url, timeout, is_running=container_running)
+    return await wait_until_answering(url, timeout, is_running=is_running or container_running)

@@ -128,18 +128,20 @@ class Reconciler(LoggingConfigurable):
     )
 
     def __init__(self, pool_factory: Callable[[], GPUPool], docker_factory: Callable, host: str,
-                 tracked_lease_ids: Callable[[], set[int]], **kwargs):
+                 tracked_lease_ids: Callable[[], set[int]], pass_fn: Callable = None, **kwargs):
         super().__init__(**kwargs)
         self._pool_factory = pool_factory
         self._docker_factory = docker_factory
         self._host = host
         self._tracked = tracked_lease_ids
+        # One pass: `reconcile` (containers of one host) or an engine's own (Swarm: every node).
+        self._pass = pass_fn or reconcile
 
     async def run_once(self) -> ReconcileReport | None:
         try:
             pool = self._pool_factory()
             client = self._docker_factory()
-            report = await asyncio.to_thread(reconcile, pool, client, self._host, self._tracked(), self.log,
+            report = await asyncio.to_thread(self._pass, pool, client, self._host, self._tracked(), self.log,
                                              self.min_lease_age)
             self.log.debug("GPU reconcile pass: kept leases %s, ended %s, removed containers %s",
                            report.kept, report.ended, report.containers_stopped)
@@ -202,7 +204,9 @@ def start_in_hub(config=None) -> None:
     async def run():
         await app._start_future
         take_over_spawn_limit(app)
-        reconciler = Reconciler(pool, docker_client, pool().inventory.host, tracked,
+        # An engine whose objects are not this host's containers brings its own pass.
+        pass_fn = getattr(app.spawner_class, "reconcile_pass", None)
+        reconciler = Reconciler(pool, docker_client, pool().inventory.host, tracked, pass_fn,
                                 config=app.config, log=app.log)
         if reconciler.enabled:
             await reconciler.run_forever()

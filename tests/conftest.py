@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.fixtures.images",
     "tests.fixtures.browser",
     "tests.fixtures.faults",
+    "tests.fixtures.swarm",
 ]
 
 

@@ -292,7 +292,8 @@ class GPUPool(LoggingConfigurable):
         self._read(inventory_sync.check_host_identity, units)
 
     def _sync_inventory(self, conn, units) -> None:
-        inventory_sync.sync(conn, self.inventory.host, units, self._store.now(conn), self.log)
+        hosts = self.inventory.hosts() if hasattr(self.inventory, "hosts") else self.inventory.host
+        inventory_sync.sync(conn, hosts, units, self._store.now(conn), self.log)
 
     # --- policy (policy.py, placement.py) ---------------------------------------
 
@@ -301,7 +302,8 @@ class GPUPool(LoggingConfigurable):
         return limit_for(groups, self.group_gpu_limits, self.max_gpus_per_user)
 
     def _make_request(self, user, server_name, count, groups, host) -> Request:
-        default_host = self.inventory.host if self.inventory is not None else None
+        default_host = (self.inventory.host if self.inventory is not None
+                        and not getattr(self.inventory, "multi_host", False) else None)
         return validation.make_request(user, server_name, count, groups, host, default_host)
 
     def _attempt(self, conn, req: Request, waiter_id: int | None, enqueue: bool) -> Outcome:

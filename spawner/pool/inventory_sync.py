@@ -15,15 +15,15 @@ from .models import HostConflict
 from .schema import NAME_MAX, gpus_table, lease_gpus_table
 
 
-def sync(conn, host: str, units: list[GPU], now: datetime, log) -> None:
-    """Record `units`, the GPUs of inventory host `host`; mark the host's others missing.
+def sync(conn, host: str | set[str], units: list[GPU], now: datetime, log) -> None:
+    """Record `units`, the GPUs of inventory host `host` (or hosts); mark the hosts' others missing.
 
     GPUs of the host that the inventory no longer lists are not lent again
     (their active leases stay until they end).  Refuses (HostConflict) when
     the ledger holds one of these GPUs under another host name.
     """
     check_host_identity(conn, units)
-    hosts = {host} | {g.host for g in units}
+    hosts = ({host} if isinstance(host, str) else set(host)) | {g.host for g in units}
     existing = {
         (r.host, r.uuid)
         for r in conn.execute(select(gpus_table.c.host, gpus_table.c.uuid).where(gpus_table.c.host.in_(hosts)))

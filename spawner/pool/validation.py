@@ -26,9 +26,12 @@ class Request:
 
 
 def make_request(user, server_name, count, groups, host, default_host: str | None) -> Request:
-    """`host` restricts the request to one host; by default the inventory's host, or any."""
+    """`host` (one name, or a list of names) restricts the request to those hosts; by
+    default the inventory's host, or any."""
     hosts = None
-    if host is not None:
+    if isinstance(host, (list, tuple)):
+        hosts = tuple(name(h, "The host name") for h in host)
+    elif host is not None:
         hosts = (name(host, "The host name"),)
     elif default_host is not None:
         hosts = (default_host,)

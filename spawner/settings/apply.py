@@ -67,7 +67,11 @@ def apply_settings(c, settings: Settings) -> None:
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
 
     c.JupyterHub.hub_port = settings.hub_port
-    if _inside_the_hub():
+    if settings.spawner == "swarm":
+        # The hub runs in a container on the overlay: it listens there, servers on any node reach it.
+        c.JupyterHub.hub_ip = "0.0.0.0"
+        c.JupyterHub.hub_connect_ip = settings.hub_connect_ip
+    elif _inside_the_hub():
         # Only the hub needs the bridge; `gpu-pool --config` reads this file too
         # and must not create Docker networks.
         gateway = docker_network_gateway(settings.docker_network)
@@ -75,6 +79,12 @@ def apply_settings(c, settings: Settings) -> None:
         c.JupyterHub.hub_connect_ip = gateway
 
     c.JupyterHub.spawner_class = "gpu-docker"
+    if settings.spawner == "swarm":
+        # A GPUDockerSpawner on Swarm services: every c.GPUDockerSpawner option below applies.
+        c.JupyterHub.spawner_class = "spawner.swarm.GPUSwarmSpawner"
+        c.GPUSwarmSpawner.home_volume_driver_options = dict(settings.swarm_home_options)
+        c.GPUSwarmSpawner.home_root_volume_options = dict(settings.swarm_homes_root_options)
+        c.GPUSwarmSpawner.cpu_constraints = list(settings.swarm_cpu_constraints)
     c.GPUDockerSpawner.network_name = settings.docker_network
     c.GPUDockerSpawner.prefix = settings.container_prefix
     c.GPUDockerSpawner.home_volume_name = settings.home_volume

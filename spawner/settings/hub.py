@@ -36,6 +36,11 @@ class Settings:
     container_prefix: str = "gpuhub"
     home_volume: str = "gpuhub-home-{username}"
     inventory: str = "nvml"
+    spawner: str = "docker"  # GPUHUB_SPAWNER: docker (one host) or swarm (gpu-swarm)
+    hub_connect_ip: str = ""  # GPUHUB_HUB_CONNECT_IP: the hub's address on the Swarm overlay
+    swarm_home_options: dict = field(default_factory=dict)  # GPUHUB_SWARM_HOME_OPTIONS (JSON)
+    swarm_homes_root_options: dict = field(default_factory=dict)  # GPUHUB_SWARM_HOMES_ROOT_OPTIONS
+    swarm_cpu_constraints: tuple[str, ...] = ()  # GPUHUB_SWARM_CPU_CONSTRAINTS (comma-separated)
     gpu_host: str = ""
     simulated_gpus: int = 4
     simulated_cuda_version: str = "12.4"
@@ -114,6 +119,41 @@ def _tls_files(env: Mapping[str, str], bind_url: str) -> tuple[str, str]:
     return cert, key
 
 
+def _json_object(env: Mapping[str, str], name: str) -> dict:
+    text = env.get(name, "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SettingsError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise SettingsError(f"{name} must be a JSON object of strings (Docker local-driver options), "
+                            'like {"type": "nfs", "o": "addr=10.0.0.5,rw", "device": ":/export/homes/{username}"}')
+    return value
+
+
+def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dict:
+    """GPUHUB_HUB_CONNECT_IP and GPUHUB_SWARM_*; with the swarm spawner, a PostgreSQL ledger."""
+    values = dict(
+        hub_connect_ip=env.get("GPUHUB_HUB_CONNECT_IP", "").strip(),
+        swarm_home_options=_json_object(env, "GPUHUB_SWARM_HOME_OPTIONS"),
+        swarm_homes_root_options=_json_object(env, "GPUHUB_SWARM_HOMES_ROOT_OPTIONS"),
+        swarm_cpu_constraints=tuple(c.strip() for c in env.get("GPUHUB_SWARM_CPU_CONSTRAINTS", "").split(",")
+                                    if c.strip()),
+    )
+    if spawner == "swarm":
+        if not env.get("GPUHUB_POOL_DB_URL", "").strip().startswith("postgresql"):
+            raise SettingsError("GPUHUB_SPAWNER=swarm lends the GPUs of several hosts from one ledger, "
+                                "which must be PostgreSQL: set GPUHUB_POOL_DB_URL=postgresql+psycopg://... "
+                                "(an SQLite ledger lives on one machine)")
+        if not values["hub_connect_ip"]:
+            raise SettingsError("GPUHUB_SPAWNER=swarm needs GPUHUB_HUB_CONNECT_IP: the hub container's "
+                                "address on the overlay network (GPUHUB_DOCKER_NETWORK), where servers "
+                                "on every node reach the hub")
+    return values
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     data_dir = Path(env.get("GPUHUB_DATA_DIR", "").strip() or ".").resolve()
@@ -124,7 +164,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} must be a URL like http://127.0.0.1:8000")
     ssl_cert, ssl_key = _tls_files(env, bind_url)
 
-    inventory = env_choice(env, "GPUHUB_INVENTORY", "nvml", ("nvml", "simulated", "static"))
+    spawner = env_choice(env, "GPUHUB_SPAWNER", "docker", ("docker", "swarm"))
+    inventory = env_choice(env, "GPUHUB_INVENTORY", "swarm" if spawner == "swarm" else "nvml",
+                           ("nvml", "simulated", "static", "swarm"))
+    swarm = _swarm_settings(env, spawner, data_dir)
     gpu_host = env.get("GPUHUB_GPU_HOST", "").strip()
     if any(ord(ch) < 32 for ch in gpu_host) or len(gpu_host) > 255:
         raise SettingsError(f"GPUHUB_GPU_HOST={gpu_host!r} must be a host name (at most 255 characters)")
@@ -186,6 +229,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         container_prefix=env.get("GPUHUB_CONTAINER_PREFIX", "").strip() or Settings.container_prefix,
         home_volume=env.get("GPUHUB_HOME_VOLUME", "").strip() or Settings.home_volume,
         inventory=inventory,
+        spawner=spawner,
+        **swarm,
         gpu_host=gpu_host,
         simulated_gpus=env_int(env, "GPUHUB_SIMULATED_GPUS", Settings.simulated_gpus, minimum=0),
         simulated_cuda_version=env.get("GPUHUB_SIMULATED_CUDA_VERSION", "").strip() or Settings.simulated_cuda_version,

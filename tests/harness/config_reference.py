@@ -24,11 +24,13 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "images" / "jupyter
 CLASSES = [
     ("spawner.lending", "GPULendingSpawner"),
     ("spawner.dockerspawner", "GPUDockerSpawner"),
+    ("spawner.swarm", "GPUSwarmSpawner"),
     ("spawner.pool", "GPUPool"),
     ("spawner.inventory", "Inventory"),
     ("spawner.inventory", "NVMLInventory"),
     ("spawner.inventory", "StaticInventory"),
     ("spawner.inventory", "SimulatedInventory"),
+    ("spawner.swarm_inventory", "SwarmInventory"),
     ("spawner.reconcile", "Reconciler"),
     ("spawner.auth", "DirectoryAuthenticator"),
     ("spawner.culling", "GPUIdleCuller"),

@@ -1,0 +1,159 @@
+"""gpu-swarm's pure parts: what the manager's node and task answers mean, the settings, the profiles.
+
+The node and task dicts have the shape of Docker 20.10's API answers (as
+`docker node inspect` / `docker inspect TASK` print them); the real Swarm
+runs in tests/integration/test_swarm.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spawner.pool import GPUPool
+from spawner.profiles import ProfileConfigError, Profile
+from spawner.settings import SettingsError, load_settings
+from spawner.swarm_inventory import SwarmInventory, memory_mib, node_gpus, node_lends
+from spawner.swarm_tasks import task_holds, task_ip
+
+
+def node(host, uuids, state="ready", availability="active", labels=None, node_id=None):
+    return {
+        "ID": node_id or f"id-{host}",
+        "Description": {"Hostname": host, "Resources": {"GenericResources": [
+            {"NamedResourceSpec": {"Kind": "GPU", "Value": u}} for u in uuids] + [
+            {"DiscreteResourceSpec": {"Kind": "SSD", "Value": 1}}]}},
+        "Spec": {"Availability": availability, "Labels": labels or {}},
+        "Status": {"State": state},
+    }
+
+
+class Manager:
+    """The manager's node list, as data (docker.DockerClient().api.nodes())."""
+
+    def __init__(self, nodes):
+        self.nodes_list = nodes
+        self.api = self
+
+    def nodes(self):
+        return self.nodes_list
+
+
+def test_node_gpus_and_whether_a_node_lends():
+    n = node("a", ["GPU-2", "GPU-1"])
+    assert node_gpus(n) == ["GPU-1", "GPU-2"]
+    assert node_lends(n)
+    assert not node_lends(node("a", ["GPU-1"], availability="drain"))
+    assert not node_lends(node("a", ["GPU-1"], availability="pause"))
+    assert not node_lends(node("a", ["GPU-1"], state="down"))
+
+
+@pytest.mark.parametrize("text, mib", [("80g", 81920), ("16G", 16384), ("40960m", 40960), ("24GiB", 24576),
+                                       ("", 0), (None, 0), ("lots", 0)])
+def test_memory_labels(text, mib):
+    assert memory_mib(text) == mib
+
+
+def test_inventory_lists_lending_nodes_and_speaks_for_the_others():
+    manager = Manager([node("a", ["GPU-a0", "GPU-a1"], labels={"gpu.model": "a100", "gpu.memory": "80g"}),
+                       node("b", ["GPU-b0"], availability="drain", labels={"gpu.model": "t4"}),
+                       node("cpu", [])])
+    inv = SwarmInventory(client=manager, cache_seconds=0)
+    assert [(g.host, g.uuid, g.index, g.name, g.memory_mib) for g in inv.gpus()] == [
+        ("a", "GPU-a0", 0, "a100", 81920), ("a", "GPU-a1", 1, "a100", 81920)]
+    assert inv.hosts() == {"a", "b"}
+    assert inv.hosts_matching({"gpu.model": "t4"}) == ["b"]
+    assert inv.hosts_matching({}) == ["a", "b"]
+    # A node that left the swarm is still spoken for: its GPUs go missing in the ledger.
+    manager.nodes_list = manager.nodes_list[:1]
+    assert inv.hosts() == {"a", "b"}
+
+
+def test_two_nodes_with_one_name_lend_nothing():
+    inv = SwarmInventory(client=Manager([node("a", ["GPU-1"], node_id="x"), node("a", ["GPU-2"], node_id="y")]),
+                         cache_seconds=0)
+    assert inv.gpus() == []
+
+
+def test_pool_lends_any_node_and_marks_a_drained_nodes_gpus_missing(tmp_path):
+    manager = Manager([node("a", ["GPU-a0"]), node("b", ["GPU-b0", "GPU-b1"])])
+    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'l.sqlite'}",
+                   inventory=SwarmInventory(client=manager, cache_seconds=0))
+    first = pool.try_acquire("u1", "", 1)
+    assert first.host == "a"  # best fit: the node with the fewest free GPUs
+    manager.nodes_list[1] = node("b", ["GPU-b0", "GPU-b1"], availability="drain")
+    pool.sync_inventory()
+    assert {g.gpu.uuid: g.state for g in pool.gpus()} == {"GPU-a0": "lent", "GPU-b0": "missing",
+                                                         "GPU-b1": "missing"}
+    assert pool.try_acquire("u2", "", 1) is None
+    # A request may be limited to several hosts (a profile's node labels).
+    manager.nodes_list[1] = node("b", ["GPU-b0", "GPU-b1"])
+    pool.sync_inventory()
+    assert pool.try_acquire("u3", "", 1, host=["b"]).host == "b"
+    pool.close()
+
+
+def test_which_tasks_still_hold_their_gpus():
+    running = {"Status": {"State": "running"}, "NodeID": "n1"}
+    assert task_holds(running, {"n1": "ready"})
+    assert task_holds({"Status": {"State": "pending"}}, {})
+    assert not task_holds({"Status": {"State": "shutdown"}, "NodeID": "n1"}, {"n1": "ready"})
+    assert not task_holds({"Status": {"State": "failed"}, "NodeID": "n1"}, {"n1": "ready"})
+    # A node that is down runs nothing the hub can reach; its GPUs are not lent meanwhile.
+    assert not task_holds(running, {"n1": "down"})
+
+
+def test_task_address_on_the_overlay():
+    task = {"NetworksAttachments": [
+        {"Network": {"ID": "i1", "Spec": {"Name": "ingress"}}, "Addresses": ["10.0.0.5/24"]},
+        {"Network": {"ID": "i2", "Spec": {"Name": "hubnet"}}, "Addresses": ["10.0.1.7/24"]}]}
+    assert task_ip(task, "hubnet") == "10.0.1.7"
+    assert task_ip(task, "i2") == "10.0.1.7"
+    assert task_ip(task, "other") is None
+
+
+def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
+    with pytest.raises(SettingsError, match="PostgreSQL"):
+        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_HUB_CONNECT_IP": "10.0.1.2"})
+    with pytest.raises(SettingsError, match="GPUHUB_HUB_CONNECT_IP"):
+        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool"})
+    with pytest.raises(SettingsError, match="GPUHUB_SWARM_HOME_OPTIONS"):
+        load_settings({"GPUHUB_SWARM_HOME_OPTIONS": "[1]"})
+    s = load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2",
+                       "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker, node.labels.cpu==true"})
+    assert s.inventory == "swarm"
+    assert s.swarm_cpu_constraints == ("node.role==worker", "node.labels.cpu==true")
+
+
+def test_swarm_settings_choose_gpu_swarm():
+    from traitlets.config import Config
+
+    from spawner.settings import apply_settings
+
+    c = Config()
+    apply_settings(c, load_settings({
+        "GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+        "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x",
+        "GPUHUB_CULL": "false", "GPUHUB_POOL_PAGE": "false",
+        "GPUHUB_SWARM_HOME_OPTIONS": '{"type": "nfs", "o": "addr=10.0.0.5", "device": ":/homes/{username}"}'}))
+    assert c.JupyterHub.spawner_class == "spawner.swarm.GPUSwarmSpawner"
+    assert (c.JupyterHub.hub_ip, c.JupyterHub.hub_connect_ip) == ("0.0.0.0", "10.0.1.2")
+    assert c.GPUSwarmSpawner.home_volume_driver_options["device"] == ":/homes/{username}"
+
+
+def test_profile_node_labels():
+    p = Profile.from_config({"slug": "a", "display_name": "A", "image": "i", "gpus": 1,
+                             "node_labels": {"gpu.model": "a100"}})
+    assert dict(p.node_labels) == {"gpu.model": "a100"}
+    with pytest.raises(ProfileConfigError, match="node_labels"):
+        Profile.from_config({"slug": "a", "display_name": "A", "image": "i", "node_labels": ["a100"]})
+
+
+def test_spawn_form_counts_a_tagged_profiles_own_gpus():
+    from spawner.profiles import options_form_html
+
+    profiles = [Profile("any", "Any GPU", "i", gpus=1),
+                Profile("a100", "A100", "i", gpus=1, node_labels=(("gpu.model", "a100"),))]
+    html = options_form_html(profiles, "", {"free": 3, "lent": 1}, {"a100": {"free": 0, "lent": 2}})
+    assert "1 GPU(s); 3 of 4 free now" in html
+    assert "1 GPU(s); 0 of 2 free now" in html
