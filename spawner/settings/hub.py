@@ -154,6 +154,15 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
     return values
 
 
+def _jobs_wanted(env: Mapping[str, str], spawner: str) -> bool:
+    """GPUHUB_JOBS: on by default on one host; jobs run on the hub's own Docker, not on Swarm."""
+    wanted = env_bool(env, "GPUHUB_JOBS", spawner != "swarm")
+    if wanted and spawner == "swarm":
+        raise SettingsError("GPUHUB_JOBS=true: batch jobs run on the hub's own Docker host and are not "
+                            "available with GPUHUB_SPAWNER=swarm yet; leave GPUHUB_JOBS unset")
+    return wanted
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     data_dir = Path(env.get("GPUHUB_DATA_DIR", "").strip() or ".").resolve()
@@ -258,7 +267,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         pool_page_port=pool_page_port,
         pool_page_show_holders=env_bool(env, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
         # Batch jobs run in the gpu-pool service: without it there are none.
-        jobs=pool_page and env_bool(env, "GPUHUB_JOBS", True),
+        jobs=pool_page and _jobs_wanted(env, spawner),
         job_max_seconds=env_int(env, "GPUHUB_JOB_MAX_SECONDS", Settings.job_max_seconds, minimum=1),
         job_log_max_bytes=env_int(env, "GPUHUB_JOB_LOG_MAX_BYTES", Settings.job_log_max_bytes, minimum=1024),
         directory=directory,

@@ -123,6 +123,11 @@ def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
                        "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker, node.labels.cpu==true"})
     assert s.inventory == "swarm"
     assert s.swarm_cpu_constraints == ("node.role==worker", "node.labels.cpu==true")
+    # Batch jobs run on the hub's own Docker host: off on Swarm, and refused when asked for.
+    assert s.jobs is False
+    with pytest.raises(SettingsError, match="GPUHUB_JOBS"):
+        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_JOBS": "true"})
 
 
 def test_swarm_settings_choose_gpu_swarm():
