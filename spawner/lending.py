@@ -26,6 +26,7 @@ from .inventory import inventory_from_config
 from .ledger_io import ledger_call
 from .metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from . import admission
+from .identity import container_identity
 from .pool import EndReason, GPUPool, Lease, PoolError, ordinal
 from .lease_ending import HeldLease, settle_lease, stop_reason, stop_requester
 from .profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, options_form_html
@@ -53,33 +54,6 @@ def shared_pool(config, kind: str | None = None) -> GPUPool:
         register_pool(pool.counts)
         _shared_pools[id(config)] = pool
     return pool
-
-
-class IdentityRefused(web.HTTPError):
-    """The directory identity cannot be used for a container (uid 0, gid 0, malformed)."""
-
-    def __init__(self, message: str):
-        super().__init__(403, message)
-
-
-def container_identity(auth_state: dict | None, fallback_uid: int, fallback_gid: int) -> tuple[int, int]:
-    """uid, gid from the directory (auth_state) when it has them, else the fallback.
-
-    A directory identity that would run as root (uid or gid 0) or that is
-    malformed is refused, never remapped: a silent fallback would hand the
-    user's files to another uid.  Servers and jobs both run as this."""
-    auth_state = auth_state or {}
-    uid = auth_state.get("uid_number")
-    gid = auth_state.get("gid_number")
-    for what, value in (("uidNumber", uid), ("gidNumber", gid)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise IdentityRefused(
-                f"Your directory account has {what} {value!r}, which this hub will not run a "
-                "server as (never root, never root's group). Ask your directory administrator "
-                "to give you a regular one.")
-    return (uid if uid is not None else fallback_uid, gid if gid is not None else fallback_gid)
 
 
 class GPULendingSpawner(Spawner):

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 from ..homes import prepare_home_volume
 from ..labels import pool_identity
-from ..lending import container_identity
+from ..identity import container_identity
 from ..ledger_io import ledger_call
 from ..pool import GPUPool, PoolError
 from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED, TIMED_OUT,
