@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
-import signal
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -117,7 +115,6 @@ class JobRunner:
         reconcile; stop with the hub."""
         self._background.append(asyncio.create_task(self._take_up_then_reconcile()))
         self._background.append(asyncio.create_task(self._refresh_snapshot()))
-        self._background.append(asyncio.create_task(self._exit_with_the_hub(os.getppid())))
 
     async def _take_up_then_reconcile(self) -> None:
         from .reconcile import reconcile_forever
@@ -144,15 +141,6 @@ class JobRunner:
                                       gpu_uuids=lease.gpu_uuids) or job
             log.info("Job %s of %s found %s; taking it up again", job.id, job.user, job.state)
             self._spawn(job)
-
-    async def _exit_with_the_hub(self, parent: int) -> None:
-        # The hub starts services in their own session: a hub killed with SIGKILL
-        # leaves this process behind with a token the next hub no longer knows.
-        # Stop instead (the jobs' containers run on; the next service adopts them).
-        while os.getppid() == parent:
-            await asyncio.sleep(1.0)
-        log.warning("The hub (pid %s) is gone; stopping the gpu-pool service", parent)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _refresh_snapshot(self, every: float = 2.0, rows: int = 200) -> None:
         while True:

@@ -23,6 +23,7 @@ from tornado.httpserver import HTTPServer
 
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
+from ..hub_service import stop_when_the_hub_is_gone
 from ..ledger_io import ledger_call
 from ..pool import GPUPool
 from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
@@ -214,6 +215,7 @@ async def serve(app: web.Application, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watchdog = asyncio.create_task(stop_when_the_hub_is_gone("gpu-pool", log))
     server = HTTPServer(app, xheaders=True)
     server.listen(port, "127.0.0.1")
     log.info("GPU pool page on http://127.0.0.1:%s%s", port, app.settings["prefix"])
@@ -223,6 +225,7 @@ async def serve(app: web.Application, port: int) -> None:
     await stop.wait()
     server.stop()
     await stop_jobs()
+    watchdog.cancel()
     log.info("GPU pool page stopped")
 
 

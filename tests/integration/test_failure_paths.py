@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -136,6 +137,50 @@ def test_a_server_whose_saved_state_lost_its_lease_keeps_it_after_a_hub_restart(
     hub.stop_server("lost", token=hub.user_token("lost"))
     wait_for(lambda: not hub.ledger().leases(), timeout=30, what="the adopted lease to end", hub=hub)
     assert hub.ledger().lease(lease_id).end_reason == "stopped"
+
+
+def _service_pids(hub_pid: int) -> dict[str, int]:
+    """The hub's managed services (their module names) -> pid, from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        for module in (b"spawner.culling", b"spawner.poolpage"):
+            if ppid == hub_pid and module in cmdline:
+                found[module.decode()] = int(entry.name)
+    return found
+
+
+def test_the_hubs_services_stop_when_the_hub_is_killed(make_hub):
+    # A hub killed with SIGKILL leaves its services behind with tokens the next
+    # hub does not know (and the pool page holding its port): they stop themselves.
+    hub = make_hub(env={"GPUHUB_CULL": "true"})
+    services = wait_for(lambda: (lambda found: found if len(found) == 2 else None)(_service_pids(hub.process.pid)),
+                        timeout=30, what="the culler and the pool page to run", hub=hub)
+    hub.kill()
+
+    def gone() -> bool:
+        return not any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in services.values())
+
+    wait_for(gone, timeout=20, what=f"the orphaned services {services} to stop", hub=hub)
+    # The restarted hub runs its own, working services.
+    hub.start()
+    assert hub.api("GET", "/services/gpu-pool").status_code == 200
+    assert requests.get(f"{hub.url}/services/gpu-pool/api/gpus", timeout=10,
+                        headers={"Authorization": f"token {hub.token}"}).status_code == 200
+
+
+def _state(pid: int) -> str:
+    try:
+        return {"Z": "zombie"}.get((Path(f"/proc/{pid}") / "stat").read_text().rsplit(")", 1)[1].split()[0], "alive")
+    except OSError:
+        return "gone"
 
 
 # The directory identity a login would put in auth_state, read from a file the
