@@ -4,7 +4,9 @@
 
 Commands: status, leases, history, queue, drain UUID, undrain UUID,
 rehome OLD NEW, release LEASE_ID, doctor (checks this GPU host; exit 1
-when a check failed; see spawner/doctor.py), and exec (an action script in
+when a check failed; see spawner/doctor.py), agent (the per-node agent that
+reports this node's GPU utilisation to the ledger until SIGTERM; see
+spawner/agent.py), and exec (an action script in
 running servers, through the hub's gpu-pool service; exit 3 when it failed
 somewhere).  The ledger is found, first match wins, from --db-url, the
 GPU_POOL_DB_URL environment variable, c.GPUPool.db_url in --config, or the
@@ -35,6 +37,7 @@ from .pool import EndReason, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailab
 from .pool.validation import iso_time
 
 ENV_DB_URL = "GPU_POOL_DB_URL"
+ENV_DB_URL_FILE = "GPU_POOL_DB_URL_FILE"  # a file holding the URL (a Docker secret)
 
 
 class CLIError(Exception):
@@ -93,6 +96,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="the hub's public URL (JUPYTERHUB_URL; default http://127.0.0.1:8000)")
     p.add_argument("--token", default=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
                    help="a hub API token with custom:gpu-pool:admin (JUPYTERHUB_API_TOKEN)")
+    p = sub.add_parser("agent", parents=[common],
+                       help="report this node's GPU utilisation to the ledger every --interval s (until SIGTERM)")
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between readings (10)")
+    p.add_argument("--inventory", default="nvml", choices=["nvml", "static", "simulated"],
+                   help="where this node's GPUs are read (nvml)")
+    p.add_argument("--host", help="this node's name in the ledger: its Swarm node hostname (default: hostname)")
+    p.add_argument("--db-url-file", default=os.environ.get(ENV_DB_URL_FILE),
+                   help=f"a file holding the ledger URL, e.g. a Docker secret (or set {ENV_DB_URL_FILE})")
+    p.add_argument("--simulated-gpus", type=int, help="simulated inventory: how many GPUs")
+    p.add_argument("--utilization-file", help="simulated inventory: the JSON file {uuid: percent}")
     p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
     p.add_argument("lease_id", type=int)
     p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])
@@ -349,6 +362,42 @@ def _doctor(args, out) -> int:
     return doctor.exit_status(results)
 
 
+def _agent(args) -> int:
+    import logging
+
+    from .agent import Agent
+    from .inventory import inventory_from_config
+
+    if not args.interval > 0:
+        raise CLIError("--interval must be > 0 seconds")
+    url = getattr(args, "db_url", None)
+    if not url and args.db_url_file:
+        try:
+            url = Path(args.db_url_file).read_text().strip()
+        except OSError as e:
+            raise CLIError(f"Cannot read the ledger URL from {args.db_url_file}: {e.strerror}", code=1) from None
+    config, _ = load_config(getattr(args, "config", None))
+    if args.host:
+        config.Inventory.host = args.host
+    if args.simulated_gpus is not None:
+        config.SimulatedInventory.count = args.simulated_gpus
+    if args.utilization_file:
+        config.SimulatedInventory.utilization_file = args.utilization_file
+    try:
+        inventory = inventory_from_config(args.inventory, config)
+    except TraitError as e:
+        raise CLIError(str(e)) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    pool = build_pool(url, getattr(args, "config", None))
+    agent = Agent(pool, inventory, args.interval)
+    agent.stop_on_signals()
+    try:
+        agent.run()
+    finally:
+        pool.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     out, err = sys.stdout, sys.stderr
     try:
@@ -361,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             return _doctor(args, out)
         if args.command == "exec":
             return _exec(args, out)
+        if args.command == "agent":
+            return _agent(args)
         pool = build_pool(getattr(args, "db_url", None), getattr(args, "config", None))
         try:
             return _run(args, pool, out)

@@ -6,6 +6,8 @@ Each GPU node lists its GPUs once, in its dockerd's `node-generic-resources`
 manager, so the admin types nothing twice.  Only nodes that are `ready` and
 `active` lend: a node that is down, drained or paused, or that left, is
 listed as a host whose GPUs are missing, so the ledger lends none of them.
+Live utilisation (and a node's driver CUDA version without a `gpu.cuda`
+label) comes from the per-node agent's readings in the ledger (spawner/agent.py).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 
-from traitlets import Float, Unicode
+from traitlets import Float, TraitError, Unicode, validate
 
 from .inventory import GPU, Inventory, InventoryError, parse_cuda_version
 
@@ -69,8 +72,23 @@ class SwarmInventory(Inventory):
         "down, drain) reach the ledger at the next GPU spawn or reconcile pass after this.",
     )
 
+    reading_max_age = Float(
+        60.0,
+        config=True,
+        help="Seconds a GPU reading of the per-node agent (`gpu-pool agent`) counts as live.  An "
+        "older or missing reading means unknown utilisation: the culler's GPU-idle rule never fires "
+        "on it.  Keep it a few times the agents' `--interval`.",
+    )
+
+    @validate("reading_max_age")
+    def _check_reading_max_age(self, proposal):
+        if not proposal.value > 0:
+            raise TraitError("SwarmInventory.reading_max_age must be > 0")
+        return proposal.value
+
     def __init__(self, client=None, **kwargs):
         super().__init__(**kwargs)
+        self._readings: Callable[..., dict] | None = None
         self._client = client
         self._lock = threading.Lock()
         self._cached: tuple[float, list[dict]] | None = None
@@ -138,9 +156,35 @@ class SwarmInventory(Inventory):
         return sorted(host for host, labels in self.node_labels().items()
                       if all(labels.get(k) == v for k, v in wanted.items()))
 
+    def use_readings(self, readings: Callable[..., dict]) -> None:
+        """Read the agents' readings through `readings(max_age, host=None)` -> {(host, uuid): Reading}
+        (the pool's `gpu_readings`; the pool hands it over, so this module needs no database)."""
+        self._readings = readings
+
+    def _fresh(self, host: str | None = None) -> dict:
+        if self._readings is None:
+            return {}
+        try:
+            return self._readings(self.reading_max_age, host=host)
+        except Exception as exc:  # ledger down: unknown, never a reason to cull
+            self.log.warning("Cannot read the GPU agents' readings: %s", exc)
+            return {}
+
+    def utilization(self, uuid: str, host: str | None = None) -> float | None:
+        """The newest live reading of GPU `uuid` (on `host`), or None when stale, missing or unknown."""
+        found = [r for (h, u), r in self._fresh(host).items() if u == uuid and (host is None or h == host)]
+        return min(found, key=lambda r: r.age_s).utilization if found else None
+
     def cuda_driver_version(self, host: str | None = None) -> tuple[int, int] | None:
-        """The lowest `gpu.cuda` label over the GPU nodes (or of `host`): what every node can run."""
-        versions = [parse_cuda_version(labels.get(LABEL_CUDA, "")) for h, labels in self.node_labels().items()
-                    if host is None or h == host]
-        versions = [v for v in versions if v is not None]
+        """The lowest driver CUDA version over the GPU nodes (or of `host`): what every node can run.
+
+        A node's `gpu.cuda` label wins; without one, its agent's live reading counts."""
+        labelled = {h: parse_cuda_version(labels.get(LABEL_CUDA, "")) for h, labels in self.node_labels().items()
+                    if host is None or h == host}
+        unlabelled = {h for h, v in labelled.items() if v is None}
+        if unlabelled:
+            for (h, _uuid), reading in self._fresh(host).items():
+                if h in unlabelled and reading.cuda_version:
+                    labelled[h] = min(filter(None, (labelled[h], parse_cuda_version(reading.cuda_version))))
+        versions = [v for v in labelled.values() if v is not None]
         return min(versions) if versions else None

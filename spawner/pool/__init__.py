@@ -96,8 +96,10 @@ from .schema import (
     leases_table,
     meta_table,
     metadata,
+    readings_table,
     waiters_table,
 )
+from .readings import Reading
 from .store import INTEGRITY_RETRIES, PG_LOCK_KEY
 
 __all__ = [
@@ -125,6 +127,8 @@ __all__ = [
     "leases_table",
     "meta_table",
     "metadata",
+    "readings_table",
+    "Reading",
     "waiters_table",
     "INTEGRITY_RETRIES",
     "PG_LOCK_KEY",

@@ -26,6 +26,7 @@ from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
 from .administration import PoolAdministration
 from .placement import Topology
+from .readings import PoolReadings
 from .policy import limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store
@@ -33,7 +34,7 @@ from .validation import Request
 from .waiting import Wait, Wakeups
 
 
-class GPUPool(PoolAdministration, LoggingConfigurable):
+class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
     """The GPU lease ledger.  See the package docstring for the policy."""
 
     db_url = Unicode(
@@ -226,6 +227,9 @@ class GPUPool(PoolAdministration, LoggingConfigurable):
         self._topology = Topology(inventory, self.log)
         self._wakeups = Wakeups()
         self._owner = f"{socket.gethostname()}:{os.getpid()}"[:NAME_MAX]
+        if hasattr(inventory, "use_readings"):
+            # An inventory of other machines' GPUs (Swarm) learns their utilisation from the ledger.
+            inventory.use_readings(self.gpu_readings)
 
     # --- database plumbing (store.py) ---------------------------------------
 

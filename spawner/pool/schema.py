@@ -12,6 +12,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -28,7 +29,9 @@ from sqlalchemy.types import TypeDecorator
 
 from .models import PoolUnavailable
 
-SCHEMA_VERSION = 5  # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs
+# 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
+# 6: gpu_pool_readings (the per-node agent's GPU utilisation)
+SCHEMA_VERSION = 6
 NAME_MAX = 255
 
 
@@ -192,6 +195,20 @@ jobs_table = Table(
 )
 
 
+# The newest reading of each GPU by the per-node agent (`gpu-pool agent`, see
+# spawner/agent.py): one row per GPU, overwritten, stamped with the database's
+# clock so readers on other machines judge its age by one clock.
+readings_table = Table(
+    "gpu_pool_readings",
+    metadata,
+    Column("host", String(NAME_MAX), primary_key=True),
+    Column("uuid", String(128), primary_key=True),
+    Column("utilization", Float),  # percent; NULL: the agent could not read it
+    Column("cuda_version", String(16)),  # the driver's, MAJOR.MINOR; NULL if unknown
+    Column("at", UTCDateTime, nullable=False),
+)
+
+
 def create_schema(conn) -> None:
     """Create the tables if missing; refuse a ledger written by newer code."""
     metadata.create_all(conn)
@@ -202,8 +219,8 @@ def create_schema(conn) -> None:
         if int(version) < 2:
             # 1 -> 2: the column ledgers made by 0.1 lack.
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
-        # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs:
-        # new tables create_all has just made.
+        # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
+        # 5 -> 6: gpu_pool_readings: new tables create_all has just made.
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:
