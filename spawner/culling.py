@@ -33,6 +33,7 @@ reason `culled`; the GPU is free the moment the lease ends.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -227,19 +228,34 @@ def _load_idle_culler():
 class _Utilization:
     """GPU utilization read in the culler process, from the hub's inventory kind."""
 
-    def __init__(self, kind: str, simulated_gpus: int, utilization_file: str, log):
+    def __init__(self, kind: str, simulated_gpus: int, utilization_file: str, log, reading_max_age: float = 60.0):
         self.kind = kind
         self.simulated_gpus = simulated_gpus
         self.utilization_file = utilization_file
+        self.reading_max_age = reading_max_age
         self.log = log
         self._inventories: dict[str, Any] = {}
+
+    def _swarm_inventory(self, logging: dict):
+        """Swarm: the per-node agents' readings in the ledger (GPU_POOL_DB_URL), no Docker access."""
+        from .cli import ENV_DB_URL
+        from .pool import GPUPool
+        from .swarm_inventory import SwarmInventory
+
+        inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
+        inventory.use_readings(GPUPool(db_url=os.environ[ENV_DB_URL], **logging).gpu_readings)
+        return inventory
 
     def _inventory(self, host: str):
         from .inventory import NVMLInventory, SimulatedInventory
 
-        inventory = self._inventories.get(host)
+        inventory = self._inventories.get(host if self.kind != "swarm" else "")
         if inventory is None:
             logging = {"log": self.log} if self.log is not None else {}
+            if self.kind == "swarm":
+                inventory = self._swarm_inventory(logging)
+                self._inventories[""] = inventory
+                return inventory
             if self.kind == "simulated":
                 inventory = SimulatedInventory(count=self.simulated_gpus,
                                                utilization_file=self.utilization_file, **logging)
@@ -252,6 +268,8 @@ class _Utilization:
 
     def __call__(self, host: str, uuid: str) -> float | None:
         try:
+            if self.kind == "swarm":
+                return self._inventory(host).utilization(uuid, host=host)
             return self._inventory(host).utilization(uuid)
         except Exception as exc:  # NVML gone, driver reset: never cull on a failed reading
             if self.log is not None:
@@ -282,13 +300,13 @@ class GPUIdleCuller(IdleCuller):
         5.0,
         help="Cull a GPU server whose leased GPUs all read under this utilization (percent) for "
         "`gpu_idle_seconds`, even when it shows activity (an open browser tab, a kernel blocked on "
-        "a prompt).  0 turns the rule off.  Default: 5 with the `nvml` inventory (real GPUs), "
-        "0 (off) with `simulated` and `static`.",
+        "a prompt).  0 turns the rule off.  Default: 5 with the `nvml` and `swarm` inventories (real "
+        "GPUs), 0 (off) with `simulated` and `static`.",
     ).tag(config=True)
 
     @default("gpu_idle_percent")
     def _default_gpu_idle_percent(self):
-        return 5.0 if self.inventory == "nvml" else 0.0
+        return 5.0 if self.inventory in ("nvml", "swarm") else 0.0
 
     gpu_idle_seconds = Float(
         1800.0,
@@ -297,10 +315,18 @@ class GPUIdleCuller(IdleCuller):
     ).tag(config=True)
 
     inventory = CaselessStrEnum(
-        ["nvml", "static", "simulated"],
+        ["nvml", "static", "simulated", "swarm"],
         default_value="nvml",
         help="Where GPU utilization is read: `nvml` (the NVIDIA driver on this machine), "
-        "`simulated` (the file in `utilization_file`), `static` (unknown: the GPU rule never fires).",
+        "`swarm` (the per-node agents' readings in the ledger named by the GPU_POOL_DB_URL "
+        "environment variable), `simulated` (the file in `utilization_file`), `static` (unknown: "
+        "the GPU rule never fires).",
+    ).tag(config=True)
+
+    reading_max_age = Float(
+        60.0,
+        help="With the `swarm` inventory: seconds an agent's reading counts as live (as "
+        "SwarmInventory.reading_max_age in the hub); older readings are unknown and never cull.",
     ).tag(config=True)
 
     simulated_gpus = Int(4, help="Number of simulated GPUs (as SimulatedInventory.count in the hub).").tag(
@@ -320,6 +346,7 @@ class GPUIdleCuller(IdleCuller):
         "inventory": "GPUIdleCuller.inventory",
         "simulated-gpus": "GPUIdleCuller.simulated_gpus",
         "utilization-file": "GPUIdleCuller.utilization_file",
+        "reading-max-age": "GPUIdleCuller.reading_max_age",
     }
 
     @default("timeout")
@@ -332,7 +359,8 @@ class GPUIdleCuller(IdleCuller):
     def _default_arbiter(self):
         utilization = None
         if self.gpu_idle_percent > 0 and self.inventory != "static":
-            utilization = _Utilization(self.inventory, self.simulated_gpus, self.utilization_file, self.log)
+            utilization = _Utilization(self.inventory, self.simulated_gpus, self.utilization_file, self.log,
+                                       self.reading_max_age)
         return GPUCullPolicy(
             cpu_timeout=self.cpu_timeout,
             gpu_timeout=self.gpu_timeout,
@@ -427,10 +455,13 @@ def configure_culler(c, settings) -> None:
     section = c.JupyterHub
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
-    section.services = without_named(services, SERVICE_NAME) + [{
-        "name": SERVICE_NAME,
-        "command": culler_command(settings),
-    }]
+    from .cli import ENV_DB_URL
+
+    service = {"name": SERVICE_NAME, "command": culler_command(settings)}
+    if settings.inventory == "swarm" and settings.gpu_idle_percent > 0:
+        # The agents' readings live in the ledger; in the environment, not argv (ps shows argv).
+        service["environment"] = {ENV_DB_URL: settings.pool_db_url}
+    section.services = without_named(services, SERVICE_NAME) + [service]
     section.load_roles = without_named(roles, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",

@@ -209,7 +209,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     cull_gpu = env_int(env, "GPUHUB_CULL_TIMEOUT_GPU", Settings.cull_timeout_gpu, minimum=1)
     # The GPU-utilisation rule is on by default where NVML can read it.
     gpu_idle_percent = env_float(env, "GPUHUB_GPU_IDLE_PERCENT",
-                                 DEFAULT_GPU_IDLE_PERCENT if inventory == "nvml" else 0.0)
+                                 DEFAULT_GPU_IDLE_PERCENT if inventory in ("nvml", "swarm") else 0.0)
     if gpu_idle_percent > 100:
         raise SettingsError(f"GPUHUB_GPU_IDLE_PERCENT={gpu_idle_percent} must be between 0 and 100")
 

@@ -1,0 +1,222 @@
+"""The per-node GPU agent's loop and the readings' staleness rule (SQLite ledger, simulated GPUs).
+
+The agent as a real process against PostgreSQL, read back by SwarmInventory
+and the culler's reader, runs in tests/integration/test_gpu_agent.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from datetime import timedelta
+
+import pytest
+from traitlets import TraitError
+
+from spawner.agent import Agent
+from spawner.culling import GPUIdleCuller, _Utilization
+from spawner.inventory import SimulatedInventory
+from spawner.pool import GPUPool, InvalidRequest
+from spawner.settings import load_settings
+from spawner.swarm_inventory import SwarmInventory
+from tests.unit.test_swarm import Manager, node
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def node_a(tmp_path):
+    path = tmp_path / "utilization.json"
+    inv = SimulatedInventory(count=2, utilization_file=str(path), cuda_version="12.2")
+    inv.host = "node-a"
+    return inv, path
+
+
+def swarm(pool, nodes=None, **kwargs):
+    inv = SwarmInventory(client=Manager(nodes or []), **kwargs)
+    inv.use_readings(pool.gpu_readings)
+    return inv
+
+
+def age(pool, seconds):
+    """Move every reading `seconds` into the past (as if the agent had stopped then)."""
+    from sqlalchemy import update
+
+    from spawner.pool import readings_table
+
+    def move(conn):
+        for r in conn.execute(readings_table.select()).all():
+            conn.execute(update(readings_table).where((readings_table.c.host == r.host) & (readings_table.c.uuid == r.uuid))
+                         .values(at=r.at - timedelta(seconds=seconds)))
+    pool._write(move)
+
+
+def test_one_pass_records_each_gpus_utilization_and_the_drivers_cuda_version(pool, node_a):
+    inv, path = node_a
+    gpu0, gpu1 = (g.uuid for g in inv.gpus())
+    path.write_text(json.dumps({gpu0: 87, gpu1: 3}))
+    assert Agent(pool, inv, interval=1).run_once() is True
+    readings = pool.gpu_readings(60)
+    assert {k: r.utilization for k, r in readings.items()} == {("node-a", gpu0): 87.0, ("node-a", gpu1): 3.0}
+    assert {r.cuda_version for r in readings.values()} == {"12.2"}
+    # The next pass replaces the readings: one row per GPU, the newest.
+    path.write_text(json.dumps({gpu0: 0, gpu1: 50}))
+    Agent(pool, inv, interval=1).run_once()
+    assert {k[1]: r.utilization for k, r in pool.gpu_readings(60).items()} == {gpu0: 0.0, gpu1: 50.0}
+
+
+def test_an_unreadable_gpu_is_recorded_as_unknown_not_as_idle(pool, node_a):
+    inv, path = node_a
+    path.write_text("{not json")  # the simulated inventory reads None, like an NVML error
+    Agent(pool, inv, interval=1).run_once()
+    assert {r.utilization for r in pool.gpu_readings(60).values()} == {None}
+
+
+def test_an_unreachable_ledger_is_logged_without_the_password_and_retried(node_a, caplog):
+    inv, _ = node_a
+    down = GPUPool(db_url="postgresql+psycopg://agent:pw-not-in-logs@127.0.0.1:1/ledger", connect_timeout=1)
+    agent = Agent(down, inv, interval=0.05)
+    caplog.set_level(logging.DEBUG, logger="gpu-pool.agent")
+    assert agent.run_once() is False
+    assert agent.run_once() is False  # no exception, ever: the loop goes on
+    text = caplog.text
+    assert "unreachable" in text and "pw-not-in-logs" not in text
+    assert sum(r.levelno == logging.WARNING for r in caplog.records) == 1  # an outage is warned about once
+
+
+def test_the_loop_runs_until_stopped_and_sigterm_stops_it(pool, node_a):
+    inv, _ = node_a
+    agent = Agent(pool, inv, interval=0.02)
+    handlers = {}
+    agent.stop_on_signals(install=lambda sig, fn: handlers.__setitem__(sig, fn))
+    assert set(handlers) == {signal.SIGTERM, signal.SIGINT}
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        while not pool.gpu_readings(60):
+            pass
+    finally:
+        handlers[signal.SIGTERM](signal.SIGTERM, None)
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_bad_readings_are_refused_and_change_nothing(pool):
+    pool.record_readings("node-a", {"GPU-1": 10}, "12.4")
+    for bad in ({"GPU-1": 101}, {"GPU-1": -1}, {"GPU-1": float("nan")}, {"GPU-1": True}, {"GPU-1": "10"},
+                {"": 10}, {"G" * 129: 10}, "GPU-1", {f"GPU-{i}": 1 for i in range(1025)}):
+        with pytest.raises(InvalidRequest):
+            pool.record_readings("node-a", bad)
+    for host in ("", 7, "a\nb"):
+        with pytest.raises(InvalidRequest):
+            pool.record_readings(host, {"GPU-1": 5})
+    with pytest.raises(InvalidRequest):
+        pool.record_readings("node-a", {"GPU-1": 5}, "twelve")
+    with pytest.raises(InvalidRequest):
+        pool.gpu_readings(0)
+    [reading] = pool.gpu_readings(60).values()
+    assert (reading.utilization, reading.cuda_version) == (10.0, "12.4")
+
+
+def test_swarm_inventory_reads_live_readings_and_treats_stale_ones_as_unknown(pool, node_a):
+    inv, path = node_a
+    gpu0 = inv.gpus()[0].uuid
+    path.write_text(json.dumps({gpu0: 42}))
+    Agent(pool, inv, interval=1).run_once()
+    swarm_inv = swarm(pool, reading_max_age=30)
+    assert swarm_inv.utilization(gpu0, host="node-a") == 42.0
+    assert swarm_inv.utilization(gpu0) == 42.0
+    assert swarm_inv.utilization(gpu0, host="node-b") is None  # (host, uuid) is the key
+    age(pool, 31)
+    assert swarm_inv.utilization(gpu0, host="node-a") is None
+    assert swarm(pool, reading_max_age=60).utilization(gpu0, host="node-a") == 42.0
+
+
+def test_swarm_inventory_without_readings_or_ledger_knows_no_utilization(node_a):
+    inv, _ = node_a
+    assert SwarmInventory(client=Manager([])).utilization(inv.gpus()[0].uuid) is None
+    down = GPUPool(db_url="postgresql+psycopg://agent:pw@127.0.0.1:1/ledger", connect_timeout=1)
+    assert swarm(down).utilization(inv.gpus()[0].uuid) is None
+    with pytest.raises(TraitError):
+        SwarmInventory(reading_max_age=0)
+
+
+def test_the_pool_hands_its_readings_to_a_swarm_inventory(tmp_path, node_a):
+    inv, _ = node_a
+    swarm_inv = SwarmInventory(client=Manager([node("node-a", [g.uuid for g in inv.gpus()])]))
+    p = GPUPool(db_url=f"sqlite:///{tmp_path / 'l.sqlite'}", inventory=swarm_inv)
+    Agent(p, inv, interval=1).run_once()
+    assert swarm_inv.utilization(inv.gpus()[1].uuid, host="node-a") == 0.0
+    p.close()
+
+
+def test_cuda_version_comes_from_the_label_else_from_the_agent(pool, node_a):
+    inv, _ = node_a
+    nodes = [node("node-a", [g.uuid for g in inv.gpus()]), node("node-b", ["GPU-b0"], labels={"gpu.cuda": "12.4"})]
+    swarm_inv = swarm(pool, nodes)
+    assert swarm_inv.cuda_driver_version() == (12, 4)  # node-a unknown yet
+    Agent(pool, inv, interval=1).run_once()  # node-a's driver: 12.2
+    assert swarm_inv.cuda_driver_version() == (12, 2)
+    assert swarm_inv.cuda_driver_version("node-b") == (12, 4)
+    age(pool, 3600)
+    assert swarm_inv.cuda_driver_version("node-a") is None
+
+
+def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkeypatch):
+    inv, path = node_a
+    gpu0 = inv.gpus()[0].uuid
+    path.write_text(json.dumps({gpu0: 77}))
+    Agent(pool, inv, interval=1).run_once()
+    monkeypatch.setenv("GPU_POOL_DB_URL", pool.db_url)
+    reader = _Utilization("swarm", 0, "", None, reading_max_age=5)
+    assert reader("node-a", gpu0) == 77.0
+    assert reader("node-b", gpu0) is None
+    age(pool, 6)
+    assert reader("node-a", gpu0) is None
+
+
+def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
+    from spawner.culling import configure_culler
+    from traitlets.config import Config
+
+    app = GPUIdleCuller()
+    app.parse_command_line(["--inventory=swarm", "--reading-max-age=45"])
+    assert app.cull_arbiter_hook.gpu_rule_enabled
+    assert app.cull_arbiter_hook.utilization.reading_max_age == 45
+    url = "postgresql+psycopg://u:secret@db/gpupool"
+    s = load_settings({"GPUHUB_DATA_DIR": "/nonexistent", "GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": url,
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2"})
+    assert s.gpu_idle_percent == 5.0
+    c = Config()
+    configure_culler(c, s)
+    [service] = c.JupyterHub.services
+    assert service["environment"] == {"GPU_POOL_DB_URL": url}
+    assert "--inventory=swarm" in service["command"]
+    assert not any("secret" in arg for arg in service["command"])
+
+
+def test_a_version_5_ledger_gains_the_readings_table_in_place(tmp_path):
+    import sqlalchemy as sa
+
+    from spawner.pool import SCHEMA_VERSION
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    GPUPool(db_url=url).gpus()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE gpu_pool_readings"))
+        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='5' WHERE key='schema_version'"))
+    p = GPUPool(db_url=url)
+    p.record_readings("node-a", {"GPU-1": 1.5})
+    assert len(p.gpu_readings(60)) == 1
+    with engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "6"
+    p.close()
+    engine.dispose()
