@@ -10,6 +10,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -100,8 +101,10 @@ def test_the_loop_runs_until_stopped_and_sigterm_stops_it(pool, node_a):
     thread = threading.Thread(target=agent.run)
     thread.start()
     try:
-        while not pool.gpu_readings(60):
-            pass
+        deadline = time.monotonic() + 10
+        while not pool.gpu_readings(60) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.gpu_readings(60)
     finally:
         handlers[signal.SIGTERM](signal.SIGTERM, None)
         thread.join(timeout=10)
@@ -220,3 +223,16 @@ def test_a_version_5_ledger_gains_the_readings_table_in_place(tmp_path):
         assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "6"
     p.close()
     engine.dispose()
+
+
+def test_the_agent_command_refuses_bad_options_in_one_line(tmp_path, capsys):
+    from spawner.cli import main
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    assert main(["agent", "--db-url", url, "--interval", "0", "--inventory", "simulated"]) == 2
+    assert main(["agent", "--db-url-file", str(tmp_path / "missing"), "--inventory", "simulated"]) == 1
+    assert main(["agent", "--db-url", url, "--inventory", "simulated", "--simulated-gpus", "-1"]) == 2
+    assert main(["agent", "--db-url", url, "--inventory", "cloud"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 4 and all(line.startswith("gpu-pool: ") for line in lines), lines
+    assert "--interval must be > 0" in lines[0] and "Cannot read the ledger URL" in lines[1]
