@@ -228,11 +228,13 @@ def _load_idle_culler():
 class _Utilization:
     """GPU utilization read in the culler process, from the hub's inventory kind."""
 
-    def __init__(self, kind: str, simulated_gpus: int, utilization_file: str, log, reading_max_age: float = 60.0):
+    def __init__(self, kind: str, simulated_gpus: int, utilization_file: str, log, reading_max_age: float = 60.0,
+                 db_url: str | None = None):
         self.kind = kind
         self.simulated_gpus = simulated_gpus
         self.utilization_file = utilization_file
         self.reading_max_age = reading_max_age
+        self.db_url = db_url  # swarm: the ledger (default: $GPU_POOL_DB_URL)
         self.log = log
         self._inventories: dict[str, Any] = {}
 
@@ -243,7 +245,7 @@ class _Utilization:
         from .swarm_inventory import SwarmInventory
 
         inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
-        inventory.use_readings(GPUPool(db_url=os.environ[ENV_DB_URL], **logging).gpu_readings)
+        inventory.use_readings(GPUPool(db_url=self.db_url or os.environ[ENV_DB_URL], **logging).gpu_readings)
         return inventory
 
     def _inventory(self, host: str):

@@ -32,13 +32,17 @@ class Settings:
         self.inventory = env.get("GPUHUB_INVENTORY", "")
         self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
         self.utilization_file = env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "")
+        self.db_url = env.get("GPUHUB_POOL_DB_URL", "")
 
     def utilization_reader(self):
         """A callable (host, uuid) -> percent or None, or None where nothing gives it."""
-        if self.inventory == "nvml" or (self.inventory == "simulated" and self.utilization_file):
-            from ..culling import _Utilization
+        from ..culling import _Utilization
 
+        if self.inventory == "nvml" or (self.inventory == "simulated" and self.utilization_file):
             return _Utilization(self.inventory, self.simulated_gpus, self.utilization_file, log)
+        if self.inventory == "swarm" and self.db_url:
+            # Swarm: the per-node agents' readings in the ledger (stale ones read as unknown).
+            return _Utilization("swarm", 0, "", log, db_url=self.db_url)
         return None
 
 
