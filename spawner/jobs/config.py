@@ -43,6 +43,8 @@ def job_settings(c, settings) -> JobSettings:
         log_max_bytes=settings.job_log_max_bytes,
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
+        reconcile_interval=float(c.Reconciler.get("interval", JobSettings.reconcile_interval)),
+        reconcile_min_age=float(c.Reconciler.get("min_lease_age", JobSettings.reconcile_min_age)),
     )
 
 

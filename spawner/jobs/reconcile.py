@@ -1,10 +1,11 @@
 """Keep job leases and job containers in agreement, with the servers' guarantees.
 
 The hub's reconciler leaves job leases alone (no hub server holds them); this
-pass, run by the gpu-pool service at start and every `reconcile_interval`:
+pass, run by the gpu-pool service at start and every `reconcile_interval` (the hub's
+`c.Reconciler.interval` when set, else 30 s):
 
 - a job lease whose job has ended, is missing, or holds another lease (and is
-  older than `MIN_AGE`): its containers are removed, and the lease ends once
+  older than `c.Reconciler.min_lease_age`, else `MIN_AGE`): its containers are removed, and the lease ends once
   Docker confirms that (reason: the job's end, else `reconciled`);
 - a job container that runs with GPUs but without an active lease: removed;
 - a stopped container of an ended job (a removal that failed before): removed.
@@ -74,7 +75,7 @@ async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
 async def reconcile_forever(runner) -> None:
     while True:
         try:
-            await reconcile_jobs(runner)
+            await reconcile_jobs(runner, runner.settings.reconcile_min_age)
         except PoolError as exc:
             log.error("Job reconcile skipped: %s", exc)
         except Exception:

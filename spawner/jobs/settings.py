@@ -36,7 +36,9 @@ class JobSettings:
     max_seconds: int = 86400
     log_max_bytes: int = 1024 * 1024
     queue_timeout: float = 86400.0
+    # The hub's c.Reconciler.interval and .min_lease_age when set: jobs are reconciled like servers.
     reconcile_interval: float = 30.0
+    reconcile_min_age: float = 30.0
     # Where containers reach the service (the hub's bridge address); "" = 127.0.0.1 only.
     bridge_ip: str = ""
     # The hub's c.GPUPool options (quotas, queue rules), so jobs queue by the same rules.

@@ -408,7 +408,9 @@ def test_a_job_queued_behind_an_idle_server_starts_when_the_culler_stops_it(make
 
 def test_a_job_whose_container_will_not_stop_keeps_its_gpu_until_it_is_gone(make_hub, docker_client,
                                                                           docker_faults):
-    hub, tokens = job_hub(make_hub, env={"DOCKER_HOST": docker_faults.url})
+    # Jobs are reconciled as often as the hub's servers are (c.Reconciler).
+    hub, tokens = job_hub(make_hub, env={"DOCKER_HOST": docker_faults.url},
+                          extra_config="c.Reconciler.interval = 2\nc.Reconciler.min_lease_age = 0\n")
     pat = tokens["pat"]
     j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sleep", "300"]})
     running = wait_for(lambda: (r := job(hub, pat, j["id"]))["started_at"] and r, hub=hub,
@@ -426,6 +428,6 @@ def test_a_job_whose_container_will_not_stop_keeps_its_gpu_until_it_is_gone(make
 
     # Docker recovers: the job reconciler removes the container, then ends the lease.
     docker_faults.clear()
-    wait_for(lambda: not lease_of(hub, running["lease_id"]).active, timeout=90, hub=hub, what="the lease to end")
+    wait_for(lambda: not lease_of(hub, running["lease_id"]).active, timeout=30, hub=hub, what="the lease to end")
     assert lease_of(hub, running["lease_id"]).end_reason == "job-cancelled"
     assert not job_containers(hub, docker_client, j["id"])
