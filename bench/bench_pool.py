@@ -129,7 +129,7 @@ def main() -> int:
                 url = f"sqlite:///{tmp}/ledger.sqlite"
                 note = "WAL, synchronous=NORMAL"
             else:
-                from tests.fixtures.postgres import create_database, start_postgres
+                from devservices.postgres import create_database, start_postgres
 
                 durable = backend == "postgresql"
                 server = start_postgres(durable=durable)

@@ -57,8 +57,8 @@ class SwarmDemo(Demo):
         self.forwarders.append(proc)
 
     def start_hub(self, env: dict[str, str]) -> None:
-        from tests.fixtures.postgres import start_postgres
-        from tests.fixtures.services import free_port
+        from devservices.ports import free_port
+        from devservices.postgres import start_postgres
 
         say("making a 2-node Swarm (manager: this dockerd; 2 GPU workers with 2 simulated GPUs each)")
         self.swarm = start_swarm(session="demo", homes_root=self.dir / "homes")
