@@ -74,7 +74,11 @@ def click(browser, selector: str, timeout: float = 60, message: str = "") -> Non
 
     def attempt(d) -> bool:
         try:
-            d.find_element(*by_css(selector)).click()
+            element = d.find_element(*by_css(selector))
+            # Bootstrap scrolls smoothly: under load the element is still moving when
+            # the click lands.  Bring it into view at once, as a person's scroll ends.
+            d.execute_script("arguments[0].scrollIntoView({block: 'center', behavior: 'instant'})", element)
+            element.click()
             return True
         except (NoSuchElementException, StaleElementReferenceException,
                 ElementClickInterceptedException, ElementNotInteractableException):
