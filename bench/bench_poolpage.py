@@ -35,7 +35,7 @@ from bench.common import median, percentile  # noqa: E402
 from spawner.inventory import SimulatedInventory  # noqa: E402
 from spawner.pool import GPUPool  # noqa: E402
 from spawner.pool.schema import audit_table, lease_gpus_table, leases_table, queue_log_table  # noqa: E402
-from spawner.poolpage import ADMIN_SCOPE, app  # noqa: E402
+from spawner.poolpage import ADMIN_SCOPE, app, handlers  # noqa: E402
 from tests.fixtures.services import free_port  # noqa: E402
 
 REQUESTS = [("page", ""), ("page, 30 days", "?period=30d"), ("api/usage", "api/usage"),
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     # The hub's login, stood in for: a pool admin.
-    app.BaseHandler.get_current_user = lambda self: {"name": "ada", "scopes": [ADMIN_SCOPE], "kind": "user"}
+    handlers.BaseHandler.get_current_user = lambda self: {"name": "ada", "scopes": [ADMIN_SCOPE], "kind": "user"}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, leases in (("empty", 0), ("history", args.leases)):

@@ -33,11 +33,9 @@ from sqlalchemy.engine import make_url
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
-from .pool import EndReason, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
+from .pool import ENV_DB_URL, ENV_DB_URL_FILE, EndReason, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
 from .pool.validation import iso_time
 
-ENV_DB_URL = "GPU_POOL_DB_URL"
-ENV_DB_URL_FILE = "GPU_POOL_DB_URL_FILE"  # a file holding the URL (a Docker secret)
 
 
 class CLIError(Exception):
@@ -366,7 +364,7 @@ def _agent(args) -> int:
     import logging
 
     from .agent import Agent
-    from .inventory import inventory_from_config
+    from .inventory_kinds import inventory_from_config
 
     if not args.interval > 0:
         raise CLIError("--interval must be > 0 seconds")

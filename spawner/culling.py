@@ -240,8 +240,7 @@ class _Utilization:
 
     def _swarm_inventory(self, logging: dict):
         """Swarm: the per-node agents' readings in the ledger (GPU_POOL_DB_URL), no Docker access."""
-        from .cli import ENV_DB_URL
-        from .pool import GPUPool
+        from .pool import ENV_DB_URL, GPUPool
         from .swarm_inventory import SwarmInventory
 
         inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
@@ -457,10 +456,10 @@ def configure_culler(c, settings) -> None:
     section = c.JupyterHub
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
-    from .cli import ENV_DB_URL
-
     service = {"name": SERVICE_NAME, "command": culler_command(settings)}
     if settings.inventory == "swarm" and settings.gpu_idle_percent > 0:
+        from .pool import ENV_DB_URL
+
         # The agents' readings live in the ledger; in the environment, not argv (ps shows argv).
         service["environment"] = {ENV_DB_URL: settings.pool_db_url}
     section.services = without_named(services, SERVICE_NAME) + [service]

@@ -430,34 +430,3 @@ class NVMLInventory(Inventory):
             return int(nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
         except nv.NVMLError:
             return TOPOLOGY_SYSTEM
-
-
-INVENTORY_KINDS = {
-    "nvml": NVMLInventory,
-    "static": StaticInventory,
-    "simulated": SimulatedInventory,
-}
-
-
-def inventory_from_config(kind: str, config=None, parent=None) -> Inventory:
-    """Build the inventory named `kind` ("nvml", "static", "simulated" or "swarm").
-
-    Its options come from `config` (c.NVMLInventory / c.StaticInventory /
-    c.SimulatedInventory sections, plus c.Inventory.host) or from `parent`'s config.
-    """
-    if kind == "swarm":
-        from .swarm_inventory import SwarmInventory  # imports this module: loaded on demand
-
-        cls = SwarmInventory
-    elif kind not in INVENTORY_KINDS:
-        raise ValueError(
-            f"unknown GPU inventory {kind!r}; choose one of {', '.join(sorted([*INVENTORY_KINDS, 'swarm']))}"
-        )
-    else:
-        cls = INVENTORY_KINDS[kind]
-    kwargs: dict[str, Any] = {}
-    if config is not None:
-        kwargs["config"] = config
-    if parent is not None:
-        kwargs["parent"] = parent
-    return cls(**kwargs)

@@ -22,7 +22,7 @@ from tornado import web
 from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default, validate
 
 from .containers import runtime_env
-from .inventory import inventory_from_config
+from .inventory_kinds import inventory_from_config
 from .ledger_io import ledger_call
 from .metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from . import admission

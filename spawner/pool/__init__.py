@@ -102,7 +102,14 @@ from .schema import (
 from .readings import Reading
 from .store import INTEGRITY_RETRIES, PG_LOCK_KEY
 
+# The environment variables that name the ledger for the processes beside the hub
+# (`gpu-pool`, its agent, the idle culler): its URL, or a file holding it (a Docker secret).
+ENV_DB_URL = "GPU_POOL_DB_URL"
+ENV_DB_URL_FILE = "GPU_POOL_DB_URL_FILE"
+
 __all__ = [
+    "ENV_DB_URL",
+    "ENV_DB_URL_FILE",
     "GPUPool",
     "EndReason",
     "GPUStatus",

@@ -20,7 +20,7 @@ from tornado import web
 from ..labels import pool_identity
 from ..pool.models import EndReason, PoolError
 from . import ADMIN_SCOPE, scripts, views
-from .app import APIHandler, BaseHandler
+from .handlers import APIHandler, BaseHandler
 from .hubapi import HubAPI, HubUnavailable
 
 log = logging.getLogger("gpu-pool-page")

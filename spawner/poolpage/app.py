@@ -3,12 +3,13 @@
 Users log in with the hub's own OAuth (HubOAuthenticated), or send a hub API
 token (`Authorization: token ...`).  Every logged-in user may look; the
 `custom:gpu-pool:admin` scope drains and undrains GPUs and sees everyone's usage.
+This module holds the page, the first API handlers and the routes of all; the
+base handlers live in handlers.py, which every API module imports.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -24,87 +25,14 @@ from tornado.httpserver import HTTPServer
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..hub_service import stop_when_the_hub_is_gone
-from ..ledger_io import ledger_call
 from ..pool import GPUPool
-from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
 from ..settings.parsing import env_bool
-from . import ADMIN_SCOPE, views
+from . import actions_api, history_api, insight, jobs_api, views
+from .handlers import APIHandler, BaseHandler, log
 
-log = logging.getLogger("gpu-pool-page")
-# Seconds a ledger call may take before the page answers 503 (as the hub does).
-LEDGER_TIMEOUT = 10.0
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50
 AUDIT_ROWS = 20
-
-
-class BaseHandler(HubOAuthenticated, web.RequestHandler):
-    """A request of a logged-in hub user, who is a `views.Viewer`."""
-
-    @property
-    def pool(self) -> GPUPool:
-        return self.settings["pool"]
-
-    def viewer(self) -> views.Viewer | None:
-        user = self.current_user
-        if not user:
-            return None
-        return views.Viewer(name=user["name"], admin=ADMIN_SCOPE in set(user.get("scopes", ())),
-                            show_holders=self.settings["show_holders"])
-
-    async def ledger(self, fn, *args, **kwargs):
-        """Run a (blocking) ledger call off the event loop, bounded like the hub's own."""
-        return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
-
-
-class APIHandler(BaseHandler):
-    """JSON in, JSON out; errors are {"status", "message"}, never a traceback."""
-
-    def require_viewer(self, admin: bool = False) -> views.Viewer:
-        viewer = self.viewer()
-        if viewer is None:
-            raise web.HTTPError(403, "Log in to the hub (or send a hub API token) first")
-        if admin and not viewer.admin:
-            raise web.HTTPError(403, f"This needs the {ADMIN_SCOPE} scope (a GPU pool admin)")
-        return viewer
-
-    def write_json(self, data, status: int = 200) -> None:
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data))
-
-    def write_error(self, status_code: int, **kwargs) -> None:
-        message = self._reason
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
-        elif isinstance(exc, PoolError):
-            message = str(exc)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status_code, "message": message}))
-
-    def log_exception(self, typ, value, tb):
-        if isinstance(value, (web.HTTPError, PoolError)):
-            log.warning("%s %s: %s", self.request.method, self.request.uri, value)
-        else:
-            super().log_exception(typ, value, tb)
-
-    async def call(self, fn, *args, **kwargs):
-        """A ledger call whose pool errors become HTTP errors with their message."""
-        try:
-            return await self.ledger(fn, *args, **kwargs)
-        except UnknownGPU as exc:
-            raise web.HTTPError(404, str(exc)) from None
-        except InvalidRequest as exc:
-            raise web.HTTPError(400, str(exc)) from None
-        except PoolUnavailable as exc:
-            raise web.HTTPError(503, str(exc)) from None
-
-    def period(self):
-        try:
-            return views.usage_period(self.get_argument("since", None), self.get_argument("until", None))
-        except views.BadInput as exc:
-            raise web.HTTPError(400, str(exc)) from None
 
 
 class GPUsAPI(APIHandler):
@@ -163,8 +91,6 @@ class PageHandler(BaseHandler):
         history = await self.ledger(self.pool.history, viewer.name)
         mine = [views.lease_row(l) for l in reversed(history)]
         audit = await self.ledger(self.pool.audit, AUDIT_ROWS) if viewer.admin else []
-        from . import actions_api, history_api, insight  # they import this module
-
         context = dict(
             viewer=viewer, gpus=gpus, summary=views.summary(gpus), queue=queue,
             active=[l for l in mine if l["ended_at"] is None], history=mine[:HISTORY_ROWS],
@@ -177,15 +103,11 @@ class PageHandler(BaseHandler):
 
 
 def _more_routes(prefix: str) -> list:
-    """The handlers of the modules beside this one (they import its base handlers)."""
-    from . import actions_api, history_api, insight
-
+    """The handlers of the modules beside this one."""
     return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None) -> web.Application:
-    from . import jobs_api  # imports this module's handlers
-
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
     if jobs is not None:  # the page's Jobs section shows only where jobs run
         jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
@@ -219,9 +141,7 @@ async def serve(app: web.Application, port: int) -> None:
     server = HTTPServer(app, xheaders=True)
     server.listen(port, "127.0.0.1")
     log.info("GPU pool page on http://127.0.0.1:%s%s", port, app.settings["prefix"])
-    from .jobs_api import start_jobs
-
-    stop_jobs = await start_jobs(app, port)
+    stop_jobs = await jobs_api.start_jobs(app, port)
     await stop.wait()
     server.stop()
     await stop_jobs()

@@ -14,7 +14,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from . import charts, occupancy, views
-from .app import APIHandler, BaseHandler
+from .handlers import APIHandler, BaseHandler
 
 
 def chosen_period(handler: BaseHandler, now: datetime) -> tuple[datetime, datetime, str]:

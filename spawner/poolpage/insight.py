@@ -16,7 +16,8 @@ from jupyterhub.utils import url_path_join
 
 from ..pool.models import PoolError, iso
 from . import estimate, views
-from .app import APIHandler
+from .actions_api import hub_api
+from .handlers import APIHandler
 from .hubapi import HubUnavailable
 
 log = logging.getLogger("gpu-pool-page")
@@ -51,8 +52,6 @@ def settings_of(handler) -> Settings:
 
 
 async def servers(handler) -> list | None:
-    from .actions_api import hub_api
-
     try:
         return await hub_api(handler).active_servers()
     except HubUnavailable as exc:

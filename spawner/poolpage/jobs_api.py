@@ -22,7 +22,7 @@ from ..jobs.request import BadJob, check_submission
 from ..jobs.runner import JobError, JobRunner
 from ..pool.jobs import QUEUED, STARTING, Job
 from . import ADMIN_SCOPE
-from .app import APIHandler, BaseHandler, log
+from .handlers import APIHandler, BaseHandler, log
 
 MAX_BODY = 64 * 1024
 

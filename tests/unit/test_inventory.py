@@ -18,8 +18,8 @@ from spawner.inventory import (
     TOPOLOGY_INTERNAL,
     TOPOLOGY_SINGLE,
     TOPOLOGY_SYSTEM,
-    inventory_from_config,
 )
+from spawner.inventory_kinds import inventory_from_config
 
 
 def test_simulated_gpus_are_deterministic_per_host_and_index():

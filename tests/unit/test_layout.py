@@ -10,21 +10,25 @@ REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ["spawner", "hub_config", "devservices", "images"]
 
 
-def _imports(path: Path) -> set[str]:
-    """Absolute module names a file imports (relative imports resolved against its package)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = path.relative_to(REPO).with_suffix("").parts[:-1]
-    names: set[str] = set()
-    for node in ast.walk(tree):
+def _import_statements(path: Path):
+    """(module, names) of each import in a file, relative ones resolved against its package."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    package = parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            for alias in node.names:
+                yield alias.name, ()
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1]
-                names.add(".".join([*base, node.module] if node.module else base))
+                yield ".".join([*base, node.module] if node.module else base), tuple(a.name for a in node.names)
             elif node.module:
-                names.add(node.module)
-    return names
+                yield node.module, tuple(a.name for a in node.names)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute module names a file imports."""
+    return {module for module, _ in _import_statements(path)}
 
 
 def test_nothing_shipped_imports_the_tests():
@@ -41,3 +45,49 @@ def test_the_ledger_imports_only_itself_and_the_inventory():
                  for name in _imports(path)
                  if name.startswith("spawner") and not name.startswith(allowed)]
     assert offenders == []
+
+
+def _spawner_graph() -> dict[str, set[str]]:
+    """spawner's modules -> the spawner modules they import (at the top or inside a function)."""
+    files = {}
+    for path in (REPO / "spawner").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for module, path in files.items():
+        deps = set()
+        for imported, names in _import_statements(path):
+            if not imported.startswith("spawner"):
+                continue
+            # `from package import module` names that module; any other name, its module.
+            submodules = [f"{imported}.{n}" for n in names if f"{imported}.{n}" in files]
+            deps.update(submodules if submodules and len(submodules) == len(names) else
+                        [*submodules, known(imported)])
+        graph[module] = deps - {module, ""}
+    return graph
+
+
+def test_spawner_has_no_import_circle():
+    graph = _spawner_graph()
+    circles = []
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+
+    def walk(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph.get(module, ())):
+            if state.get(dep) == 1:
+                circles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif dep not in state:
+                walk(dep, path + [dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert circles == []

@@ -1,0 +1,89 @@
+"""The gpu-pool service's base handlers: who is asking, ledger calls off the event loop,
+JSON errors that never carry a traceback.  Every handler module of the service builds
+on these (app.py only puts the routes together)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+
+from ..ledger_io import ledger_call
+from ..pool import GPUPool
+from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
+from . import ADMIN_SCOPE, views
+
+log = logging.getLogger("gpu-pool-page")
+# Seconds a ledger call may take before the page answers 503 (as the hub does).
+LEDGER_TIMEOUT = 10.0
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    """A request of a logged-in hub user, who is a `views.Viewer`."""
+
+    @property
+    def pool(self) -> GPUPool:
+        return self.settings["pool"]
+
+    def viewer(self) -> views.Viewer | None:
+        user = self.current_user
+        if not user:
+            return None
+        return views.Viewer(name=user["name"], admin=ADMIN_SCOPE in set(user.get("scopes", ())),
+                            show_holders=self.settings["show_holders"])
+
+    async def ledger(self, fn, *args, **kwargs):
+        """Run a (blocking) ledger call off the event loop, bounded like the hub's own."""
+        return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
+
+
+class APIHandler(BaseHandler):
+    """JSON in, JSON out; errors are {"status", "message"}, never a traceback."""
+
+    def require_viewer(self, admin: bool = False) -> views.Viewer:
+        viewer = self.viewer()
+        if viewer is None:
+            raise web.HTTPError(403, "Log in to the hub (or send a hub API token) first")
+        if admin and not viewer.admin:
+            raise web.HTTPError(403, f"This needs the {ADMIN_SCOPE} scope (a GPU pool admin)")
+        return viewer
+
+    def write_json(self, data, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        message = self._reason
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        elif isinstance(exc, PoolError):
+            message = str(exc)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": message}))
+
+    def log_exception(self, typ, value, tb):
+        if isinstance(value, (web.HTTPError, PoolError)):
+            log.warning("%s %s: %s", self.request.method, self.request.uri, value)
+        else:
+            super().log_exception(typ, value, tb)
+
+    async def call(self, fn, *args, **kwargs):
+        """A ledger call whose pool errors become HTTP errors with their message."""
+        try:
+            return await self.ledger(fn, *args, **kwargs)
+        except UnknownGPU as exc:
+            raise web.HTTPError(404, str(exc)) from None
+        except InvalidRequest as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        except PoolUnavailable as exc:
+            raise web.HTTPError(503, str(exc)) from None
+
+    def period(self):
+        try:
+            return views.usage_period(self.get_argument("since", None), self.get_argument("until", None))
+        except views.BadInput as exc:
+            raise web.HTTPError(400, str(exc)) from None
