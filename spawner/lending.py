@@ -202,6 +202,7 @@ class GPULendingSpawner(Spawner):
         self._progress_changed = asyncio.Event()
         # Leases of ended servers whose release waits for the engine's word.
         self._unsettled: list[HeldLease] = []
+        self._settling: set[int] = set()  # ...and those being settled right now
         self._background: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ pool
@@ -361,7 +362,22 @@ class GPULendingSpawner(Spawner):
 
     async def _settle_all(self) -> None:
         while self._unsettled:
-            await self._settle(self._unsettled.pop(0))
+            held = self._unsettled.pop(0)
+            self._settling.add(held.id)
+            try:
+                await self._settle(held)
+            finally:
+                self._settling.discard(held.id)
+
+    def leases_in_hand(self) -> set[int]:
+        """The leases this server holds, or has ended and is still settling.
+
+        The reconciler leaves them alone: a stop in progress ends its own lease
+        (with its own reason) once the engine confirms the container gone."""
+        held = {h.id for h in self._unsettled} | self._settling
+        if self.lease_id is not None and (self.active or self.ready):
+            held.add(self.lease_id)
+        return held
 
     async def lease_holders(self, lease_id: int) -> list[str]:
         """Names of the engine's objects given this lease that may still run.

@@ -188,9 +188,8 @@ def start_in_hub(config=None) -> None:
         ids = set()
         for user in list(app.users.values()):
             for spawner in list(user.spawners.values()):
-                lease_id = getattr(spawner, "lease_id", None)
-                if lease_id is not None and (spawner.active or spawner.ready):
-                    ids.add(lease_id)
+                if hasattr(spawner, "leases_in_hand"):
+                    ids |= spawner.leases_in_hand()
         return ids
 
     def docker_client():

@@ -139,6 +139,22 @@ def test_a_server_whose_saved_state_lost_its_lease_keeps_it_after_a_hub_restart(
     assert hub.ledger().lease(lease_id).end_reason == "stopped"
 
 
+def test_a_reconcile_pass_during_a_stop_leaves_the_lease_to_the_stop(make_hub, docker_client, docker_faults):
+    # Between the container's removal and the stop's own release of the lease
+    # (it first asks Docker that nothing given the lease still runs), reconcile
+    # passes run: the lease is the stop's to end, with the stop's reason.
+    hub = make_hub(RECONCILE_FAST, env={"DOCKER_HOST": docker_faults.url})
+    hub.create_user("slow")
+    lease_id = hub.start_server("slow", {"profile": "tf-gpu-1"})["state"]["gpu_lease_id"]
+    # Once the container is removed, the next listing (the stop's check) takes 3 s:
+    # about three reconcile passes.
+    docker_faults.after("DELETE", r"/containers/[^/]+$",
+                        lambda: docker_faults.after("GET", r"/containers/json$", lambda: time.sleep(3)))
+    hub.stop_server("slow", token=hub.user_token("slow"))
+    wait_for(lambda: not hub.ledger().lease(lease_id).active, timeout=30, what="the lease to end", hub=hub)
+    assert hub.ledger().lease(lease_id).end_reason == "stopped", hub.log_tail(40)
+
+
 def _service_pids(hub_pid: int) -> dict[str, int]:
     """The hub's managed services (their module names) -> pid, from /proc."""
     found = {}
