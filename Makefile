@@ -13,13 +13,14 @@ TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 VARIANTS ?= mkl
 
-.PHONY: help venv deps docker images install test-cuda-image demo demo-swarm test test-unit test-integration bench clean
+.PHONY: help venv deps docker images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
 	@echo "make demo-swarm  the same demo on a 2-node Docker Swarm made on this machine"
 	@echo "make test    run the whole test suite (unit + integration, real services)"
 	@echo "make images  build the notebook images (VARIANTS='mkl cuda')"
+	@echo "make docs    build the documentation site into docs/_build/html (warnings are errors)"
 	@echo "make bench   run the benchmarks and print their tables"
 	@echo "make install install on a server: /opt/jupyterhub-gpu, images, settings, systemd unit (as root)"
 
@@ -70,8 +71,13 @@ test-unit: venv
 test-integration: deps docker
 	$(PY) -m pytest -m integration $(XDIST) $(PYTEST_ARGS)
 
+# The documentation site (Sphinx + MyST); a warning (a broken link, say) fails the build.
+docs: venv
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
 bench: deps docker
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .cache test-artifacts .pytest_cache
+	rm -rf $(VENV) .cache test-artifacts .pytest_cache docs/_build

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Print the README's configuration reference, generated from the traitlets.
+"""Print the configuration reference (docs/reference/configuration.md), generated from the traitlets.
 
 Every `config=True` trait that the project's own classes define is listed
-with its default and its help text.  tests/unit/test_readme.py checks that
-README.md carries exactly this text, so the reference cannot go stale:
+with its default and its help text.  tests/unit/test_docs.py checks that the
+page carries exactly this text, so the reference cannot go stale:
 
-    .venv/bin/python tests/harness/config_reference.py --write README.md
+    .venv/bin/python tests/harness/config_reference.py --write
 """
 
 from __future__ import annotations
@@ -62,12 +62,13 @@ def reference() -> str:
     for module_name, class_name in CLASSES:
         try:
             cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError):
-            continue
+        except (ImportError, AttributeError) as e:
+            # A class that moved must be named here again, not left out of the docs.
+            raise SystemExit(f"config_reference: {module_name}.{class_name}: {e}") from None
         traits = cls.class_own_traits(config=True)
         if not traits:
             continue
-        lines += [f"#### `{class_name}`", "", "| option | default | what it does |", "|---|---|---|"]
+        lines += [f"### `{class_name}`", "", "| option | default | what it does |", "|---|---|---|"]
         for name in sorted(traits):
             trait = traits[name]
             lines.append(f"| `c.{class_name}.{name}` | `{_default(trait)}` | {_help(trait)} |")
@@ -76,15 +77,23 @@ def reference() -> str:
     return "\n".join(lines)
 
 
-def write_into(readme: Path) -> None:
-    """Replace the generated block in `readme` with the current reference."""
-    text = readme.read_text()
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
+
+
+def in_page() -> str:
+    text = PAGE.read_text()
+    return text[text.index(BEGIN):text.index(END) + len(END)]
+
+
+def write_into(page: Path = PAGE) -> None:
+    """Replace the generated block in `page` with the current reference."""
+    text = page.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    readme.write_text(text[:start] + reference() + text[end:])
+    page.write_text(text[:start] + reference() + text[end:])
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--write"]:
-        write_into(Path(sys.argv[2]))
+        write_into(Path(sys.argv[2]) if len(sys.argv) > 2 else PAGE)
     else:
         print(reference())
