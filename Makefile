@@ -12,8 +12,14 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 VARIANTS ?= mkl
+# What the suite needs from Debian (besides docker.io, which `make docker` installs
+# without recommends): installed in one apt transaction before pytest starts, so test
+# workers never install side by side.  The fixtures still install what is missing when
+# one test module is run by hand; every install goes through devservices/apt-install.sh.
+TEST_PACKAGES := debootstrap slapd ldap-utils samba samba-common-bin openssl postgresql \
+	chromium chromium-driver systemd
 
-.PHONY: help venv deps docker images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
+.PHONY: help venv deps docker test-packages images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
@@ -39,6 +45,10 @@ deps: venv
 docker:
 	bash devservices/docker-up.sh
 
+# The suite's Debian packages, in one transaction (nothing when all are there).
+test-packages:
+	bash devservices/apt-install.sh --missing-only $(TEST_PACKAGES)
+
 # Debian base + notebook images (VARIANTS="mkl cuda" adds CUDA), then their sizes.
 images: venv docker
 	images/build-images.sh $(VARIANTS)
@@ -62,13 +72,13 @@ demo-swarm: deps docker
 test-cuda-image: deps docker
 	GPUHUB_TEST_CUDA_IMAGE=1 $(PY) -m pytest tests/integration/test_images_cuda.py $(PYTEST_ARGS)
 
-test: deps docker
+test: deps docker test-packages
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-test-integration: deps docker
+test-integration: deps docker test-packages
 	$(PY) -m pytest -m integration $(XDIST) $(PYTEST_ARGS)
 
 # The documentation site (Sphinx + MyST); a warning (a broken link, say) fails the build.

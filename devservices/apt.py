@@ -1,25 +1,21 @@
-"""Install the Debian packages a service needs, without starting their daemons.
+"""Install the Debian packages a service needs, through devservices/apt-install.sh.
 
-CI runs on a fresh Debian machine: the fixtures install what is missing.
-Packages' maintainer scripts would start system-wide daemons (slapd on 389,
-smbd, a PostgreSQL cluster on 5432) that collide with the ones the tests
-start, so a policy-rc.d that refuses every service start is put in place for
-the length of the install (the mechanism Debian provides for exactly this),
-then removed.  A fresh machine may have no package lists yet: on a failed
-install, `apt-get update` runs once and the install is retried.
+CI runs on a fresh Debian machine: the fixtures and demos install what is
+missing.  Every install in the project goes through that one script, which
+takes the project's install lock, waits for dpkg's own lock, and keeps the
+packages' daemons from starting (see the script).  `make test` installs the
+suite's packages in one transaction before pytest starts; these calls then
+find everything present and install nothing.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
-# Installs take turns: test workers side by side would otherwise meet dpkg's lock.
-LOCK_FILE = Path("/var/lib/apt/gpuhub-harness.lock")
+INSTALLER = Path(__file__).resolve().parent / "apt-install.sh"
 
 
 class InstallError(RuntimeError):
@@ -30,29 +26,10 @@ def apt_install(packages: list[str], options: tuple[str, ...] = ()) -> None:
     """apt-get install `packages` (no daemons started); InstallError when it cannot."""
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         raise InstallError(f"needs Debian packages {packages} (run as root with apt-get)")
-    with open(LOCK_FILE, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _install_locked(packages, options)
-
-
-def _install_locked(packages: list[str], options: tuple[str, ...]) -> None:
-    own_policy = not POLICY_RC_D.exists()
-    if own_policy:
-        POLICY_RC_D.write_text("#!/bin/sh\n# test harness: no daemons during install\nexit 101\n")
-        POLICY_RC_D.chmod(0o755)
-    try:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        command = ["apt-get", "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=600", *options, *packages]
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            # apt's own index may be missing or stale on a fresh machine: update once, retry.
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-            proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            raise InstallError(f"apt-get install {packages} failed: {proc.stderr[-2000:]}")
-    finally:
-        if own_policy:
-            POLICY_RC_D.unlink(missing_ok=True)
+    proc = subprocess.run(["bash", str(INSTALLER), *options, *packages], capture_output=True, text=True,
+                          timeout=1800)
+    if proc.returncode != 0:
+        raise InstallError(f"apt-get install {packages} failed: {proc.stderr[-2000:]}")
 
 
 def ensure_packages(programs: dict[str, str]) -> None:

@@ -46,12 +46,9 @@ fi
 
 if ! command -v dockerd >/dev/null; then
     say "installing Debian's docker.io"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq || true
-    # policy-rc.d keeps the package from trying to start a service (no init here)
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-    apt-get install -y -qq -o DPkg::Lock::Timeout=600 --no-install-recommends docker.io iptables >/dev/null
-    rm -f /usr/sbin/policy-rc.d
+    # Without recommends: they would bring AppArmor's tools, which dockerd then
+    # tries to use.  The installer keeps the package from starting a service.
+    bash "$(dirname "$0")/apt-install.sh" --no-install-recommends docker.io iptables
 fi
 
 mkdir -p "$HOOK_DIR"

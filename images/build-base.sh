@@ -44,8 +44,10 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1; then
 fi
 
 if ! command -v debootstrap >/dev/null; then
+    # The project's one installer: it takes turns with every other install and
+    # waits for dpkg's lock instead of failing on it.
     say "installing debootstrap"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    bash "$HERE/../devservices/apt-install.sh" debootstrap >&2
 fi
 
 ROOTFS=$(mktemp -d /var/tmp/gpuhub-rootfs.XXXXXX)

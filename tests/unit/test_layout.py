@@ -4,6 +4,7 @@ and the ledger never reaches up into the spawner (data flows inventory -> pool -
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,3 +92,31 @@ def test_spawner_has_no_import_circle():
         if module not in state:
             walk(module, [module])
     assert circles == []
+
+
+def test_every_package_install_goes_through_the_one_installer():
+    # Two installers side by side meet dpkg's lock; one that does not wait for it fails.
+    # Dockerfiles install inside their build container, not on this machine.
+    offenders = []
+    candidates = [REPO / "Makefile", *(REPO / ".ci").glob("*")]
+    for folder in (*SHIPPED, "bench"):
+        candidates += (REPO / folder).rglob("*")
+    for path in sorted(candidates):
+        rel = path.relative_to(REPO).as_posix()
+        if (not path.is_file() or "__pycache__" in rel or path.name.startswith("Dockerfile")
+                or rel == "devservices/apt-install.sh" or path.suffix not in ("", ".sh", ".py")):
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        python = path.suffix == ".py" or text.startswith("#!/usr/bin/env python")
+        for number, line in enumerate(text.splitlines(), 1):
+            if python:  # a subprocess argv: ["apt-get", "install", ...] or ["dpkg", "-i", ...]
+                found = re.search(r"[\"']apt-get[\"']\s*,\s*[\"']install|[\"']dpkg[\"']\s*,\s*[\"']-i", line)
+            else:  # a shell command line, not a message that names one
+                code = line.split("#", 1)[0]
+                found = "echo" not in code and re.search(r"\bapt-get\s+(-\S+\s+)*install\b|\bdpkg\s+-i\b", code)
+            if found:
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert not offenders, "install through devservices/apt-install.sh:\n" + "\n".join(offenders)
