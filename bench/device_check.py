@@ -80,7 +80,9 @@ class Plan:
     interval: float = 1.0  # between samples: the agent's --interval and the culler's cull_every, shortened
     idle_seconds: float = 5.0  # the rule's gpu_idle_seconds for this check (1800 in production)
     percent: float = DEFAULT_GPU_IDLE_PERCENT  # the rule's gpu_idle_percent, as the culler's nvml default
-    phases: tuple = (("idle", False, 8), ("busy", True, 20), ("idle again", False, 12))
+    # (name, loaded, samples).  The idle phases outlast the window by a few samples: NVML averages
+    # utilisation over its own sampling period, so the first reading after a change may lag.
+    phases: tuple = (("idle", False, 10), ("busy", True, 20), ("idle again", False, 12))
 
 
 @dataclass

@@ -48,7 +48,8 @@ def test_the_inventory_rows_hold_uuid_index_model_memory_mig_and_the_driver(repo
     by_item = {r.item: r for r in rows(report, "inventory") if r.uuid == "-"}
     assert by_item["driver"].result == "550.54.15"
     assert "CUDA 12.4 (NVMLInventory)" in by_item["driver"].detail and "= 12040" in by_item["driver"].detail
-    assert by_item["units"].result == "4 to lend" and "from 3 NVML device(s) on host dry-run-node" in by_item["units"].detail
+    assert by_item["units"].result == "4 to lend"
+    assert "from 3 NVML device(s) on host dry-run-node" in by_item["units"].detail
 
 
 def test_the_loaded_gpu_reads_idle_busy_idle_and_the_others_idle_throughout(report):
@@ -59,7 +60,7 @@ def test_the_loaded_gpu_reads_idle_busy_idle_and_the_others_idle_throughout(repo
     detail = {r.item: r.detail for r in rows(report, "reading") if r.uuid == GPU0}
     assert "97-97 % over 20 samples" in detail["busy"] and "0/20 (nvml) and 0/20 (ledger)" in detail["busy"]
     # The rule's window (5 s, a sample a second) passes before the first cull, and again after the load.
-    assert "culled at 3/8 (nvml) and 3/8 (ledger)" in detail["idle"]
+    assert "culled at 5/10 (nvml) and 5/10 (ledger)" in detail["idle"]
     assert "culled at 7/12 (nvml) and 7/12 (ledger)" in detail["idle again"]
     # Every sample went through the agent into the ledger, and both readings of the rule agreed.
     assert report.samples and all(s["agent_wrote"] for s in report.samples)
@@ -72,7 +73,8 @@ def test_the_loaded_gpu_reads_idle_busy_idle_and_the_others_idle_throughout(repo
 def test_the_doctors_nvml_section_reads_the_same_library(report):
     doctor = {r.item: (r.result, r.detail) for r in rows(report, "doctor")}
     assert doctor["nvml"] == ("ok", "driver 550.54.15, CUDA 12.4")
-    assert doctor["gpus"][0] == "ok" and doctor["gpus"][1].startswith("4 to lend on host dry-run-node (2 whole GPUs, 2 MIG units")
+    assert doctor["gpus"][0] == "ok"
+    assert doctor["gpus"][1].startswith("4 to lend on host dry-run-node (2 whole GPUs, 2 MIG units")
 
 
 @pytest.mark.parametrize("percent, verdict", [(0, "idle"), (4.9, "idle"), (5, "busy"), (100, "busy")])
@@ -139,3 +141,57 @@ def test_the_command_needs_no_jupyterhub_tornado_docker_torch_or_pytest(tmp_path
     assert data["ok"] is True
     assert [r["result"] for r in data["rows"] if r["section"] == "reading" and r["uuid"] == GPU0] == \
         ["idle", "busy", "idle"]
+
+
+class FakeTorch:
+    """The few calls TorchLoad makes, for a machine without CUDA (its products cost nothing)."""
+
+    __version__ = "0.0-fake"
+    bfloat16 = "bf16"
+
+    def __init__(self, uuid):
+        import threading
+        import types
+
+        self.props = types.SimpleNamespace(name="NVIDIA H200", uuid=uuid)
+        self.products = 0
+        self.synced = threading.Event()
+        self.cuda = types.SimpleNamespace(is_available=lambda: True, get_device_properties=lambda dev: self.props,
+                                          synchronize=self._synchronize)
+
+    def _synchronize(self):
+        self.synced.set()
+        self.synced.wait(0.001)  # a real synchronize blocks; this one must not spin the CPU
+
+    def device(self, kind, index):
+        return (kind, index)
+
+    def randn(self, *shape, device=None, dtype=None):
+        return object()
+
+    def empty_like(self, tensor):
+        return object()
+
+    def matmul(self, a, b, out=None):
+        self.products += 1
+
+
+def test_the_torch_load_names_its_gpu_by_nvml_uuid_and_runs_only_between_start_and_stop(monkeypatch):
+    # PyTorch gives the uuid without NVML's "GPU-" prefix; the check must still find that GPU.
+    torch = FakeTorch(GPU0.removeprefix("GPU-"))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    load = device_check.TorchLoad(size=64)
+    assert load.uuid == GPU0 and torch.products == 1  # the warm-up product, before the idle phase
+    load.start()
+    load.stop()
+    after = torch.products
+    assert after > 1 and load.products == after - 1
+    assert not load._thread.is_alive()
+    assert "bf16 64x64 matmul loop on NVIDIA H200" in load.what and "TFLOP/s" in load.what
+    report = device_check.run_check(device_check.Plan(), device_check.VirtualClock(),
+                                    lambda _nvml: device_check.TorchLoad(size=64),
+                                    standin=device_check.standin_nvml(), host="n")
+    load_row, = rows(report, "load")
+    assert load_row.uuid == GPU0  # the load's GPU is the one expected busy
+    # The stand-in's utilisation does not follow a fake load: the busy phase reads idle, and says so.
+    assert verdicts(report, GPU0) == ["idle", "idle (expected busy)", "idle"] and not report.ok
