@@ -12,7 +12,7 @@ Modules, in the order data flows:
     homes, labels  home volumes; the labels the spawner writes and the reconciler reads
     reconcile      ledger <-> Docker agreement at hub start and periodically
     auth/          Active Directory / OpenLDAP login
-    culling        GPU-aware cull arbiter for jupyterhub-idle-culler
+    culling        GPU-aware cull arbiter for jupyterhub-idle-culler (its rule: cull_policy)
     settings/      GPUHUB_* environment settings for hub_config/jupyterhub_config.py
     cli            the `gpu-pool` admin command
 """

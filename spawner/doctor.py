@@ -22,7 +22,9 @@ from traitlets.config import Config
 
 from .inventory import Inventory, image_cuda_version
 from .labels import LABEL_CUDA, PREFIX
-from .profiles import DEFAULT_PROFILES, ProfileConfigError, load_profiles
+
+# The NVML and inventory checks import nothing of the hub's web stack (profiles need tornado,
+# the spawner JupyterHub), so they also run on a bare GPU machine (bench/device_check.py).
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 BASE_IMAGE = "gpuhub/debian-base:latest"
@@ -168,10 +170,11 @@ class Doctor:
         self.add("nvml", OK, f"driver {driver}, CUDA {cuda // 1000}.{(cuda % 1000) // 10}")
 
     def check_inventory(self) -> None:
-        from .lending import configured_inventory
+        from .inventory_kinds import inventory_from_config
 
         try:
-            self.inventory = configured_inventory(self.target.config, self.kind)
+            # As the hub's spawner builds it (lending.configured_inventory, with the kind given).
+            self.inventory = inventory_from_config(self.kind, config=self.target.config)
             units = self.inventory.gpus()
             self.driver_cuda = self.inventory.cuda_driver_version()
         except Exception as e:
@@ -287,6 +290,8 @@ class Doctor:
 
     def _profiles(self):
         """The configured profiles, or None when they are malformed (check_images says so)."""
+        from .profiles import DEFAULT_PROFILES, ProfileConfigError, load_profiles
+
         try:
             return load_profiles(list(self.target.config.GPUDockerSpawner.get("profiles", None) or DEFAULT_PROFILES))
         except ProfileConfigError as e:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import types
 
 import pytest
 from traitlets import TraitError
@@ -20,6 +19,7 @@ from spawner.inventory import (
     TOPOLOGY_SYSTEM,
 )
 from spawner.inventory_kinds import inventory_from_config
+from tests.fixtures.nvml import FakeNVML
 
 
 def test_simulated_gpus_are_deterministic_per_host_and_index():
@@ -123,100 +123,6 @@ def test_inventory_reads_its_options_from_config():
 
 
 # --- NVML, through a stand-in for the library (no GPU exists here) -------------
-
-
-class FakeNVML(types.SimpleNamespace):
-    """The parts of pynvml NVMLInventory uses, over a described set of devices."""
-
-    class NVMLError(Exception):
-        pass
-
-    class NVMLError_NotSupported(NVMLError):
-        pass
-
-    class NVMLError_NotFound(NVMLError):
-        pass
-
-    class NVMLError_GpuIsLost(NVMLError):
-        pass
-
-    class NVMLError_LibraryNotFound(NVMLError):
-        pass
-
-    NVML_DEVICE_MIG_ENABLE = 1
-
-    def __init__(self, devices, cuda=12040, library=True):
-        super().__init__()
-        self.devices = devices  # index -> dict
-        self.cuda = cuda
-        self.library = library
-
-    def nvmlInit(self):
-        if not self.library:
-            raise self.NVMLError_LibraryNotFound("NVML Shared Library Not Found")
-
-    def nvmlDeviceGetCount(self):
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        d = self.devices[i]
-        if d.get("lost"):
-            raise self.NVMLError_GpuIsLost("GPU is lost")
-        return d
-
-    def nvmlDeviceGetUUID(self, h):
-        return h["uuid"]
-
-    def nvmlDeviceGetName(self, h):
-        return h["name"].encode()  # older nvidia-ml-py returns bytes
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return types.SimpleNamespace(total=h["mib"] * 1024 * 1024)
-
-    def nvmlDeviceGetPciInfo(self, h):
-        return types.SimpleNamespace(busId=h.get("bus", "00000000:01:00.0"))
-
-    def nvmlDeviceGetRemappedRows(self, h):
-        return (0, 0, h.get("pending_reset", False), False)
-
-    def nvmlDeviceGetMigMode(self, h):
-        if "migs" not in h:
-            raise self.NVMLError_NotSupported("no MIG")
-        return (1 if h["migs"] is not None else 0, 0)
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h):
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, slot):
-        migs = h["migs"] or []
-        if slot >= len(migs):
-            raise self.NVMLError_NotFound("empty slot")
-        return dict(migs[slot], parent=h)
-
-    def nvmlSystemGetCudaDriverVersion(self):
-        return self.cuda
-
-    def _all(self):
-        for d in self.devices.values():
-            yield d
-            for m in d.get("migs") or []:
-                yield dict(m, parent=d)
-
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-        for h in self._all():
-            if h["uuid"] == uuid:
-                return h
-        raise self.NVMLError_NotFound(uuid)
-
-    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h):
-        return h["parent"]
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return types.SimpleNamespace(gpu=h.get("util", 0))
-
-    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
-        return 10 if a["switch"] == b["switch"] else 50
 
 
 def _device(uuid, switch=0, **kw):
