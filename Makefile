@@ -19,13 +19,14 @@ VARIANTS ?= mkl
 TEST_PACKAGES := debootstrap slapd ldap-utils samba samba-common-bin openssl postgresql \
 	chromium chromium-driver systemd
 
-.PHONY: help venv deps docker test-packages images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
+.PHONY: help venv deps docker test-packages lint images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
 	@echo "make demo-swarm  the same demo on a 2-node Docker Swarm made on this machine"
 	@echo "make test    run the whole test suite (unit + integration, real services)"
 	@echo "make images  build the notebook images (VARIANTS='mkl cuda')"
+	@echo "make lint    the linter (ruff), also run first by make test"
 	@echo "make docs    build the documentation site into docs/_build/html (warnings are errors)"
 	@echo "make bench   run the benchmarks and print their tables"
 	@echo "make install install on a server: /opt/jupyterhub-gpu, images, settings, systemd unit (as root)"
@@ -72,7 +73,11 @@ demo-swarm: deps docker
 test-cuda-image: deps docker
 	GPUHUB_TEST_CUDA_IMAGE=1 $(PY) -m pytest tests/integration/test_images_cuda.py $(PYTEST_ARGS)
 
-test: deps docker test-packages
+# Lint (ruff) first: it takes seconds and fails before anything starts.
+lint: venv
+	$(PY) -m ruff check .
+
+test: lint deps docker test-packages
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: venv

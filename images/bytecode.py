@@ -128,7 +128,7 @@ def warm_up(python: str, workdir: Path) -> None:
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the warm-up server did not start:\n"
-                                       + server.stderr.read().decode(errors="replace")[-3000:])
+                                       + server.stderr.read().decode(errors="replace")[-3000:]) from None
                 time.sleep(0.3)
         # What the browser asks for first.
         for path in ("/lab", "/lab/api/settings", "/api/sessions", "/api/kernelspecs",

@@ -230,7 +230,8 @@ def _parse_time(value: str | None, what: str) -> datetime | None:
     try:
         return iso_time(value)
     except ValueError:
-        raise CLIError(f"--{what} {value!r} is not an ISO date or datetime (like 2024-05-01 or 2024-05-01T08:00)")
+        raise CLIError(f"--{what} {value!r} is not an ISO date or datetime (like 2024-05-01 or 2024-05-01T08:00)") \
+            from None
 
 
 # --- commands -----------------------------------------------------------------

@@ -75,7 +75,7 @@ def test_base_image_build_waits_for_dpkg_and_succeeds(root_with_apt, docker_clie
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         # As on a fresh machine: no debootstrap, so the build must install it.
-        removed = subprocess.run(["bash", "-c", f"exec 9>/var/lib/apt/gpuhub-harness.lock; flock 9; "
+        removed = subprocess.run(["bash", "-c", "exec 9>/var/lib/apt/gpuhub-harness.lock; flock 9; "
                                   "dpkg -r debootstrap >/dev/null"], capture_output=True, text=True, timeout=300)
         assert removed.returncode == 0, removed.stderr
         assert not shutil.which("debootstrap", path="/usr/sbin:/usr/bin:/sbin:/bin")

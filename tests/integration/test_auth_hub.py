@@ -122,7 +122,7 @@ def test_hub_with_plain_ldap_not_allowed_does_not_start(make_hub, openldap):
         env={"GPUHUB_AUTHENTICATOR": "ldap", "JUPYTERHUB_CRYPT_KEY": secrets.token_hex(32)},
         start=False,
     )
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="the hub exited"):
         hub.start(timeout=60)
     assert "allow_plaintext" in hub.log_path.read_text(errors="replace")
 

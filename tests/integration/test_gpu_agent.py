@@ -17,8 +17,6 @@ import sys
 import time
 from datetime import timedelta
 
-import pytest
-
 from spawner.culling import GPUIdleCuller
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
@@ -57,7 +55,7 @@ def stop(agent: subprocess.Popen) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         agent.kill()
         out, _ = agent.communicate()
-        raise AssertionError(f"the agent ignored SIGTERM:\n{out}")
+        raise AssertionError(f"the agent ignored SIGTERM:\n{out}") from None
     return agent.returncode, out
 
 

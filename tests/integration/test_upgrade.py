@@ -75,8 +75,9 @@ def test_upgrade_keeps_two_gpu_servers_and_their_leases(make_hub, docker_client,
     # 4. Usable: each server answers through the (new) hub's proxy, and each user ends their own.
     for user, lease_id in lease_ids.items():
         token = hub.user_token(user)
-        r = wait_for(lambda: requests.get(f"{hub.url}/user/{user}/api/status", timeout=10,
-                                          headers={"Authorization": f"token {token}"}).ok,
+        r = wait_for(lambda user=user, token=token: requests.get(
+                         f"{hub.url}/user/{user}/api/status", timeout=10,
+                         headers={"Authorization": f"token {token}"}).ok,
                      timeout=30, what=f"{user}'s server through the proxy", hub=hub)
         assert r
         hub.stop_server(user, token=token)
