@@ -128,7 +128,7 @@ class Reconciler(LoggingConfigurable):
     )
 
     def __init__(self, pool_factory: Callable[[], GPUPool], docker_factory: Callable, host: str,
-                 tracked_lease_ids: Callable[[], set[int]], pass_fn: Callable = None, **kwargs):
+                 tracked_lease_ids: Callable[[], set[int]], pass_fn: Callable | None = None, **kwargs):
         super().__init__(**kwargs)
         self._pool_factory = pool_factory
         self._docker_factory = docker_factory

@@ -7,14 +7,29 @@ host: validation here, SQL in admin.py; the facade supplies the store
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from . import admin, reads, validation
 from .models import GPUStatus, InvalidRequest, Lease
 
+if TYPE_CHECKING:
+    from .placement import Topology
+    from .store import Store
+
 
 class PoolAdministration:
     """GPUPool's admin operations (see the module docstring)."""
+
+    # Supplied by the GPUPool facade (declared for the type checker only).
+    _store: Store
+    _topology: Topology
+    log: logging.Logger
+    _write: Callable[..., Any]
+    _read: Callable[..., Any]
+    _notify: Callable[[], None]
+    gpus: Callable[[], list[GPUStatus]]
 
     def reconcile(self, host: str, live_lease_ids: Iterable[int]) -> list[Lease]:
         """End the active leases of `host` whose ids are not in `live_lease_ids`.

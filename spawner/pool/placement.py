@@ -77,7 +77,7 @@ def pick_on_host(
         # Take the most isolated GPU, keeping close pairs free for
         # multi-GPU requests; ties go to the lowest index.
         free_set = {u for _, u in free}
-        best_uuid, best_near = None, -1
+        best_uuid, best_near = free[0][1], -1
         for _, uuid in free:
             if neighbours is not None:
                 near = next(d for d, other in neighbours(host, uuid, free_set) if other in free_set)
@@ -98,6 +98,7 @@ def pick_on_host(
         score = (max(pairs), sum(pairs), sorted(i for i, _ in chosen))
         if best is None or score < best[0]:
             best = (score, chosen)
+    assert best is not None  # `free` holds at least `count` GPUs
     return [u for _, u in sorted(best[1])]
 
 

@@ -8,8 +8,10 @@ database's clock, and the hub's inventory and the culler read them back.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, delete, insert, select
 
@@ -17,6 +19,9 @@ from ..inventory import parse_cuda_version
 from . import validation
 from .models import InvalidRequest
 from .schema import readings_table
+
+if TYPE_CHECKING:
+    from .store import Store
 
 MAX_READINGS = 1024  # per call: far more GPUs than one node has
 UUID_MAX = 128  # the column's width
@@ -56,9 +61,12 @@ def _cuda(value) -> str | None:
     if not isinstance(value, str) or len(value) > 16:
         raise InvalidRequest(f"The CUDA version must be MAJOR.MINOR (like 12.4), not {value!r}")
     try:
-        major, minor = parse_cuda_version(value)
+        parsed = parse_cuda_version(value)
     except ValueError as e:
         raise InvalidRequest(str(e)) from None
+    if parsed is None:  # only blanks: no version, as an empty one
+        return None
+    major, minor = parsed
     return f"{major}.{minor}"
 
 
@@ -100,6 +108,11 @@ def fresh(store, conn, max_age: float, host: str | None) -> list[Reading]:
 
 class PoolReadings:
     """GPUPool's reading methods (a mixin; the facade supplies `_write`, `_read`, `_store`)."""
+
+    # Supplied by the GPUPool facade (declared for the type checker only).
+    _store: Store
+    _write: Callable[..., Any]
+    _read: Callable[..., Any]
 
     def record_readings(self, host: str, readings: dict[str, float | None], cuda_version: str | None = None
                         ) -> datetime:

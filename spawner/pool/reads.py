@@ -10,7 +10,7 @@ import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 
 from ..inventory import GPU
 from .models import GPUStatus, Lease, Waiter, iso
@@ -51,7 +51,7 @@ def load_leases(conn, where, order=None) -> list[Lease]:
 def history_where(user: str | None, since: datetime | None, until: datetime | None):
     """Leases (ended or active) of `user` that overlap [since, until)."""
     l = leases_table
-    where = l.c.id.is_not(None)
+    where: ColumnElement[bool] = l.c.id.is_not(None)
     if user is not None:
         where &= l.c.user_name == user
     if until is not None:

@@ -45,7 +45,8 @@ def waits(queue: list[int], free: int, holdings: list[Holding], now: datetime,
           lengths: list[float]) -> list[float | None]:
     """Estimated seconds until each waiter (GPUs asked, in queue order) is served; None: unknown."""
     returns = sorted((t, h.gpus) for h in holdings if (t := expected_back(h, now, lengths)) is not None)
-    available, out, i = free, [], 0
+    available, i = free, 0
+    out: list[float | None] = []
     for count in queue:
         when = now
         while available < count and i < len(returns):
