@@ -14,13 +14,20 @@ import asyncio
 import time
 from typing import Callable
 
-from prometheus_client import REGISTRY, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 LEASE_WAIT_SECONDS = Histogram(
     "gpuhub_lease_wait_seconds",
     "Time a spawn waited for its GPU lease (0 for CPU profiles is not recorded).",
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
+)
+
+# Counted so an admin (and a test) can see the reconciler is alive, and how often it fails.
+RECONCILE_PASSES = Counter(
+    "gpuhub_reconcile_passes",
+    "Reconcile passes of the GPU ledger against the engine, by outcome (ok, or failed: retried).",
+    ["outcome"],
 )
 
 

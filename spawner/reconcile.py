@@ -27,6 +27,7 @@ from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
 from .labels import HOLDING_STATES, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from .metrics import RECONCILE_PASSES
 from .pool import EndReason, GPUPool, PoolError
 from .pool.jobs import is_job_server
 
@@ -145,11 +146,13 @@ class Reconciler(LoggingConfigurable):
                                              self.min_lease_age)
             self.log.debug("GPU reconcile pass: kept leases %s, ended %s, removed containers %s",
                            report.kept, report.ended, report.containers_stopped)
+            RECONCILE_PASSES.labels("ok").inc()
             return report
         except PoolError as exc:
             self.log.error("GPU ledger reconcile skipped: %s", exc)
         except Exception:
             self.log.exception("GPU ledger reconcile failed; will retry")
+        RECONCILE_PASSES.labels("failed").inc()
         return None
 
     async def run_forever(self, first_delay: float = 0.0) -> None:

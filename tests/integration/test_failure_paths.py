@@ -45,7 +45,7 @@ def test_a_stop_that_fails_keeps_the_gpu_lent_until_the_container_is_gone(make_h
     r = hub.api("DELETE", "/users/stuck/server")
     assert r.status_code in (202, 204), r.text
     hub.wait_stopped("stuck")  # the hub forgets the server...
-    time.sleep(3)  # ...and a few reconcile passes fail to remove the container
+    hub.wait_reconcile_passes(2)  # ...and reconcile passes fail to remove the container
     container.reload()
     assert container.status == "running"
     lease = lease_of(hub, lease_id)
@@ -77,7 +77,10 @@ def test_an_inspect_that_answers_500_is_not_a_dead_server(make_hub, docker_clien
     hub.create_user("flaky")
     state = hub.start_server("flaky", {"profile": "tf-gpu-1"})["state"]
     docker_faults.fail("GET", r"/containers/[^/]+/json$", 500, "daemon is unwell")
-    time.sleep(4)  # several polls, every one answered 500
+    inspected = docker_faults.count("GET", r"/containers/[^/]+/json$")
+    # Several polls (poll_interval 1 s), every one answered 500.
+    wait_for(lambda: docker_faults.count("GET", r"/containers/[^/]+/json$") >= inspected + 3, timeout=60,
+             what="three inspects answered 500", hub=hub)
     docker_faults.clear()
     server = hub.server_model("flaky")
     assert server and server["ready"], "a 500 from Docker was taken for a dead server"
@@ -97,7 +100,7 @@ def test_a_kept_container_survives_reconcile_after_a_restart_on_the_same_gpu(mak
     hub.stop_server("kept")
     second = hub.start_server("kept", {"profile": "tf-gpu-1"})["state"]
     assert second["gpu_uuids"] == first["gpu_uuids"] and second["gpu_lease_id"] != first["gpu_lease_id"]
-    time.sleep(4)  # several reconcile passes
+    hub.wait_reconcile_passes(2)
     server = hub.server_model("kept")
     assert server and server["ready"], hub.log_tail(40)
     container = container_of(hub, docker_client, "kept")

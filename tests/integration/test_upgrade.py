@@ -9,7 +9,6 @@ lived in test_gpu_spawner.py: two servers, one of them with two GPUs, and the ba
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
 import requests
@@ -69,7 +68,7 @@ def test_upgrade_keeps_two_gpu_servers_and_their_leases(make_hub, docker_client,
         assert after and after["ready"], f"{user}: {after}"
         assert after["state"]["gpu_lease_id"] == lease_id
         assert after["state"]["gpu_uuids"] == before[user]["state"]["gpu_uuids"]
-    time.sleep(2)  # let the start-up reconcile pass run
+    hub.wait_reconcile_passes(1)  # the start-up reconcile pass has run
     assert {lease.id for lease in hub.ledger().leases()} == set(lease_ids.values())
 
     # 4. Usable: each server answers through the (new) hub's proxy, and each user ends their own.
