@@ -83,6 +83,15 @@ class AuditAPI(APIHandler):
 
 
 class PageHandler(BaseHandler):
+    def done_message(self) -> str | None:
+        """What the last action said (`?done=`), only when the service itself signed it."""
+        raw = self.get_query_argument("done", None)
+        if not raw:
+            return None
+        value = web.decode_signed_value(self.application.settings["cookie_secret"], "done", raw,
+                                        max_age_days=1)
+        return value.decode("utf-8", "replace") if value else None
+
     @web.authenticated
     async def get(self):
         viewer = self.viewer()
@@ -96,7 +105,7 @@ class PageHandler(BaseHandler):
             active=[l for l in mine if l["ended_at"] is None], history=mine[:HISTORY_ROWS],
             total_hours=round(sum(l["gpu_hours"] for l in mine), 2), audit=audit,
             base_url=self.settings["base_url"], prefix=self.settings["prefix"],
-            done=self.get_argument("done", None), xsrf=actions_api.xsrf_of(self))
+            done=self.done_message(), xsrf=actions_api.xsrf_of(self))
         context.update(await insight.page_context(self, viewer, gpus, queue, context["active"]))
         context.update(await history_api.page_context(self, viewer))
         self.finish(self.settings["jinja"].get_template("page.html").render(**context))

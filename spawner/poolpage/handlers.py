@@ -13,15 +13,24 @@ from tornado import web
 from ..ledger_io import ledger_call
 from ..pool import GPUPool
 from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
-from . import ADMIN_SCOPE, views
+from . import ADMIN_SCOPE, EXEC_SCOPE, views
 
 log = logging.getLogger("gpu-pool-page")
+NO_EXEC = (f"Running action scripts in other people's servers needs the {EXEC_SCOPE} scope, which pool "
+           "admins do not have by default: ask the hub's operator to add you to GPUHUB_POOL_EXEC_USERS "
+           "or to a group of GPUHUB_DIRECTORY_EXEC_GROUPS")
 # Seconds a ledger call may take before the page answers 503 (as the hub does).
 LEDGER_TIMEOUT = 10.0
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
     """A request of a logged-in hub user, who is a `views.Viewer`."""
+
+    def set_default_headers(self) -> None:
+        # No page of the service may be framed: a user's own server shares the hub's origin
+        # (without subdomain_host) and could otherwise put an admin's page under its clicks.
+        self.set_header("X-Frame-Options", "DENY")
+        self.set_header("Content-Security-Policy", "frame-ancestors 'none'")
 
     @property
     def pool(self) -> GPUPool:
@@ -31,7 +40,8 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         user = self.current_user
         if not user:
             return None
-        return views.Viewer(name=user["name"], admin=ADMIN_SCOPE in set(user.get("scopes", ())),
+        scopes = set(user.get("scopes", ()))
+        return views.Viewer(name=user["name"], admin=ADMIN_SCOPE in scopes, runs_scripts=EXEC_SCOPE in scopes,
                             show_holders=self.settings["show_holders"])
 
     async def ledger(self, fn, *args, **kwargs):
@@ -42,12 +52,14 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 class APIHandler(BaseHandler):
     """JSON in, JSON out; errors are {"status", "message"}, never a traceback."""
 
-    def require_viewer(self, admin: bool = False) -> views.Viewer:
+    def require_viewer(self, admin: bool = False, runs_scripts: bool = False) -> views.Viewer:
         viewer = self.viewer()
         if viewer is None:
             raise web.HTTPError(403, "Log in to the hub (or send a hub API token) first")
         if admin and not viewer.admin:
             raise web.HTTPError(403, f"This needs the {ADMIN_SCOPE} scope (a GPU pool admin)")
+        if runs_scripts and not viewer.runs_scripts:
+            raise web.HTTPError(403, NO_EXEC)
         return viewer
 
     def write_json(self, data, status: int = 200) -> None:

@@ -128,7 +128,7 @@ def test_privileged_roles_go_to_groups_only_the_directory_login_fills():
     env = {"GPUHUB_AUTHENTICATOR": "ldap", "GPUHUB_DIRECTORY": "openldap", "GPUHUB_DIRECTORY_SERVER": "ldap.test",
            "GPUHUB_DIRECTORY_USER_BASE": "ou=people,dc=x", "GPUHUB_DIRECTORY_ALLOWED_GROUPS": "gpu-users",
            "GPUHUB_DIRECTORY_ADMIN_GROUPS": "hub-admins",
-           "GPUHUB_DIRECTORY_EXEC_GROUPS": "cn=ops,ou=groups,dc=x"}
+           "GPUHUB_DIRECTORY_EXEC_GROUPS": "cn=ops,ou=groups,dc=x", "JUPYTERHUB_CRYPT_KEY": "ab" * 32}
     settings = load_settings(env)
     configure_pool_page(c, settings)
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
