@@ -149,7 +149,7 @@ async def start_exec(handler, viewer: views.Viewer, script: str, timeout: int, t
                                   timeout=LEDGER_TIMEOUT, detail_limit=AUDIT_SCRIPT_LIMIT)
             except Exception:
                 log.exception("Could not write the exit codes of run %s to the audit", run.id)
-            run.done = True
+            run.end()
             log.info("%s: ran script %s (run %s) in %d server(s) of %s; failed: %s", viewer.name,
                      run.script_sha256[:12], run.id, len(run.servers), run.target, ", ".join(failed) or "none")
 

@@ -96,6 +96,8 @@ def test_runs_are_kept_bounded_and_say_what_is_done():
     first.finish_one(scripts.Result("bob", 0, "fine"))
     assert {r["server"]: r["state"] for r in first.as_dict()["results"]} == {"pat": "running", "bob": "done"}
     first.finish_one(scripts.Result("pat", 3, "bad"))
+    assert first.as_dict()["done"] is False  # until the audit has the exit codes
+    first.end()
     assert first.as_dict()["done"] is True and first.exit_codes() == "bob: exit 0, pat: exit 3"
     second = store.start("ada", "users pat", servers[:1], "true", 30)
     third = store.start("ada", "users pat", servers[:1], "true", 30)
