@@ -332,9 +332,9 @@ class ActionHandler(FormHandler):
         if not confirmed:
             raise ActionError(400, "This script was not confirmed: fill in the form on the GPU pool page "
                                    "and confirm the list of servers it shows")
-        running = {s.label: s for s in await running(self) if s.ready}
-        servers = [running[label] for label in confirmed if label in running]
-        gone = tuple(label for label in confirmed if label not in running)
+        now = {s.label: s for s in await running(self) if s.ready}
+        servers = [now[label] for label in confirmed if label in now]
+        gone = tuple(label for label in confirmed if label not in now)
         run = await start_exec(self, viewer, script, timeout, target, servers, gone)
         if not answers_at_once(len(servers), timeout):
             self.redirect(url_path_join(self.settings["prefix"], "exec", run.id))
