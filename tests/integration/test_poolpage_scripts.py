@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import requests
+
 from ..fixtures.hub import wait_for
 from .test_poolpage import ADMIN_ENV, logged_in, page_api, wait_for_page
 
@@ -92,8 +94,9 @@ def test_scripts_run_where_confirmed_bounded_and_followed(make_hub, tmp_path):
     # item 6: output past the cap is read no further into the service (its peak memory stays)
     pid = service_pid(hub)
     before = peak_rss_kib(pid)
-    r = page_api(hub, "POST", "api/exec", ada, timeout=120, json={
-        "script": "head -c 200000000 /dev/zero | tr '\\0' x; echo; echo end", "timeout": 60, "users": ["pat"]})
+    r = requests.post(f"{hub.url}/services/gpu-pool/api/exec", headers={"Authorization": f"token {ada}"},
+                      timeout=120, json={"script": "head -c 200000000 /dev/zero | tr '\\0' x; echo; echo end",
+                                         "timeout": 60, "users": ["pat"]})
     assert r.status_code == 200, r.text
     [res] = r.json()["results"]
     assert res["exit_code"] == 0 and res["truncated"] and len(res["output"]) == 16 * 1024, \
