@@ -97,14 +97,14 @@ def configure_pool_page(c, settings) -> None:
         "description": "Administer the GPU pool from its page and API",
         "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
         "users": list(settings.admin_users),
-        "groups": [ADMIN_GROUP] if ADMIN_GROUP in by_directory else [],
+        "groups": [ADMIN_GROUP],
     })
     roles.append({
         "name": EXEC_ROLE,
         "description": "Run action scripts in other people's running servers",
         "scopes": [EXEC_SCOPE],
         "users": list(settings.pool_exec_users),
-        "groups": [EXEC_GROUP] if EXEC_GROUP in by_directory else [],
+        "groups": [EXEC_GROUP],
     })
     if by_directory:
         auth = c.DirectoryAuthenticator

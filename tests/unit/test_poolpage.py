@@ -126,7 +126,7 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     assert "delete:servers" in roles[SERVICE_ROLE]["scopes"] and "admin:users" not in roles[SERVICE_ROLE]["scopes"]
     assert roles["user"]["scopes"] == ["self", ACCESS_SCOPE]
     assert roles[ADMIN_ROLE]["users"] == ["ada"] and ADMIN_SCOPE in roles[ADMIN_ROLE]["scopes"]
-    assert roles[ADMIN_ROLE]["groups"] == []
+    assert roles[ADMIN_ROLE]["groups"] == ["gpu-pool:admin"]  # only the directory login fills it
     assert ADMIN_SCOPE in c.JupyterHub.custom_scopes
     # the hub's pages link to it
     assert c.JupyterHub.template_vars["gpu_pool_url"] == "/services/gpu-pool/"
