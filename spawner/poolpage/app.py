@@ -17,7 +17,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -28,7 +27,7 @@ from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import GPUPool
 from ..settings.parsing import env_bool
 from . import actions_api, history_api, insight, jobs_api, views
-from .handlers import APIHandler, BaseHandler, log
+from .handlers import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50
@@ -124,7 +123,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
     return web.Application(
         [
             (prefix, PageHandler),
-            (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+            (url_path_join(prefix, "oauth_callback"), OAuthCallback),
             (url_path_join(api, "gpus"), GPUsAPI),
             (url_path_join(api, "gpus") + r"/([^/]+)/(drain|undrain)", DrainAPI),
             (url_path_join(api, "queue"), QueueAPI),
@@ -135,7 +134,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             *jobs_api.routes(prefix),
         ],
         pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
-        cookie_secret=os.urandom(32), xsrf_cookies=False,
+        cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 
-from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
 
 from ..ledger_io import ledger_call
@@ -23,14 +23,18 @@ NO_EXEC = (f"Running action scripts in other people's servers needs the {EXEC_SC
 LEDGER_TIMEOUT = 10.0
 
 
-class BaseHandler(HubOAuthenticated, web.RequestHandler):
-    """A request of a logged-in hub user, who is a `views.Viewer`."""
+class Unframed:
+    """No answer of the service may be framed: a user's own server shares the hub's origin
+    (without subdomain_host) and could otherwise put an admin's page under its clicks."""
 
     def set_default_headers(self) -> None:
-        # No page of the service may be framed: a user's own server shares the hub's origin
-        # (without subdomain_host) and could otherwise put an admin's page under its clicks.
+        super().set_default_headers()
         self.set_header("X-Frame-Options", "DENY")
         self.set_header("Content-Security-Policy", "frame-ancestors 'none'")
+
+
+class BaseHandler(Unframed, HubOAuthenticated, web.RequestHandler):
+    """A request of a logged-in hub user, who is a `views.Viewer`."""
 
     @property
     def pool(self) -> GPUPool:
@@ -99,3 +103,14 @@ class APIHandler(BaseHandler):
             return views.usage_period(self.get_argument("since", None), self.get_argument("until", None))
         except views.BadInput as exc:
             raise web.HTTPError(400, str(exc)) from None
+
+
+class OAuthCallback(Unframed, HubOAuthCallbackHandler):
+    """The end of the hub's OAuth login into the service."""
+
+
+class NotFound(APIHandler):
+    """Any other path under the service: 404 in JSON, unframed like the rest."""
+
+    def prepare(self):
+        raise web.HTTPError(404, "No such page or API in the GPU pool service")

@@ -58,7 +58,7 @@ def test_scripts_run_where_confirmed_bounded_and_followed(make_hub, tmp_path):
         hub.start_server(name, {"profile": "tf-gpu-1"})
 
     # item 8: no page or API answer of the service may be framed
-    for path in ("", "api/gpus", "confirm?action=drain&uuid=x"):
+    for path in ("", "api/gpus", "confirm?action=drain&uuid=x", "api/no-such-thing", "oauth_callback"):
         r = page_api(hub, "GET", path, ada)
         assert r.headers.get("X-Frame-Options") == "DENY", (path, r.headers)
         assert "frame-ancestors 'none'" in r.headers.get("Content-Security-Policy", ""), (path, r.headers)
