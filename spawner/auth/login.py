@@ -214,7 +214,8 @@ class DirectoryLogin:
 
 
 # Every kind of group entry the two directory kinds have.
-GROUP_CLASSES = "(|(objectClass=groupOfNames)(objectClass=groupOfUniqueNames)(objectClass=posixGroup)(objectClass=group))"
+GROUP_CLASSES = ("(|(objectClass=groupOfNames)(objectClass=groupOfUniqueNames)(objectClass=posixGroup)"
+                 "(objectClass=group))")
 
 
 def privileged_groups(a) -> list[str]:

@@ -57,7 +57,7 @@ def test_a_name_that_two_directory_groups_carry_is_refused_at_start(make_hub, bo
     with pytest.raises(RuntimeError):
         hub.start(timeout=90)
     log = hub.log_path.read_text(errors="replace")
-    assert "hub-admins" in log and group_dn("hub-admins") in log and f"cn=hub-admins,ou=projects" in log, log[-3000:]
+    assert "hub-admins" in log and group_dn("hub-admins") in log and "cn=hub-admins,ou=projects" in log, log[-3000:]
     assert "DN" in log
 
 
