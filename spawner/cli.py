@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hub-url", default=os.environ.get("JUPYTERHUB_URL", "http://127.0.0.1:8000"),
                    help="the hub's public URL (JUPYTERHUB_URL; default http://127.0.0.1:8000)")
     p.add_argument("--token", default=os.environ.get("JUPYTERHUB_API_TOKEN", ""),
-                   help="a hub API token with custom:gpu-pool:admin (JUPYTERHUB_API_TOKEN)")
+                   help="a hub API token with custom:gpu-pool:exec (JUPYTERHUB_API_TOKEN)")
     p = sub.add_parser("agent", parents=[common],
                        help="report this node's GPU utilisation to the ledger every --interval s (until SIGTERM)")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between readings (10)")
@@ -327,7 +327,8 @@ def _exec(args, out) -> int:
         raise CLIError(f"Cannot read the script: {e}") from None
     try:
         data = client.exec_script(args.hub_url, args.token, script, args.timeout,
-                                  profile=args.profile, group=args.group, users=args.users)
+                                  profile=args.profile, group=args.group, users=args.users,
+                                  progress=lambda message: print(message, file=sys.stderr))
     except client.ExecFailed as e:
         raise CLIError(str(e), e.code) from None
     print(json.dumps(data, indent=2) if getattr(args, "json", False) else client.render(data), file=out)

@@ -116,9 +116,11 @@ def _first_dir(candidates: tuple[str, ...], must_hold: str) -> str:
 class OpenLDAP(DirectoryServer):
     """Build, start and stop one slapd in `workdir`."""
 
-    def __init__(self, workdir: Path, port: int, ldaps_port: int):
+    def __init__(self, workdir: Path, port: int, ldaps_port: int, extra_ldif: str = ""):
         self.workdir = Path(workdir).resolve()
         self.port, self.ldaps_port = port, ldaps_port
+        # Entries loaded after the seed (a test's own OUs and groups); {base_dn} is replaced.
+        self.extra_ldif = extra_ldif
         self.proc: subprocess.Popen | None = None
 
     def build(self) -> Path:
@@ -141,7 +143,8 @@ class OpenLDAP(DirectoryServer):
             root_pw_hash=ssha(os.urandom(16).hex()),  # nobody needs the root DN
         )
         (self.workdir / "slapd.ldif").write_text(config)
-        (self.workdir / "seed.ldif").write_text(seed_ldif())
+        extra = self.extra_ldif.replace("{base_dn}", BASE_DN).strip()
+        (self.workdir / "seed.ldif").write_text(seed_ldif() + ("\n" + extra + "\n" if extra else ""))
         slapadd = which("slapadd")
         for db, ldif in (("0", "slapd.ldif"), ("1", "seed.ldif")):
             proc = subprocess.run(

@@ -12,14 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ldapauthenticator import LDAPAuthenticator
 from tornado import web
-from traitlets import Bool, CaselessStrEnum, Float, Int, List, Unicode, default
+from traitlets import Bool, CaselessStrEnum, Dict, Float, Int, List, Unicode, default
 
 from . import connection
 from .entries import in_groups
 from .kinds import ACTIVE_DIRECTORY, KINDS, OPENLDAP
-from .login import DirectoryLogin
+from .login import DirectoryLogin, group_carriers, privileged_groups
 from .messages import (
     MSG_NOT_ALLOWED,
+    DirectoryConfigError,
     MSG_UNAVAILABLE,
     DirectoryUnavailable,
     LoginRefused,
@@ -193,6 +194,28 @@ class DirectoryAuthenticator(LDAPAuthenticator):
         """,
     )
 
+    role_groups = Dict(
+        key_trait=Unicode(),
+        value_trait=List(Unicode()),
+        config=True,
+        help="""
+        Hub groups that carry privileged roles, filled by the directory at every login:
+        {hub group: [directory groups]}.  A user is put in the hub group when they
+        are in one of its directory groups (names or DNs, nesting followed), and
+        taken out at their next login when they are no longer.
+
+        Unlike the groups synced by `manage_groups` (named after each directory
+        group's `group_name_attribute`, which is unique only within one OU), these
+        are decided by DN: a name stands for the one directory group carrying it, a
+        name several directory groups carry grants nothing (and the hub refuses to
+        start with it), and a directory group named like one of these hub groups is
+        not synced.  Give roles to these hub groups in `JupyterHub.load_roles`,
+        never to a synced group's name.  The GPU pool page fills it from
+        GPUHUB_DIRECTORY_ADMIN_GROUPS and GPUHUB_DIRECTORY_EXEC_GROUPS.  Empty
+        (default): no such groups.
+        """,
+    )
+
     uid_number_attribute = Unicode(
         "uidNumber",
         config=True,
@@ -292,6 +315,36 @@ class DirectoryAuthenticator(LDAPAuthenticator):
             self.log.exception("Login of %s failed unexpectedly", loggable(login))
             self._refuse(login, LoginRefused("unexpected error", MSG_UNAVAILABLE, 503))
         return None
+
+    def check_allow_config(self):
+        """At the hub's start: refuse a privileged group given by a name several directory
+        groups carry (anyone who may create a group could otherwise borrow its rights)."""
+        super().check_allow_config()
+        named = list(dict.fromkeys(g for g in privileged_groups(self) if "=" not in g))
+        if not named:
+            return
+        try:
+            conn, bound = connection.bind(connection.Endpoint.of(self), self.lookup_dn_search_user or None,
+                                          self.lookup_dn_search_password or None)
+            try:
+                if not bound:
+                    raise DirectoryUnavailable("the lookup account could not bind")
+                carried = {n: group_carriers(self, conn, n) for n in named}
+            finally:
+                connection.close(conn)
+        except DirectoryUnavailable as e:
+            self.log.warning("Could not check at start that the admin groups %s name one directory group "
+                             "each (%s); each login checks it.", ", ".join(named), e)
+            return
+        ambiguous = {n: dns for n, dns in carried.items() if len(dns) > 1}
+        if ambiguous:
+            listing = "; ".join(f"{n!r} is carried by {len(dns)} directory groups: {' | '.join(dns)}"
+                                for n, dns in ambiguous.items())
+            raise DirectoryConfigError(
+                f"{type(self).__name__}: a privileged group is named by a name that several directory "
+                f"groups carry, so anyone who can create a group could borrow its rights: {listing}. "
+                "Name the group meant by its DN (GPUHUB_DIRECTORY_ADMIN_GROUPS / _EXEC_GROUPS take DNs "
+                "separated by semicolons), then start the hub again.")
 
     async def check_allowed(self, username, auth_model):
         """Allowed by `allowed_users`, or by membership in one of `allowed_groups`."""

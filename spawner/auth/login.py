@@ -128,6 +128,10 @@ class DirectoryLogin:
             frontier = add(connection.search(conn, base, f"(|{parts})", [name_attr]))
         return dict(found.values())
 
+    def carriers(self, conn, names: list[str]) -> dict[str, list[str]]:
+        """{lower-case name: DNs of every directory group carrying it} for name-form groups."""
+        return {n.lower(): group_carriers(self.a, conn, n) for n in dict.fromkeys(names)}
+
     def run(self, login: str, password: str | None) -> dict:
         """The whole login against the directory: JupyterHub's auth model."""
         a = self.a
@@ -171,11 +175,20 @@ class DirectoryLogin:
                                          size_limit=2)) != 1:
                     raise LoginRefused("search_filter does not match exactly this user")
             groups = self.groups(reader, dn, name)
+            # Privileged groups named by name are decided by DN: look up who carries each name.
+            carried = self.carriers(reader, [g for g in privileged_groups(a) if "=" not in g])
         finally:
             connection.close(service)
             connection.close(user_conn)
 
-        names = sorted(set(groups.values()))
+        for group, dns in carried.items():
+            if len(dns) > 1:
+                self.log.error("%d directory groups are named %r (%s): it grants nothing until the "
+                               "setting names the one meant by its DN.", len(dns), group, "; ".join(dns))
+        # A directory group named like a hub group the login fills by DN decision is not synced
+        # under that name (it would borrow the role the hub group carries).
+        reserved = {k.lower() for k in a.role_groups}
+        names = sorted({g for g in groups.values() if g.lower() not in reserved})
         auth_state = {
             "dn": dn,
             "uid_number": int_or_none(first(attrs, a.uid_number_attribute)),
@@ -192,7 +205,25 @@ class DirectoryLogin:
             name = login
         admin = None
         if a.admin_groups:
-            admin = in_groups(a.admin_groups, auth_state) or (
+            admin = in_groups(a.admin_groups, auth_state, names=carried) or (
                 a.normalize_username(name) in a.admin_users
             )
-        return {"name": name, "admin": admin, "groups": names, "auth_state": auth_state}
+        hub_groups = names + sorted(k for k, wanted in a.role_groups.items()
+                                    if in_groups(wanted, auth_state, names=carried))
+        return {"name": name, "admin": admin, "groups": hub_groups, "auth_state": auth_state}
+
+
+# Every kind of group entry the two directory kinds have.
+GROUP_CLASSES = ("(|(objectClass=groupOfNames)(objectClass=groupOfUniqueNames)(objectClass=posixGroup)"
+                 "(objectClass=group))")
+
+
+def privileged_groups(a) -> list[str]:
+    """The groups that grant rights: `admin_groups` and every group of `role_groups`."""
+    return [*a.admin_groups, *(g for wanted in a.role_groups.values() for g in wanted)]
+
+
+def group_carriers(a, conn, name: str) -> list[str]:
+    """The DNs of the directory groups whose name (`group_name_attribute`) is `name`."""
+    flt = f"(&{GROUP_CLASSES}({a.group_name_attribute}={escape_filter_chars(name)}))"
+    return sorted(dn for dn, _ in connection.search(conn, a.group_search_base or a.user_search_base, flt, []))

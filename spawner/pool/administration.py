@@ -78,13 +78,15 @@ class PoolAdministration:
         return status
 
     def record(self, actor: str, action: str, detail: str | None = None, host: str | None = None,
-               uuid: str | None = None) -> None:
+               uuid: str | None = None, detail_limit: int = 2000) -> None:
         """Write an audit record of an admin action taken outside the ledger (ending a lease,
-        an action script): who (`actor`), what (`action`, `detail`), when (the ledger's clock)."""
+        an action script): who (`actor`), what (`action`, `detail`, its first `detail_limit`
+        characters: an action script's record keeps the whole script), when (the ledger's clock)."""
         actor = validation.name(actor, "The actor's name")
         action = validation.name(action, "The action")[:32]
+        limit = max(0, int(detail_limit))
         self._write(lambda conn: admin.record(self._store, conn, actor, action,
-                                              None if detail is None else str(detail)[:2000], host, uuid))
+                                              None if detail is None else str(detail)[:limit], host, uuid))
 
     def audit(self, limit: int = 100) -> list[dict]:
         """The newest admin actions recorded with a `by` (who, what, when), newest first."""

@@ -10,3 +10,5 @@ templates/ holds the page, one partial per view.
 
 SERVICE_NAME = "gpu-pool"
 ADMIN_SCOPE = "custom:gpu-pool:admin"
+# Running code in other people's servers (action scripts): granted to no one by default.
+EXEC_SCOPE = "custom:gpu-pool:exec"

@@ -17,7 +17,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -28,7 +27,7 @@ from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import GPUPool
 from ..settings.parsing import env_bool
 from . import actions_api, history_api, insight, jobs_api, views
-from .handlers import APIHandler, BaseHandler, log
+from .handlers import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50
@@ -83,6 +82,15 @@ class AuditAPI(APIHandler):
 
 
 class PageHandler(BaseHandler):
+    def done_message(self) -> str | None:
+        """What the last action said (`?done=`), only when the service itself signed it."""
+        raw = self.get_query_argument("done", None)
+        if not raw:
+            return None
+        value = web.decode_signed_value(self.application.settings["cookie_secret"], "done", raw,
+                                        max_age_days=1)
+        return value.decode("utf-8", "replace") if value else None
+
     @web.authenticated
     async def get(self):
         viewer = self.viewer()
@@ -96,7 +104,7 @@ class PageHandler(BaseHandler):
             active=[l for l in mine if l["ended_at"] is None], history=mine[:HISTORY_ROWS],
             total_hours=round(sum(l["gpu_hours"] for l in mine), 2), audit=audit,
             base_url=self.settings["base_url"], prefix=self.settings["prefix"],
-            done=self.get_argument("done", None), xsrf=actions_api.xsrf_of(self))
+            done=self.done_message(), xsrf=actions_api.xsrf_of(self))
         context.update(await insight.page_context(self, viewer, gpus, queue, context["active"]))
         context.update(await history_api.page_context(self, viewer))
         self.finish(self.settings["jinja"].get_template("page.html").render(**context))
@@ -115,7 +123,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
     return web.Application(
         [
             (prefix, PageHandler),
-            (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+            (url_path_join(prefix, "oauth_callback"), OAuthCallback),
             (url_path_join(api, "gpus"), GPUsAPI),
             (url_path_join(api, "gpus") + r"/([^/]+)/(drain|undrain)", DrainAPI),
             (url_path_join(api, "queue"), QueueAPI),
@@ -126,7 +134,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             *jobs_api.routes(prefix),
         ],
         pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
-        cookie_secret=os.urandom(32), xsrf_cookies=False,
+        cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
     )
 
 

@@ -1,13 +1,16 @@
 """`gpu-pool exec`: an action script through the gpu-pool service's REST API.
 
 The command is a client of the service (POST api/exec with a hub API token),
-so it takes the same scope check, confirmation-free path and audit record as
-the page's form; it runs nowhere the service would not.
+so it takes the same scope check (custom:gpu-pool:exec) and audit record as the
+page's form, without the confirmation; it runs nowhere the service would not.
+A long fan-out is a run with an id, which it follows until every server is done.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import time
 
 import requests
 
@@ -22,24 +25,56 @@ class ExecFailed(Exception):
         self.code = code
 
 
-def exec_script(hub_url: str, token: str, script: str, timeout: int, profile=None, group=None, users=None) -> dict:
-    """POST the script; the service's answer ({"target", "results": [...]})."""
-    if not token:
-        raise ExecFailed("No hub API token: set JUPYTERHUB_API_TOKEN or pass --token", 2)
-    body = {"script": script, "timeout": timeout, "profile": profile, "group": group, "users": users}
-    url = f"{hub_url.rstrip('/')}/services/{SERVICE_NAME}/api/exec"
-    try:
-        r = requests.post(url, data=json.dumps(body), headers={"Authorization": f"token {token}"},
-                          timeout=timeout + 120)
-    except requests.RequestException as exc:
-        raise ExecFailed(f"The GPU pool service at {url} did not answer: {exc}", 1) from None
+def _answer(r) -> dict:
     try:
         data = r.json()
     except ValueError:
         raise ExecFailed(f"The GPU pool service answered {r.status_code} without JSON", 1) from None
-    if r.status_code != 200:
+    if r.status_code not in (200, 202):
         raise ExecFailed(data.get("message") or f"HTTP {r.status_code}", 2 if r.status_code < 500 else 1)
     return data
+
+
+def exec_script(hub_url: str, token: str, script: str, timeout: int, profile=None, group=None, users=None,
+                progress=None, poll: float = 2.0) -> dict:
+    """POST the script; the service's answer ({"target", "results": [...]}).
+
+    A fan-out longer than a client waits is answered with 202 and a run id: this follows
+    `api/exec/<id>` until every server has finished (`progress(message)` hears of it).
+    """
+    if not token:
+        raise ExecFailed("No hub API token: set JUPYTERHUB_API_TOKEN or pass --token", 2)
+    body = {"script": script, "timeout": timeout, "profile": profile, "group": group, "users": users}
+    url = f"{hub_url.rstrip('/')}/services/{SERVICE_NAME}/api/exec"
+    headers = {"Authorization": f"token {token}"}
+    try:
+        r = requests.post(url, data=json.dumps(body), headers=headers, timeout=timeout + 120)
+    except requests.RequestException as exc:
+        raise ExecFailed(f"The GPU pool service at {url} did not answer: {exc}", 1) from None
+    data = _answer(r)
+    if r.status_code == 200:
+        return data
+    run_url = f"{url}/{data['id']}"
+    if progress:
+        progress(f"Run {data['id']}: {len(data['servers'])} server(s) of {data['target']}; following {run_url}")
+    # However long the service may take: every round of 8 servers, plus its own deadline.
+    deadline = time.monotonic() + math.ceil(len(data["servers"]) / 8) * (timeout + 30) + 120
+    finished = 0
+    while True:
+        try:
+            data = _answer(requests.get(run_url, headers=headers, timeout=60))
+        except requests.RequestException as exc:
+            raise ExecFailed(f"The GPU pool service stopped answering about run {run_url}: {exc}; "
+                             "the audit on the GPU pool page has its exit codes", 1) from None
+        done = sum(1 for x in data["results"] if x["state"] == "done")
+        if progress and done != finished:
+            progress(f"{done} of {len(data['results'])} server(s) finished")
+            finished = done
+        if data["done"]:
+            return data
+        if time.monotonic() > deadline:
+            raise ExecFailed(f"Run {data['id']} has not finished in time; follow it at {run_url}", 1)
+        time.sleep(poll)
 
 
 def render(data: dict) -> str:

@@ -7,20 +7,33 @@ from __future__ import annotations
 import json
 import logging
 
-from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
 
 from ..ledger_io import ledger_call
 from ..pool import GPUPool
 from ..pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
-from . import ADMIN_SCOPE, views
+from . import ADMIN_SCOPE, EXEC_SCOPE, views
 
 log = logging.getLogger("gpu-pool-page")
+NO_EXEC = (f"Running action scripts in other people's servers needs the {EXEC_SCOPE} scope, which pool "
+           "admins do not have by default: ask the hub's operator to add you to GPUHUB_POOL_EXEC_USERS "
+           "or to a group of GPUHUB_DIRECTORY_EXEC_GROUPS")
 # Seconds a ledger call may take before the page answers 503 (as the hub does).
 LEDGER_TIMEOUT = 10.0
 
 
-class BaseHandler(HubOAuthenticated, web.RequestHandler):
+class Unframed:
+    """No answer of the service may be framed: a user's own server shares the hub's origin
+    (without subdomain_host) and could otherwise put an admin's page under its clicks."""
+
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        self.set_header("X-Frame-Options", "DENY")
+        self.set_header("Content-Security-Policy", "frame-ancestors 'none'")
+
+
+class BaseHandler(Unframed, HubOAuthenticated, web.RequestHandler):
     """A request of a logged-in hub user, who is a `views.Viewer`."""
 
     @property
@@ -31,7 +44,8 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         user = self.current_user
         if not user:
             return None
-        return views.Viewer(name=user["name"], admin=ADMIN_SCOPE in set(user.get("scopes", ())),
+        scopes = set(user.get("scopes", ()))
+        return views.Viewer(name=user["name"], admin=ADMIN_SCOPE in scopes, runs_scripts=EXEC_SCOPE in scopes,
                             show_holders=self.settings["show_holders"])
 
     async def ledger(self, fn, *args, **kwargs):
@@ -42,12 +56,14 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 class APIHandler(BaseHandler):
     """JSON in, JSON out; errors are {"status", "message"}, never a traceback."""
 
-    def require_viewer(self, admin: bool = False) -> views.Viewer:
+    def require_viewer(self, admin: bool = False, runs_scripts: bool = False) -> views.Viewer:
         viewer = self.viewer()
         if viewer is None:
             raise web.HTTPError(403, "Log in to the hub (or send a hub API token) first")
         if admin and not viewer.admin:
             raise web.HTTPError(403, f"This needs the {ADMIN_SCOPE} scope (a GPU pool admin)")
+        if runs_scripts and not viewer.runs_scripts:
+            raise web.HTTPError(403, NO_EXEC)
         return viewer
 
     def write_json(self, data, status: int = 200) -> None:
@@ -87,3 +103,14 @@ class APIHandler(BaseHandler):
             return views.usage_period(self.get_argument("since", None), self.get_argument("until", None))
         except views.BadInput as exc:
             raise web.HTTPError(400, str(exc)) from None
+
+
+class OAuthCallback(Unframed, HubOAuthCallbackHandler):
+    """The end of the hub's OAuth login into the service."""
+
+
+class NotFound(APIHandler):
+    """Any other path under the service: 404 in JSON, unframed like the rest."""
+
+    def prepare(self):
+        raise web.HTTPError(404, "No such page or API in the GPU pool service")

@@ -4,18 +4,38 @@ Each run is a `docker exec` in the server's container with the container's own
 user (the person's uid:gid; a container that would run it as root is
 refused), not privileged, so it has exactly the container's rights: no
 capabilities, no new privileges.  It is bounded by `timeout` inside the
-container and by a deadline here; its output is capped.
+container and by a deadline here; its output is read as a stream and only the
+first 16 KiB are kept (the rest is read and thrown away as it comes, so a chatty
+script runs to its end and the service holds 16 KiB per server at most).  Scripts
+run on a bounded thread pool of their own, never on the default executor the
+page's other reads use.
+
+A fan-out is a `Run`: an id, per-server results as they come, kept in a bounded
+`RunStore` in the service (the audit in the ledger keeps the script and the exit
+codes for good).
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+import hashlib
+import math
+import secrets
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 
 from ..labels import LABEL_POOL, LABEL_SERVER, LABEL_USER
 from .hubapi import Server
 
 MAX_SCRIPT_BYTES = 64 * 1024
+PARALLEL = 8  # servers a fan-out runs in at once, and the scripts' threads
+# A fan-out expected to last longer than this (ceil(servers / PARALLEL) x timeout) is
+# answered at once with a run id to follow, not kept waiting on: about what a browser,
+# a proxy or `requests` waits before it gives up on an answer.
+CLIENT_WAIT = 60
+MAX_RUNS = 50  # finished runs the service keeps for `GET api/exec/<id>`
 MAX_TIMEOUT = 3600
 OUTPUT_CAP = 16 * 1024  # bytes of output kept per server
 TIMED_OUT = 124  # coreutils `timeout`'s exit status
@@ -53,8 +73,11 @@ def parse_target(profile: str | None, group: str | None, users) -> Target:
 
 
 def check_script(script, timeout) -> tuple[str, int]:
+    """The script with Unix line ends (a browser's textarea sends CRLF, and `sh` reads the
+    CR as part of each line), and its timeout; BadScript when either cannot run."""
     if not isinstance(script, str) or not script.strip():
         raise BadScript("The script is empty")
+    script = script.replace("\r\n", "\n").replace("\r", "\n")
     if len(script.encode()) > MAX_SCRIPT_BYTES:
         raise BadScript(f"The script is longer than {MAX_SCRIPT_BYTES // 1024} KiB")
     try:
@@ -97,6 +120,26 @@ def cap(raw: bytes) -> tuple[str, bool]:
     return raw[:OUTPUT_CAP].decode("utf-8", errors="replace"), True
 
 
+def read_capped(chunks) -> tuple[bytes, bool]:
+    """The first OUTPUT_CAP bytes of a stream of chunks, and whether there was more.
+
+    Past the cap it reads on and keeps nothing: Docker (20.10) does not end an exec
+    whose reader goes away, so a script whose reader stopped would block on a full
+    pipe until its time limit instead of finishing.
+    """
+    kept = bytearray()
+    more = False
+    for chunk in chunks:
+        if not chunk:
+            continue
+        room = OUTPUT_CAP - len(kept)
+        if room > 0:
+            kept += chunk[:room]
+        if len(chunk) > room:
+            more = True
+    return bytes(kept), more
+
+
 def runs_as_root(user: str) -> bool:
     return user.split(":")[0] in ("", "0", "root")
 
@@ -120,28 +163,125 @@ def exec_in(client, pool_id: str, server: Server, script: str, timeout: int) -> 
     try:
         exec_id = client.api.exec_create(container.id, cmd, user=user, privileged=False,
                                          stdout=True, stderr=True, stdin=False, tty=False)["Id"]
-        raw = client.api.exec_start(exec_id, stream=False, demux=False) or b""
-        code = client.api.exec_inspect(exec_id).get("ExitCode")
+        raw, truncated = read_capped(client.api.exec_start(exec_id, stream=True, demux=False))
+        code = finished_code(client, exec_id)
     except docker.errors.DockerException as exc:
         return Result(server.label, None, "", error=f"docker exec failed: {exc}")
-    output, truncated = cap(raw)
+    output = raw.decode("utf-8", errors="replace")
     if code in (126, 127) and '"timeout"' in output:
         return Result(server.label, None, output, truncated,
                       error="its image has no `timeout` command (coreutils), so no script runs there")
     return Result(server.label, code, output, truncated, timed_out=code == TIMED_OUT)
 
 
+def finished_code(client, exec_id: str, wait: float = 5.0) -> int | None:
+    """The exec's exit code once Docker says it ended (its stream can close a moment before)."""
+    deadline = time.monotonic() + wait
+    while True:
+        info = client.api.exec_inspect(exec_id)
+        if not info.get("Running") or time.monotonic() > deadline:
+            return info.get("ExitCode")
+        time.sleep(0.05)
+
+
+# The scripts' own threads: a long fan-out never takes the default executor's threads,
+# which the page's utilisation reads (and asyncio.to_thread) use.
+_EXECUTOR = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="action-script")
+_gate: asyncio.Semaphore | None = None
+
+
+def gate() -> asyncio.Semaphore:
+    """PARALLEL execs at once over all fan-outs: a script's deadline starts when it runs."""
+    global _gate
+    if _gate is None:
+        _gate = asyncio.Semaphore(PARALLEL)
+    return _gate
+
+
 async def run_everywhere(client, pool_id: str, servers: list[Server], script: str, timeout: int,
-                         parallel: int = 8) -> list[Result]:
-    """The script in every server, `parallel` at a time; one Result per server, in order."""
-    gate = asyncio.Semaphore(parallel)
+                         on_result=None) -> list[Result]:
+    """The script in every server, PARALLEL at a time (over every fan-out of the service) on the
+    scripts' own threads; one Result per server, in order.  `on_result(result)` is called as
+    each server finishes."""
+    loop = asyncio.get_running_loop()
 
     async def one(server: Server) -> Result:
-        async with gate:
+        async with gate():
             try:
                 # The in-container `timeout` ends it; this deadline covers a stuck Docker.
-                return await asyncio.wait_for(asyncio.to_thread(exec_in, client, pool_id, server, script, timeout),
-                                              timeout + 30)
+                result = await asyncio.wait_for(
+                    loop.run_in_executor(_EXECUTOR, exec_in, client, pool_id, server, script, timeout), timeout + 30)
             except TimeoutError:
-                return Result(server.label, None, "", timed_out=True, error="Docker did not finish the exec in time")
+                result = Result(server.label, None, "", timed_out=True, error="Docker did not finish the exec in time")
+        if on_result is not None:
+            on_result(result)
+        return result
     return list(await asyncio.gather(*(one(s) for s in servers)))
+
+
+def expected_seconds(servers: int, timeout: int) -> int:
+    """How long a fan-out may take: ceil(servers / PARALLEL) rounds of `timeout`."""
+    return math.ceil(servers / PARALLEL) * timeout
+
+
+def sha256(script: str) -> str:
+    return hashlib.sha256(script.encode()).hexdigest()
+
+
+@dataclass
+class Run:
+    """One fan-out: who started it, where, and each server's result as it comes."""
+
+    id: str
+    actor: str
+    target: str
+    timeout: int
+    script_sha256: str
+    servers: list[str]
+    started_at: float = field(default_factory=time.time)
+    results: dict[str, Result] = field(default_factory=dict)
+    done: bool = False
+    task: asyncio.Task | None = field(default=None, repr=False)
+
+    def finish_one(self, result: Result) -> None:
+        self.results[result.server] = result
+
+    def end(self) -> None:
+        """Every server has finished and the audit has their exit codes."""
+        self.done = True
+
+    def exit_codes(self) -> str:
+        """'bob: exit 0, pat: exit 3, cy: not run (...)', for the audit."""
+        def one(r: Result) -> str:
+            if r.exit_code is None:
+                return f"{r.server}: not run ({r.error or 'timed out'})"
+            return f"{r.server}: exit {r.exit_code}" + (" (timed out)" if r.timed_out else "")
+        return ", ".join(one(self.results[s]) for s in sorted(self.results))
+
+    def as_dict(self) -> dict:
+        rows = []
+        for label in self.servers:
+            r = self.results.get(label)
+            rows.append({"state": "done", **r.as_dict()} if r is not None else
+                        {"state": "running", **Result(label, None, "").as_dict()})
+        return {"id": self.id, "actor": self.actor, "target": self.target, "timeout": self.timeout,
+                "script_sha256": self.script_sha256, "started_at": self.started_at,
+                "done": self.done, "results": rows}
+
+
+class RunStore:
+    """The service's last MAX_RUNS runs, by id (the oldest go first)."""
+
+    def __init__(self, max_runs: int = MAX_RUNS):
+        self.max_runs = max_runs
+        self._runs: OrderedDict[str, Run] = OrderedDict()
+
+    def start(self, actor: str, target: str, servers: list[Server], script: str, timeout: int) -> Run:
+        run = Run(secrets.token_urlsafe(9), actor, target, timeout, sha256(script), [s.label for s in servers])
+        self._runs[run.id] = run
+        while len(self._runs) > self.max_runs:
+            self._runs.popitem(last=False)
+        return run
+
+    def get(self, run_id: str) -> Run | None:
+        return self._runs.get(run_id)

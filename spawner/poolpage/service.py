@@ -12,19 +12,27 @@ from pathlib import Path
 from jupyterhub.utils import url_path_join
 
 from ..culling import activity_interval, without_named
-from . import ADMIN_SCOPE, SERVICE_NAME
+from . import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from .hubapi import SERVICE_SCOPES
 
 HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
 ADMIN_ROLE = "gpu-pool-admin"
+EXEC_ROLE = "gpu-pool-exec"
 SERVICE_ROLE = "gpu-pool-service"
 ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
+# The hub groups the directory login fills by its DN decision (DirectoryAuthenticator.role_groups);
+# the privileged roles go to these, never to a group named after a directory group's name.
+ADMIN_GROUP = "gpu-pool:admin"
+EXEC_GROUP = "gpu-pool:exec"
 
 
-def admin_group_names(settings) -> list[str]:
-    """The directory's admin groups given by name (the hub's groups carry names, not DNs)."""
+def role_groups(settings) -> dict[str, list[str]]:
+    """{hub group: directory groups} for the directory login: who is a pool admin, who runs scripts."""
     directory = getattr(settings, "directory", None)
-    return [g for g in (directory.admin_groups if directory else ()) if "=" not in g]
+    if directory is None:
+        return {}
+    return {group: list(wanted) for group, wanted in ((ADMIN_GROUP, directory.admin_groups),
+                                                      (EXEC_GROUP, directory.exec_groups)) if wanted}
 
 
 def service_environment(settings) -> dict[str, str]:
@@ -51,15 +59,20 @@ def configure_pool_page(c, settings) -> None:
 
     Every user may open the page (the `user` role gains the service's access
     scope); GPUHUB_ADMIN_USERS and the members of the directory's admin groups
-    (named ones) get `custom:gpu-pool:admin` (drain, undrain, everyone's usage).
-    Safe to call twice.
+    get `custom:gpu-pool:admin` (drain, undrain, end leases, everyone's usage);
+    GPUHUB_POOL_EXEC_USERS and the members of the directory's exec groups get
+    `custom:gpu-pool:exec` (action scripts in other people's servers).  Directory
+    members get them through the hub groups the directory login fills by DN
+    (ADMIN_GROUP, EXEC_GROUP).  Safe to call twice.
     """
     section = c.JupyterHub
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
     custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
-    custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, end leases, run action scripts in running "
-                                          "servers, see every user's GPU usage on the GPU pool page"}
+    custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, end leases, see every user's GPU usage "
+                                          "on the GPU pool page"}
+    custom[EXEC_SCOPE] = {"description": "Run action scripts in other people's running servers (as each "
+                                         "server's own user) from the GPU pool page and `gpu-pool exec`"}
     section.custom_scopes = custom
     section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
@@ -69,22 +82,34 @@ def configure_pool_page(c, settings) -> None:
         "command": [sys.executable, "-m", "spawner.poolpage"],
         "environment": service_environment(settings),
         # OAuth tokens the page gets carry the admin scope when the user holds it.
-        "oauth_client_allowed_scopes": [ADMIN_SCOPE],
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE, EXEC_SCOPE],
     }]
-    roles = without_named(without_named(roles, ADMIN_ROLE), "user")
+    roles = without_named(without_named(without_named(roles, ADMIN_ROLE), EXEC_ROLE), "user")
     user_role = next((r for r in (section.load_roles if "load_roles" in section else [])
                       if r.get("name") == "user"), None)
     user_scopes = list(user_role["scopes"]) if user_role else ["self"]
     if ACCESS_SCOPE not in user_scopes:
         user_scopes.append(ACCESS_SCOPE)
     roles.append({**(user_role or {"name": "user"}), "scopes": user_scopes})
+    by_directory = role_groups(settings)
     roles.append({
         "name": ADMIN_ROLE,
         "description": "Administer the GPU pool from its page and API",
         "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
         "users": list(settings.admin_users),
-        "groups": admin_group_names(settings),
+        "groups": [ADMIN_GROUP],
     })
+    roles.append({
+        "name": EXEC_ROLE,
+        "description": "Run action scripts in other people's running servers",
+        "scopes": [EXEC_SCOPE],
+        "users": list(settings.pool_exec_users),
+        "groups": [EXEC_GROUP],
+    })
+    if by_directory:
+        auth = c.DirectoryAuthenticator
+        existing = dict(auth.role_groups) if "role_groups" in auth else {}
+        auth.role_groups = {**existing, **by_directory}
     # The service's own token: find running servers, see their activity and
     # profile, stop one (an admin ending a lease).
     roles = without_named(roles, SERVICE_ROLE) + [{

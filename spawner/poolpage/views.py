@@ -24,6 +24,7 @@ class Viewer:
     name: str
     admin: bool = False
     show_holders: bool = False
+    runs_scripts: bool = False  # holds custom:gpu-pool:exec: action scripts in other people's servers
 
     def may_see(self, user: str) -> bool:
         return self.admin or self.show_holders or user == self.name

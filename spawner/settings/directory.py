@@ -36,6 +36,7 @@ class DirectorySettings:
     group_base: str = ""
     allowed_groups: tuple[str, ...] = ()
     admin_groups: tuple[str, ...] = ()
+    exec_groups: tuple[str, ...] = ()  # may run action scripts in other people's servers
     allow_plaintext: bool = False
 
     def authenticator_config(self) -> dict:
@@ -72,7 +73,7 @@ DIRECTORY_VARS = (
     "GPUHUB_DIRECTORY_ALLOW_PLAINTEXT", "GPUHUB_DIRECTORY_BIND_DN",
     "GPUHUB_DIRECTORY_BIND_PASSWORD", "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE",
     "GPUHUB_DIRECTORY_USER_BASE", "GPUHUB_DIRECTORY_GROUP_BASE",
-    "GPUHUB_DIRECTORY_ALLOWED_GROUPS", "GPUHUB_DIRECTORY_ADMIN_GROUPS",
+    "GPUHUB_DIRECTORY_ALLOWED_GROUPS", "GPUHUB_DIRECTORY_ADMIN_GROUPS", "GPUHUB_DIRECTORY_EXEC_GROUPS",
 )
 
 
@@ -214,5 +215,6 @@ def load_directory_settings(env: Mapping[str, str]) -> DirectorySettings | None:
         group_base=env.get("GPUHUB_DIRECTORY_GROUP_BASE", "").strip() or user_base,
         allowed_groups=allowed,
         admin_groups=env_groups(env, "GPUHUB_DIRECTORY_ADMIN_GROUPS"),
+        exec_groups=env_groups(env, "GPUHUB_DIRECTORY_EXEC_GROUPS"),
         allow_plaintext=allow_plaintext,
     )

@@ -52,6 +52,7 @@ class Settings:
     authenticator: str = "ldap"
     dummy_password: str = ""
     admin_users: tuple[str, ...] = ()
+    pool_exec_users: tuple[str, ...] = ()  # GPUHUB_POOL_EXEC_USERS: may run action scripts
     lease_wait_timeout: float = 300.0
     max_gpus_per_user: int | None = None
     cleanup_servers: bool = True
@@ -251,6 +252,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         authenticator=authenticator,
         dummy_password=dummy_password,
         admin_users=tuple(u.strip() for u in env.get("GPUHUB_ADMIN_USERS", "").split(",") if u.strip()),
+        pool_exec_users=tuple(u.strip() for u in env.get("GPUHUB_POOL_EXEC_USERS", "").split(",") if u.strip()),
         lease_wait_timeout=env_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", Settings.lease_wait_timeout),
         max_gpus_per_user=(env_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0)
                            if env.get("GPUHUB_MAX_GPUS_PER_USER", "").strip() else None),

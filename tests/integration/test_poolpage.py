@@ -6,7 +6,8 @@ import requests
 
 from ..fixtures.hub import DUMMY_PASSWORD, Hub, wait_for
 
-ADMIN_ENV = {"GPUHUB_ADMIN_USERS": "ada"}
+# ada administers the pool and may run action scripts (a scope of its own, granted to no one by default).
+ADMIN_ENV = {"GPUHUB_ADMIN_USERS": "ada", "GPUHUB_POOL_EXEC_USERS": "ada"}
 
 
 def page_api(hub: Hub, method: str, path: str, token: str, **kwargs) -> requests.Response:

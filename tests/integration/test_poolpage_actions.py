@@ -29,7 +29,7 @@ def test_action_scripts_and_ending_leases_are_for_pool_admins(make_hub, tmp_path
 
     # a plain user may run no script and end no lease, not even their own
     r = page_api(hub, "POST", "api/exec", pat, json={"script": "id", "users": ["bob"]})
-    assert r.status_code == 403 and "custom:gpu-pool:admin" in r.json()["message"]
+    assert r.status_code == 403 and "custom:gpu-pool:exec" in r.json()["message"]
     for who in ("bob", "pat"):
         assert page_api(hub, "POST", f"api/leases/{leases[who].id}/end", pat).status_code == 403
     assert page_api(hub, "GET", "confirm?action=drain&uuid=x", pat).status_code == 403
@@ -97,7 +97,7 @@ def test_action_scripts_and_ending_leases_are_for_pool_admins(make_hub, tmp_path
     assert "== pat (exit 0)" in cli.stdout and "== cy (exit 3)" in cli.stdout and "user=pat" in cli.stdout
     cli = subprocess.run([sys.executable, "-m", "spawner.cli", "exec", "--users", "pat", str(script),
                           "--hub-url", hub.url, "--token", pat], capture_output=True, text=True, timeout=120)
-    assert cli.returncode == 2 and "custom:gpu-pool:admin" in cli.stderr
+    assert cli.returncode == 2 and "custom:gpu-pool:exec" in cli.stderr
 
     # the admin ends bob's lease: his server stops and the lease ends as admin
     r = page_api(hub, "POST", f"api/leases/{leases['bob'].id}/end", ada)

@@ -4,7 +4,7 @@ A user logs in through the hub's login form, opens the page from the hub's
 Services menu (an admin from the "GPU pool" link in the hub's bar) and sees the GPUs, their own lease and the charts, with no admin
 buttons.  An admin drains a free GPU from the page (through its confirmation
 page) and sees the spawn form's free count drop, then runs an action script in
-the user's server from the page.  Screenshots of each step go to
+the user's server from the page (a multi-line script, typed into the page's textarea).  Screenshots of each step go to
 test-artifacts/test_pool_page_in_chromium.../.
 """
 
@@ -79,9 +79,10 @@ def test_pool_page_in_chromium(make_hub, browser):
     assert free_count(admin, hub) == "2 of 3 free now"
     admin.shot("6-spawn-form-after")
 
-    # ...and runs a script in pat's server from the page
+    # ...and runs a multi-line script in pat's server from the page (the textarea sends CRLF)
     admin.driver.get(f"{hub.url}/services/gpu-pool/")
-    admin.driver.find_element(*by_css("#exec-form textarea[name='script']")).send_keys('echo "hello from $(id -u)"')
+    admin.driver.find_element(*by_css("#exec-form textarea[name='script']")).send_keys(
+        'cd /tmp\npwd\nif [ "$(id -u)" != 0 ]; then\n  echo "hello from $(id -u)"\nfi\n')
     admin.driver.find_element(*by_css("#exec-form input[name='users']")).send_keys("pat")
     click(admin, "#exec-form button[type='submit']")
     admin.wait(lambda d: d.find_elements(*by_css("#targets")), 30, "no confirmation of the script")
@@ -91,4 +92,6 @@ def test_pool_page_in_chromium(make_hub, browser):
     admin.wait(lambda d: d.find_elements(*by_css("#results")), 90, "no script results")
     results = text_of(admin, "#results")
     assert "pat" in results and "hello from" in results and "hello from 0" not in results
+    assert "/tmp" in results and "can't cd" not in results and "syntax error" not in results, results
+    assert admin.driver.find_elements(*by_css("#results tr.ok")), results
     admin.shot("8-script-results")

@@ -12,7 +12,7 @@ from spawner.pool import SCHEMA_VERSION, GPUPool
 from spawner.pool.models import GPUStatus, Lease, Waiter
 from spawner.poolpage import ADMIN_SCOPE, views
 from spawner.poolpage.app import TEMPLATES
-from spawner.poolpage.service import ACCESS_SCOPE, ADMIN_ROLE, SERVICE_ROLE, configure_pool_page
+from spawner.poolpage.service import ACCESS_SCOPE, ADMIN_ROLE, EXEC_ROLE, SERVICE_ROLE, configure_pool_page
 from spawner.settings import load_settings
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -120,27 +120,17 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     assert service["command"][1:] == ["-m", "spawner.poolpage"]
     assert service["environment"]["GPUHUB_POOL_DB_URL"] == settings.pool_db_url
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
-    assert set(roles) == {"other", "user", ADMIN_ROLE, SERVICE_ROLE}
+    assert set(roles) == {"other", "user", ADMIN_ROLE, EXEC_ROLE, SERVICE_ROLE}
     # the service's own token lists servers and stops one, and nothing more
     assert roles[SERVICE_ROLE]["services"] == ["gpu-pool"]
     assert "delete:servers" in roles[SERVICE_ROLE]["scopes"] and "admin:users" not in roles[SERVICE_ROLE]["scopes"]
     assert roles["user"]["scopes"] == ["self", ACCESS_SCOPE]
     assert roles[ADMIN_ROLE]["users"] == ["ada"] and ADMIN_SCOPE in roles[ADMIN_ROLE]["scopes"]
-    assert roles[ADMIN_ROLE]["groups"] == []
+    assert roles[ADMIN_ROLE]["groups"] == ["gpu-pool:admin"]  # only the directory login fills it
     assert ADMIN_SCOPE in c.JupyterHub.custom_scopes
     # the hub's pages link to it
     assert c.JupyterHub.template_vars["gpu_pool_url"] == "/services/gpu-pool/"
     assert c.JupyterHub.template_paths[0].endswith("hub_templates") and len(c.JupyterHub.template_paths) == 1
-
-
-def test_the_directorys_named_admin_groups_administer_the_pool():
-    from types import SimpleNamespace
-
-    from spawner.poolpage.service import admin_group_names
-
-    directory = SimpleNamespace(admin_groups=("gpu-admins", "cn=ops,ou=groups,dc=example,dc=com"))
-    assert admin_group_names(SimpleNamespace(directory=directory)) == ["gpu-admins"]
-    assert admin_group_names(SimpleNamespace(directory=None)) == []
 
 
 def test_the_page_can_be_turned_off_and_its_port_must_be_free(tmp_path):
