@@ -75,7 +75,10 @@ class GPUCullPolicy:
         for key, (_, seen) in list(self._low_since.items()):
             if now - seen > max(3600.0, 2 * self.gpu_idle_seconds):
                 del self._low_since[key]
-        readings = [self.utilization(host, uuid) for uuid in uuids]
+        read = self.utilization
+        if read is None:  # no readings at all: never low
+            return None
+        readings = [read(host, uuid) for uuid in uuids]
         if not uuids or any(r is None or r >= self.gpu_idle_percent for r in readings):
             self._low_since.pop(lease_id, None)
             return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field
+from typing import Any
 
 import ldap3
 from ldap3.core.exceptions import LDAPException
@@ -46,7 +47,7 @@ class Endpoint:
         strategy = self.tls_strategy
         tls = None
         if strategy != TlsStrategy.insecure:
-            kwargs = {"validate": ssl.CERT_REQUIRED}
+            kwargs: dict[str, Any] = {"validate": ssl.CERT_REQUIRED}
             if self.ca_file:
                 kwargs["ca_certs_file"] = self.ca_file
             kwargs.update(self.tls_kwargs)

@@ -136,6 +136,7 @@ class DirectoryLogin:
         """The whole login against the directory: JupyterHub's auth model."""
         a = self.a
         self.check_input(login, password)
+        assert password is not None  # check_input refuses a missing password
         service = user_conn = None
         try:
             if a.lookup_dn:
