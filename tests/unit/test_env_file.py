@@ -70,3 +70,17 @@ def test_lines_that_a_shell_reads_differently_are_named_by_key_only(tmp_path):
     by_shell, said = read_by_shell(path)
     assert by_shell.get("GPUHUB_DIRECTORY_ADMIN_GROUPS") != values["GPUHUB_DIRECTORY_ADMIN_GROUPS"]
     assert "command not found" in said
+
+
+def test_every_port_the_hub_opens_is_in_the_example_with_its_default():
+    """A port the admin never saw cannot clash unseen: each *_port setting, and the public
+    address, is in the example with the default the hub would use without it."""
+    from dataclasses import fields
+
+    from spawner.settings import Settings
+
+    example = parse_env_file(EXAMPLE.read_text())
+    ports = {f"GPUHUB_{f.name.upper()}": str(f.default) for f in fields(Settings) if f.name.endswith("_port")}
+    assert ports.keys() >= {"GPUHUB_HUB_PORT", "GPUHUB_PROXY_API_PORT", "GPUHUB_POOL_PAGE_PORT"}
+    assert {name: example.get(name) for name in ports} == ports
+    assert example["GPUHUB_BIND_URL"] == Settings.bind_url
