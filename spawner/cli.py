@@ -383,7 +383,7 @@ def _doctor(args, out) -> int:
         target = doctor.Target(config, doctor.data_dir_of(config, Path(base_dir)), hub_user)
     else:
         try:
-            target = doctor.target_from_env(hub_user)
+            target = doctor.target_from_env(hub_user, env_file_problems=args.env_file_problems)
         except SettingsError as e:
             raise CLIError(f"GPUHUB_* settings: {e}") from None
     url = getattr(args, "db_url", None) or os.environ.get(ENV_DB_URL)
