@@ -170,7 +170,8 @@ class Doctor:
 
         result = directory_result(self.target.config)
         if result is not None:
-            self.add(CHECK, *result)
+            status, detail, fix = result
+            self.add(CHECK, {"ok": OK, "warn": WARN, "fail": FAIL}[status], detail, fix)
 
     def check_nvml(self) -> None:
         needed = self.kind == "nvml"

@@ -132,12 +132,14 @@ def _steps(a, endpoint, S: dict) -> tuple[Step | None, str]:
             pass
 
 
-def directory_result(config):
-    """The directory check's (status, detail, fix), or None when the hub logs in no other way."""
+def directory_result(config) -> tuple[str, str, str] | None:
+    """The directory check's ("ok" | "warn" | "fail", detail, fix), or None when the hub does
+    not log in against a directory."""
     from .auth import DirectoryAuthenticator
     from .auth.connection import Endpoint
     from .auth.messages import SETTING, DirectoryConfigError
-    from .doctor import FAIL, OK, WARN
+
+    OK, WARN, FAIL = "ok", "warn", "fail"
 
     hub = config.JupyterHub
     if hub.get("authenticator_class", None) not in ("gpu-directory", DirectoryAuthenticator):
