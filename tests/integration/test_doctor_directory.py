@@ -115,3 +115,23 @@ def test_a_directory_nobody_listens_on_fails_the_connection(env_for, dead_ldap_p
     result = check(env_for(GPUHUB_DIRECTORY_PORT=str(dead_ldap_port)))
     assert result["status"] == "FAIL" and result["detail"].startswith("cannot connect to"), result
     assert "GPUHUB_DIRECTORY_SERVER" in result["fix"] and "GPUHUB_DIRECTORY_PORT" in result["fix"]
+
+
+def test_the_hubs_login_log_names_the_settings_of_a_refused_service_account(openldap, caplog):
+    """The 503 at a first login: the hub's log line says which settings to fix, not which traits."""
+    from traitlets.config import Config
+
+    from spawner.auth import DirectoryAuthenticator
+    from spawner.auth.messages import LoginRefused
+
+    c = Config()
+    for key, value in openldap.authenticator_config(lookup_dn_search_password="not-the-password").items():
+        setattr(c.DirectoryAuthenticator, key, value)
+    a = DirectoryAuthenticator(config=c)
+    user = next(iter(openldap.users.values()))
+    with pytest.raises(LoginRefused) as refused, caplog.at_level("ERROR"):
+        a._authenticate_blocking(user.name, user.password)
+    assert refused.value.status == 503
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "GPUHUB_DIRECTORY_BIND_DN" in logged and "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE" in logged, logged
+    assert "lookup_dn_search_password" not in logged and "not-the-password" not in logged
