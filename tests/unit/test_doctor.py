@@ -199,3 +199,18 @@ def test_doctor_without_the_settings_says_it_checks_defaults(monkeypatch, tmp_pa
     target = doctor.target_from_env(ME, {"GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x"})
     (note,) = target.notes
     assert "GPUHUB_DATA_DIR is not set" in note[0] and "--env-file /etc/jupyterhub-gpu/gpuhub.env" in note[1]
+
+
+def test_the_doctor_warns_about_settings_lines_a_shell_reads_differently(monkeypatch, tmp_path):
+    from spawner.cli import load_env_file
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")})
+    env_file = tmp_path / "gpuhub.env"
+    env_file.write_text(f"GPUHUB_DATA_DIR={tmp_path}\nGPUHUB_AUTHENTICATOR=dummy\nGPUHUB_DUMMY_PASSWORD=x y\n")
+    problems = load_env_file(str(env_file))
+    assert os.environ["GPUHUB_DUMMY_PASSWORD"] == "x y"  # read as systemd reads it
+    d = doctor.Doctor(doctor.target_from_env(ME, env_file_problems=problems))
+    d.check_settings()
+    (warning,) = d.results
+    assert warning.status == WARN and "line 3 (GPUHUB_DUMMY_PASSWORD)" in warning.detail
+    assert "x y" not in warning.detail + warning.fix and "production.env" in warning.fix
