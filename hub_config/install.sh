@@ -115,6 +115,8 @@ else
 fi
 install -d -m 0755 "$DESTDIR$PREFIX/hub_config"
 cp -R "$REPO/hub_config/jupyterhub_config.py" "$REPO/hub_config/examples" "$DESTDIR$PREFIX/hub_config/"
+# Where the images are built from: `gpu-pool doctor` prints the command that builds a missing one.
+echo "$REPO" > "$DESTDIR$PREFIX/hub_config/clone"
 say "hub config: $DESTDIR$PREFIX/hub_config/jupyterhub_config.py"
 
 # 2. configurable-http-proxy.

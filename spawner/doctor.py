@@ -98,9 +98,21 @@ def image_variant(image: str) -> str | None:
     return None
 
 
+def source_clone() -> Path | None:
+    """The clone this package was installed from (install.sh notes it beside the hub's config,
+    PREFIX/hub_config/clone), or this package's own checkout; None when unknown."""
+    noted = Path(sys.prefix).parent / "hub_config" / "clone"
+    candidates = [Path(noted.read_text().strip())] if noted.is_file() else []
+    candidates.append(Path(__file__).resolve().parents[1])
+    return next((c for c in candidates if (c / "images" / "build-images.sh").is_file()), None)
+
+
 def build_command(variant: str) -> str:
     """The exact command that builds a notebook image variant on this host."""
-    return f"PYTHON={sys.executable} images/build-images.sh {variant} (in the clone this was installed from)"
+    clone = source_clone()
+    script = f"{clone}/images/build-images.sh" if clone else "images/build-images.sh"
+    where = "" if clone else " (in the clone this was installed from)"
+    return f"PYTHON={sys.executable} {script} {variant}{where}"
 
 
 def visible_devices(environ: bytes) -> str:

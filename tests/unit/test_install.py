@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from tests.fixtures.install import PREFIX, UNIT_FILE, fake_program, run_install, verify_unit
+from tests.fixtures.install import PREFIX, REPO, UNIT_FILE, fake_program, run_install, verify_unit
 
 UNIT = UNIT_FILE.read_text()
 
@@ -48,6 +48,8 @@ def test_install_makes_the_layout_and_never_overwrites_the_env_file(tmp_path):
     assert _mode(unit) == 0o644
     assert (root / "opt/jupyterhub-gpu/hub_config/jupyterhub_config.py").is_file()
     assert (root / "opt/jupyterhub-gpu/hub_config/examples/production.env").is_file()
+    # Where the doctor's image fixes build from: this clone.
+    assert (root / "opt/jupyterhub-gpu/hub_config/clone").read_text() == f"{REPO}\n"
     assert _mode(root / "var/lib/jupyterhub-gpu") == 0o700
     assert _mode(env_file) == 0o600
     assert "GPUHUB_DATA_DIR=/var/lib/jupyterhub-gpu\n" in env_file.read_text()
