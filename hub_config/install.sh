@@ -23,7 +23,7 @@
 #   --prefix DIR    /opt/jupyterhub-gpu; PREFIX
 #   --skip-venv     no virtual environment / pip install (SKIP_VENV=1)
 #   --skip-proxy    no npm install (SKIP_PROXY=1)
-#   --skip-images   no `make images` (SKIP_IMAGES=1)
+#   --skip-images   no image build (SKIP_IMAGES=1)
 # ETC_DIR (/etc/jupyterhub-gpu), DATA_DIR (/var/lib/jupyterhub-gpu), UNIT_DIR
 # (/etc/systemd/system), WHEEL (a built wheel instead of this clone), EXTRAS
 # (pip extras, "postgres" for a PostgreSQL ledger), PYTHON (the Python the venv
