@@ -4,7 +4,6 @@ staging root, under an admin's usual umask 022: every file they make is 0600, ev
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import stat
