@@ -72,24 +72,24 @@ venv=$DESTDIR$PREFIX/venv
 if [ "$SKIP_VENV" = 1 ]; then
     say "virtual environment: skipped"
 else
+    use_the_system_python() {
+        echo "install: $1" >&2
+        echo "  Use the system's Python: PYTHON=/usr/bin/python3 make install (Debian: apt-get install python3-venv)" >&2
+        exit 1
+    }
     if [ -L "$venv/bin/python" ] || [ -e "$venv/bin/python" ]; then
         # An existing venv keeps the interpreter it was made with.
         base=$(readlink -m "$venv/bin/python")
         if hidden_from_the_unit "$base"; then
-            echo "install: $venv was made with $base, under a directory the unit's ProtectHome=yes" \
-                 "hides from the hub. Remove it (rm -rf $venv) and run the install again with the" \
-                 "system's Python (PYTHON=/usr/bin/python3; Debian: apt-get install python3-venv)." >&2
-            exit 1
+            use_the_system_python "$venv was made with $base, under a directory the unit's ProtectHome=yes
+  hides from the hub, which then cannot start. Remove it (rm -rf $venv) and run the install again."
         fi
     else
-        base=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))') || {
-            echo "install: cannot run $PYTHON; set PYTHON to the system's Python 3.11 or newer" \
-                 "(Debian: apt-get install python3-venv)" >&2; exit 1; }
+        base=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))') ||
+            use_the_system_python "cannot run $PYTHON (PYTHON): a Python 3.11 or newer is needed."
         if hidden_from_the_unit "$base"; then
-            echo "install: $PYTHON is $base, under a directory the unit's ProtectHome=yes hides from" \
-                 "the hub, which then cannot start. Use the system's Python: PYTHON=/usr/bin/python3" \
-                 "make install (Debian: apt-get install python3-venv)." >&2
-            exit 1
+            use_the_system_python "$PYTHON is $base, under a directory the unit's ProtectHome=yes hides
+  from the hub, which then cannot start."
         fi
         "$PYTHON" -m venv "$venv"
     fi
