@@ -54,9 +54,10 @@ test-packages:
 images: venv docker
 	images/build-images.sh $(VARIANTS)
 
-# A server install (README, "Running in production"): venv in /opt/jupyterhub-gpu,
-# configurable-http-proxy, the images, /etc/jupyterhub-gpu/gpuhub.env if absent,
-# the data directory, the systemd unit.  Idempotent; options: hub_config/install.sh --help.
+# A server install (docs/admins/install.md): venv in /opt/jupyterhub-gpu (the system's
+# Python; the package from a wheel built out of tree), configurable-http-proxy, the
+# images (CUDA too on a GPU host), /etc/jupyterhub-gpu/gpuhub.env if absent, the data
+# directory, the systemd unit.  Idempotent; options: hub_config/install.sh --help.
 install:
 	bash hub_config/install.sh
 

@@ -9,10 +9,12 @@ reports this node's GPU utilisation to the ledger until SIGTERM; see
 spawner/agent.py), and exec (an action script in
 running servers, through the hub's gpu-pool service; exit 3 when it failed
 somewhere).  The ledger is found, first match wins, from --db-url, the
-GPU_POOL_DB_URL environment variable, c.GPUPool.db_url in --config, or the
-default SQLite file in the current directory.  With --config, a relative
-SQLite path is read relative to the config file's directory (where the hub
-normally runs).
+GPU_POOL_DB_URL environment variable, c.GPUPool.db_url in --config, else by
+the hub's own rule (spawner.settings.hub.ledger_url): GPUHUB_POOL_DB_URL, else
+gpu-pool.sqlite in GPUHUB_DATA_DIR (the current directory when unset).
+--env-file FILE reads the hub's settings file first, as its systemd unit does.
+With --config, a relative SQLite path is read relative to the config file's
+directory (where the hub normally runs).
 
 Exit status: 0 done, 1 the ledger is unavailable, 2 bad input (unknown GPU or
 lease, bad date, bad config).  Errors are one line on stderr.
@@ -57,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a jupyterhub_config.py to read c.GPUPool from")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print JSON for scripts instead of tables")
+    common.add_argument("--env-file", default=argparse.SUPPRESS, metavar="PATH",
+                        help="read the hub's settings file (e.g. /etc/jupyterhub-gpu/gpuhub.env) as its "
+                             "systemd unit does; its values win over this shell's environment")
 
     parser = _Parser(prog="gpu-pool", description="Look at and administer the GPU lease ledger.",
                      parents=[common])
@@ -113,6 +118,22 @@ def _parser() -> argparse.ArgumentParser:
 # --- building the pool ------------------------------------------------------
 
 
+def load_env_file(path: str | None) -> list[tuple[int, str, str]]:
+    """Put the settings of the file at `path` into this process's environment, as the hub's
+    unit would get them; the lines a shell would read differently (see settings.envfile)."""
+    if not path:
+        return []
+    from .settings import SettingsError
+    from .settings.envfile import read_env_file
+
+    try:
+        values, problems = read_env_file(path)
+    except SettingsError as e:
+        raise CLIError(f"--env-file: {e}") from None
+    os.environ.update(values)
+    return problems
+
+
 def load_config(config_path: str | None) -> tuple[Config, str | None]:
     """The traitlets config in `config_path` (empty without one) and its directory."""
     if not config_path:
@@ -144,11 +165,23 @@ def absolute_sqlite_url(url: str, base_dir: str | None) -> str:
 
 def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPUPool:
     """The GPUPool the options point at (see the module docstring for the order)."""
+    from .settings.hub import ledger_url
+
     config, base_dir = load_config(config_path)
     url = db_url or os.environ.get(ENV_DB_URL)
+    found_by = "--db-url" if db_url else ENV_DB_URL
     if url:
         config.GPUPool.db_url = url
         base_dir = None  # a URL given here is relative to the current directory
+    elif config.GPUPool.get("db_url", None):
+        found_by = f"c.GPUPool.db_url in {config_path}"
+    else:
+        # The hub's own rule: GPUHUB_POOL_DB_URL, else gpu-pool.sqlite in GPUHUB_DATA_DIR.
+        config.GPUPool.db_url = ledger_url(os.environ)
+        found_by = ("GPUHUB_POOL_DB_URL" if os.environ.get("GPUHUB_POOL_DB_URL", "").strip() else
+                    "GPUHUB_DATA_DIR" if os.environ.get("GPUHUB_DATA_DIR", "").strip() else
+                    "GPUHUB_DATA_DIR unset: the current directory")
+        base_dir = None
     try:
         pool = GPUPool(config=config)
     except TraitError as e:
@@ -160,7 +193,9 @@ def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPU
         if not os.path.exists(path):
             # Never create an empty ledger by accident: `status` would show no GPUs.
             raise CLIError(
-                f"No GPU ledger at {path}; run gpu-pool where the hub runs, or pass --db-url/--config", code=1
+                f"No GPU ledger at {path} ({found_by}); the hub makes it at its first start. Read the "
+                "hub's settings (gpu-pool --env-file /etc/jupyterhub-gpu/gpuhub.env COMMAND), or pass "
+                "--db-url", code=1
             )
     return pool
 
@@ -348,7 +383,7 @@ def _doctor(args, out) -> int:
         target = doctor.Target(config, doctor.data_dir_of(config, Path(base_dir)), hub_user)
     else:
         try:
-            target = doctor.target_from_env(hub_user)
+            target = doctor.target_from_env(hub_user, env_file_problems=args.env_file_problems)
         except SettingsError as e:
             raise CLIError(f"GPUHUB_* settings: {e}") from None
     url = getattr(args, "db_url", None) or os.environ.get(ENV_DB_URL)
@@ -406,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help(out)
             return 2
+        args.env_file_problems = load_env_file(getattr(args, "env_file", None))
         if args.command == "doctor":
             return _doctor(args, out)
         if args.command == "exec":

@@ -11,8 +11,9 @@ import io
 import os
 import pwd
 import stat
+import sys
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from .labels import LABEL_CUDA, PREFIX
 # the spawner JupyterHub), so they also run on a bare GPU machine (bench/device_check.py).
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
+# Who holds the probe's short lease in the ledger (history shows it, ended as `doctor`).
+PROBE_USER = "gpu-pool doctor"
 BASE_IMAGE = "gpuhub/debian-base:latest"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 LABEL_DOCTOR = f"{PREFIX}.doctor"
@@ -49,6 +52,8 @@ class Target:
     config: Config
     data_dir: Path
     hub_user: str
+    # Warnings about how the settings were read (the settings check reports them).
+    notes: list = field(default_factory=list)
 
 
 def _one_line(error: BaseException) -> str:
@@ -83,6 +88,31 @@ def cuda_fit(image: str, labels: dict, gpus: int, driver: tuple[int, int] | None
                       f"update the NVIDIA driver to one supporting CUDA {want}, or build the image "
                       f"for CUDA {have} or older")
     return Result(name, OK, f"present, needs CUDA {want}; the driver supports up to {have}")
+
+
+def image_variant(image: str) -> str | None:
+    """The images/build.py variant that makes `image` (gpuhub/notebook-cuda:latest: cuda), or None."""
+    repo, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+    if tag == "latest" and repo.startswith("gpuhub/notebook-"):
+        return repo.removeprefix("gpuhub/notebook-") or None
+    return None
+
+
+def source_clone() -> Path | None:
+    """The clone this package was installed from (install.sh notes it beside the hub's config,
+    PREFIX/hub_config/clone), or this package's own checkout; None when unknown."""
+    noted = Path(sys.prefix).parent / "hub_config" / "clone"
+    candidates = [Path(noted.read_text().strip())] if noted.is_file() else []
+    candidates.append(Path(__file__).resolve().parents[1])
+    return next((c for c in candidates if (c / "images" / "build-images.sh").is_file()), None)
+
+
+def build_command(variant: str) -> str:
+    """The exact command that builds a notebook image variant on this host."""
+    clone = source_clone()
+    script = f"{clone}/images/build-images.sh" if clone else "images/build-images.sh"
+    where = "" if clone else " (in the clone this was installed from)"
+    return f"PYTHON={sys.executable} {script} {variant}{where}"
 
 
 def visible_devices(environ: bytes) -> str:
@@ -133,14 +163,27 @@ class Doctor:
         return str(spawner.get("inventory_kind", None) or "nvml").lower()
 
     def run(self) -> list[Result]:
-        for step in (self.check_nvml, self.check_inventory, self.check_docker, self.check_gpu_container,
-                     self.check_images, self.check_ledger, self.check_data_dir):
+        for step in (self.check_settings, self.check_nvml, self.check_inventory, self.check_docker,
+                     self.check_gpu_container, self.check_images, self.check_ledger, self.check_directory,
+                     self.check_data_dir):
             try:
                 step()
             except Exception as e:  # a check that broke is a failed check, never a traceback
                 self.add(step.__name__.removeprefix("check_").replace("_", " "), FAIL, _one_line(e),
                          "report this as a bug in gpu-pool doctor")
         return self.results
+
+    def check_settings(self) -> None:
+        for note in self.target.notes:
+            self.add("settings", WARN, *note)
+
+    def check_directory(self) -> None:
+        from .doctor_directory import CHECK, directory_result
+
+        result = directory_result(self.target.config)
+        if result is not None:
+            status, detail, fix = result
+            self.add(CHECK, {"ok": OK, "warn": WARN, "fail": FAIL}[status], detail, fix)
 
     def check_nvml(self) -> None:
         needed = self.kind == "nvml"
@@ -231,6 +274,50 @@ class Doctor:
                 continue
         return None
 
+    def _probe_gpu(self, units) -> tuple[str | None, Any, str]:
+        """A GPU for the probe, taken through the ledger: (uuid, release, how) or (None, None, why not).
+
+        The probe takes a free GPU with a lease of its own (user PROBE_USER), ended with
+        reason `doctor` right after; run during an upgrade it never touches a lent GPU.
+        Where no ledger lends this host's GPUs yet, nothing is lent and any GPU will do.
+        """
+        from .pool import EndReason, GPUPool, PoolError
+
+        try:
+            pool = GPUPool(config=self.target.config, inventory=self.inventory)
+        except TraitError as e:
+            return None, None, f"the ledger's URL is wrong ({e}), so no GPU can be taken safely"
+        try:
+            url = make_url(pool.db_url)
+            if url.get_backend_name() == "sqlite" and url.database and not os.path.exists(url.database):
+                pool.close()
+                return units[0].uuid, None, "no ledger yet, so no GPU is lent"
+            statuses = pool.gpus()
+            lent_anywhere = {s.gpu.uuid for s in statuses if s.lease}
+            if not any(s.gpu.host == self.inventory.host for s in statuses):
+                pool.close()
+                free = [u.uuid for u in units if u.uuid not in lent_anywhere]
+                if not free:
+                    return None, None, "the ledger lends these GPUs under another host name (see the ledger check)"
+                return free[0], None, "the ledger lists none of this host's GPUs yet, so none is lent"
+            lease = pool.try_acquire(PROBE_USER, f"probe-{uuid.uuid4().hex[:8]}", 1)
+        except PoolError as e:
+            pool.close()
+            return None, None, f"the ledger cannot lend a GPU for the probe: {e}"
+        if lease is None:
+            counts = pool.counts()
+            pool.close()
+            return None, None, (f"no GPU of this host is free ({counts['lent']} lent, {counts['drained']} "
+                                "drained, or held for queued spawns): the probe never takes a lent one")
+
+        def release() -> None:
+            try:
+                pool.release(lease.id, EndReason.DOCTOR)
+            finally:
+                pool.close()
+
+        return lease.gpu_uuids[0], release, f"lease {lease.id}"
+
     def check_gpu_container(self) -> None:
         """The NVIDIA device path (runtime, CDI or device driver) and a one-GPU container."""
         if self.docker is None:
@@ -242,11 +329,16 @@ class Doctor:
         units = self.inventory.gpus() if self.inventory else []
         image = self._probe_image()
         if not units or image is None:
-            why = "no GPU to lend" if not units else "no local image to run (build one: make images)"
+            why = "no GPU to lend" if not units else f"no local image to run (build one: {build_command('mkl')})"
             self.add("nvidia devices", OK if via else WARN, via or f"not tried: {why}")
             self.add("one-GPU container", WARN, f"not tried: {why}")
             return
-        gpu = units[0].uuid
+        gpu, release, how = self._probe_gpu(units)
+        if gpu is None:
+            self.add("nvidia devices", OK if via else WARN, via or f"not tried: {how}")
+            self.add("one-GPU container", WARN, f"not tried: {how}",
+                     "run gpu-pool doctor again when a GPU is free (gpu-pool status shows them)")
+            return
         try:
             environ = self._run_with_gpu(image, gpu)
         except Exception as e:
@@ -263,14 +355,24 @@ class Doctor:
                 self.add("one-GPU container", FAIL, f"{image} with {gpu}: {_one_line(e)}",
                          "run the image by hand with --gpus to see Docker's full message")
             return
+        finally:
+            if release is not None:
+                release()
         self.add("nvidia devices", OK, via or "dockerd's nvidia device driver accepts GPU requests")
         seen = visible_devices(environ)
         if seen == gpu:
-            self.add("one-GPU container", OK, f"{image} given {gpu} sees exactly that GPU")
+            self.add("one-GPU container", OK, f"{image} given {gpu} ({how}) sees exactly that GPU")
         else:
             self.add("one-GPU container", FAIL, f"{image} given {gpu} sees NVIDIA_VISIBLE_DEVICES={seen!r}",
                      "make the nvidia runtime leave NVIDIA_VISIBLE_DEVICES to the device request "
                      "(no default value in daemon.json), then restart dockerd")
+
+    @property
+    def container_prefix(self) -> str:
+        """GPUHUB_CONTAINER_PREFIX (c.GPUDockerSpawner.prefix), as the hub names its containers."""
+        from dockerspawner import DockerSpawner
+
+        return str(self.target.config.GPUDockerSpawner.get("prefix", None) or DockerSpawner.prefix.default_value)
 
     def _run_with_gpu(self, image: str, gpu: str) -> bytes:
         """Run `cat /proc/1/environ` as PID 1, no network, no capabilities, with one GPU."""
@@ -278,7 +380,8 @@ class Doctor:
 
         container = self.docker.containers.create(
             image, entrypoint=["cat", "/proc/1/environ"], command=[], network_mode="none",
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], name=f"gpuhub-doctor-{uuid.uuid4().hex[:8]}",
+            cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}",
             labels={LABEL_DOCTOR: "1"}, device_requests=[
                 docker.types.DeviceRequest(driver="nvidia", device_ids=[gpu], capabilities=[["gpu"]])])
         try:
@@ -314,8 +417,10 @@ class Doctor:
                 labels = self.docker.images.get(image).labels or {}
             except Exception as e:
                 users = ", ".join(p.slug for p in profiles if p.image == image)
+                variant = image_variant(image)
                 self.add(f"image {image}", FAIL, f"not on this host (profiles {users}): {_one_line(e)}",
-                         "build it here (make images) or `docker load` it: the hub never pulls images")
+                         f"build it: {build_command(variant)}" if variant else
+                         "build it here or `docker load` it: the hub never pulls images")
                 continue
             self.results.append(cuda_fit(image, labels, count, self.driver_cuda))
 
@@ -367,18 +472,26 @@ def data_dir_of(config: Config, fallback: Path) -> Path:
     return fallback.resolve()
 
 
-def target_from_env(hub_user: str) -> Target:
+def target_from_env(hub_user: str, env=None, env_file_problems=()) -> Target:
     """GPUHUB_* settings, read as hub_config/jupyterhub_config.py reads them (without making the data dir)."""
     from .settings import apply_settings, load_settings
 
-    settings = load_settings()
+    env = os.environ if env is None else env
+    settings = load_settings(env)
     existed = settings.data_dir.is_dir()
     config = Config()
     with contextlib.redirect_stderr(io.StringIO()):  # the hub's start-up notes are not the doctor's
         apply_settings(config, settings)
     if not existed:
         settings.data_dir.rmdir()  # apply_settings made it; the doctor only looks
-    return Target(config, settings.data_dir, hub_user)
+    notes = [(f"line {number} ({key}) of the settings file: {problem}; systemd and a shell read it "
+              "differently", "see the rule at the top of hub_config/examples/production.env")
+             for number, key, problem in env_file_problems]
+    if not env.get("GPUHUB_DATA_DIR", "").strip():
+        notes.append((f"GPUHUB_DATA_DIR is not set: checking the defaults, with {settings.data_dir} as the "
+                      "data directory", "read the hub's settings: gpu-pool --env-file "
+                      "/etc/jupyterhub-gpu/gpuhub.env doctor"))
+    return Target(config, settings.data_dir, hub_user, notes)
 
 
 def render(results: list[Result]) -> str:

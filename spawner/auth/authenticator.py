@@ -19,6 +19,7 @@ from .entries import in_groups
 from .kinds import ACTIVE_DIRECTORY, KINDS, OPENLDAP
 from .login import DirectoryLogin, group_carriers, privileged_groups
 from .messages import (
+    SETTING,
     MSG_NOT_ALLOWED,
     DirectoryConfigError,
     MSG_UNAVAILABLE,
@@ -354,7 +355,7 @@ class DirectoryAuthenticator(LDAPAuthenticator):
         if self.allowed_groups and in_groups(self.allowed_groups, auth_state):
             return True
         if auth_model is not None:
-            self._refuse(username, LoginRefused("not in allowed_groups", MSG_NOT_ALLOWED))
+            self._refuse(username, LoginRefused(f"not in {SETTING['allowed_groups']}", MSG_NOT_ALLOWED))
         return False
 
     async def get_authenticated_user(self, handler, data):

@@ -15,7 +15,7 @@ from ldap3.core.exceptions import LDAPException
 from ldap3.core.tls import Tls
 from ldapauthenticator.ldapauthenticator import TlsStrategy
 
-from .messages import DirectoryUnavailable
+from .messages import SETTING, DirectoryUnavailable
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def bind(endpoint: Endpoint, user: str | None,
         close(conn)
         text = f"{type(e).__name__}: {e}"
         if "certif" in text.lower():
-            text += " (is tls_ca_file the CA that signed the directory's certificate?)"
+            text += f" (is {SETTING['tls_ca_file']} the CA that signed the directory's certificate?)"
         raise DirectoryUnavailable(text) from None
     except DirectoryUnavailable:
         close(conn)

@@ -15,7 +15,7 @@ from ldap3.utils.dn import escape_rdn
 from . import connection
 from .entries import first, in_groups, int_or_none, norm_dn
 from .kinds import KINDS, account_problem, bind_problem
-from .messages import (MSG_ACCOUNT, MSG_BAD_NAME, MSG_LONG_NAME, MSG_MISCONFIGURED, MSG_NO_NAME,
+from .messages import (SETTING, MSG_ACCOUNT, MSG_BAD_NAME, MSG_LONG_NAME, MSG_MISCONFIGURED, MSG_NO_NAME,
                        MSG_NO_PASSWORD, LoginRefused)
 
 
@@ -143,9 +143,9 @@ class DirectoryLogin:
                 service, bound = self.bind(a.lookup_dn_search_user, a.lookup_dn_search_password)
                 if not bound:
                     self.log.error(
-                        "The lookup account %r could not bind: %s. Check "
-                        "lookup_dn_search_user and lookup_dn_search_password.",
+                        "The lookup account %r could not bind: %s. Check %s and its password (%s).",
                         a.lookup_dn_search_user, service.result.get("description"),
+                        SETTING["lookup_dn_search_user"], SETTING["lookup_dn_search_password"],
                     )
                     raise LoginRefused("lookup bind failed", MSG_MISCONFIGURED, 503)
                 dn, name = self.lookup(service, login)

@@ -42,6 +42,23 @@ MSG_NOT_ALLOWED = (
 )
 
 
+# The deployment setting (spawner/settings/directory.py) behind each DirectoryAuthenticator
+# trait: what an admin edits, so what messages about a running directory name.
+SETTING = {
+    "server_address": "GPUHUB_DIRECTORY_SERVER",
+    "server_port": "GPUHUB_DIRECTORY_PORT",
+    "tls_strategy": "GPUHUB_DIRECTORY_TLS",
+    "tls_ca_file": "GPUHUB_DIRECTORY_CA_FILE",
+    "tls_kwargs": "GPUHUB_DIRECTORY_TLS_SERVER_NAME",
+    "lookup_dn_search_user": "GPUHUB_DIRECTORY_BIND_DN",
+    "lookup_dn_search_password": "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE",
+    "user_search_base": "GPUHUB_DIRECTORY_USER_BASE",
+    "group_search_base": "GPUHUB_DIRECTORY_GROUP_BASE",
+    "allowed_groups": "GPUHUB_DIRECTORY_ALLOWED_GROUPS",
+    "admin_groups": "GPUHUB_DIRECTORY_ADMIN_GROUPS",
+}
+
+
 class DirectoryConfigError(ValueError):
     """The authenticator's configuration cannot work; the message says which setting."""
 

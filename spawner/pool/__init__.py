@@ -69,7 +69,7 @@ Layout (one concern per module; data flows inventory -> pool -> spawner)
     gpupool.py         GPUPool: the configurable facade composing them
 """
 
-from .gpupool import GPUPool
+from .gpupool import LEDGER_FILE, GPUPool
 from .models import (
     EndReason,
     GPUStatus,
@@ -111,6 +111,7 @@ __all__ = [
     "ENV_DB_URL",
     "ENV_DB_URL_FILE",
     "GPUPool",
+    "LEDGER_FILE",
     "EndReason",
     "GPUStatus",
     "HostConflict",

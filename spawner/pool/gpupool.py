@@ -34,16 +34,22 @@ from .validation import Request
 from .waiting import Wait, Wakeups
 
 
+# The SQLite ledger's file name, in the hub's data directory (GPUHUB_DATA_DIR).
+LEDGER_FILE = "gpu-pool.sqlite"
+
+
 class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
     """The GPU lease ledger.  See the package docstring for the policy."""
 
     db_url = Unicode(
-        "sqlite:///jupyterhub-gpu-pool.sqlite",
+        f"sqlite:///{LEDGER_FILE}",
         config=True,
         help="""SQLAlchemy URL of the ledger database.
 
-        The default is an SQLite file next to the hub's own database (in the
-        directory the hub runs in; a `.lock` file sits beside it, and every
+        The default is the SQLite file gpu-pool.sqlite in the directory the
+        process runs in; hub_config/jupyterhub_config.py sets it from
+        GPUHUB_POOL_DB_URL, else to gpu-pool.sqlite in GPUHUB_DATA_DIR, next
+        to the hub's own database (a `.lock` file sits beside it, and every
         hub process using it must run on this machine).  Use PostgreSQL
         (`postgresql+psycopg://user:password@host/db`, needs the `postgres`
         extra) when several hubs or hosts share GPUs.  The tables are created

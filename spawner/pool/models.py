@@ -97,6 +97,8 @@ class EndReason(str, Enum):
     JOB_FAILED = "job-failed"
     JOB_CANCELLED = "job-cancelled"
     JOB_TIMEOUT = "job-timeout"
+    # `gpu-pool doctor`'s one-GPU probe: a lease of seconds, never a user's.
+    DOCTOR = "doctor"
 
     def __str__(self) -> str:
         return self.value

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlparse
 
+from ..pool.gpupool import LEDGER_FILE
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
 from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
 
@@ -164,9 +165,20 @@ def _jobs_wanted(env: Mapping[str, str], spawner: str) -> bool:
     return wanted
 
 
+def data_dir_setting(env: Mapping[str, str]) -> Path:
+    """GPUHUB_DATA_DIR, made absolute; unset, the current directory."""
+    return Path(env.get("GPUHUB_DATA_DIR", "").strip() or ".").resolve()
+
+
+def ledger_url(env: Mapping[str, str]) -> str:
+    """The one rule for where the GPU ledger is, for the hub and every command beside it:
+    GPUHUB_POOL_DB_URL, else the SQLite file gpu-pool.sqlite in GPUHUB_DATA_DIR."""
+    return env.get("GPUHUB_POOL_DB_URL", "").strip() or f"sqlite:///{data_dir_setting(env) / LEDGER_FILE}"
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
-    data_dir = Path(env.get("GPUHUB_DATA_DIR", "").strip() or ".").resolve()
+    data_dir = data_dir_setting(env)
 
     bind_url = env.get("GPUHUB_BIND_URL", "").strip() or Settings.bind_url
     host = urlparse(bind_url).hostname
@@ -245,7 +257,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         simulated_gpus=env_int(env, "GPUHUB_SIMULATED_GPUS", Settings.simulated_gpus, minimum=0),
         simulated_cuda_version=env.get("GPUHUB_SIMULATED_CUDA_VERSION", "").strip() or Settings.simulated_cuda_version,
         simulated_utilization_file=env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "").strip(),
-        pool_db_url=env.get("GPUHUB_POOL_DB_URL", "").strip() or f"sqlite:///{data_dir / 'gpu-pool.sqlite'}",
+        pool_db_url=ledger_url(env),
         cpu_image=env.get("GPUHUB_CPU_IMAGE", "").strip() or DEFAULT_CPU_IMAGE,
         gpu_image=env.get("GPUHUB_GPU_IMAGE", "").strip() or DEFAULT_GPU_IMAGE,
         profiles=profiles,

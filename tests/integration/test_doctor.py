@@ -9,12 +9,16 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
+from spawner.doctor import LABEL_DOCTOR, PROBE_USER
 from spawner.inventory import SimulatedInventory, StaticInventory
 from spawner.pool import GPUPool
+from spawner.settings.hub import ledger_url
 from tests.fixtures.services import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +110,7 @@ def test_a_missing_image_fails_with_a_fix(hub_env):
     assert code == 1
     image = by_check(results)[f"image {missing}"]
     assert image["status"] == "FAIL" and "not on this host" in image["detail"]
-    assert "make images" in image["fix"]
+    assert "docker load" in image["fix"]
 
 
 def test_an_image_needing_a_newer_cuda_than_the_driver_fails(hub_env, docker_client, notebook_image):
@@ -175,3 +179,44 @@ def test_a_ledger_holding_these_gpus_under_another_host_name_fails(hub_env, tmp_
     ledger_check = by_check(results)["ledger"]
     assert ledger_check["status"] == "FAIL" and "another host name" in ledger_check["detail"]
     assert "gpu-pool rehome 'old-name' 'doctor-host'" in ledger_check["fix"]
+
+
+def _probe_containers(docker_client, prefix: str, since: float) -> list[str]:
+    """Names of the doctor's containers made since `since` whose name starts with `prefix`
+    (the daemon's own event log, read up to now: the doctor has finished by then)."""
+    events = docker_client.events(since=int(since), until=int(time.time()) + 1, decode=True,
+                                  filters={"type": "container", "event": "create", "label": LABEL_DOCTOR})
+    names = [e["Actor"]["Attributes"].get("name", "") for e in events]
+    return [n for n in names if n.startswith(prefix)]
+
+
+def test_the_probe_takes_only_a_free_gpu_through_the_ledger(hub_env, docker_client):
+    """Run during an upgrade: every GPU lent, the probe skips with a warning and runs no container;
+    one GPU free, it takes that one with a lease of its own, ended as `doctor`, and the
+    others' leases stay as they were."""
+    pool = GPUPool(db_url=ledger_url(hub_env), inventory=SimulatedInventory(host=HOST))
+    leases = [pool.try_acquire(f"user{i}", "", 1) for i in range(4)]
+    assert all(leases)
+    prefix = f"t{uuid.uuid4().hex[:6]}"
+    env = dict(hub_env, GPUHUB_CONTAINER_PREFIX=prefix)
+    try:
+        since = time.time() - 1
+        code, results, _ = doctor(env)
+        probe = by_check(results)["one-GPU container"]
+        assert probe["status"] == "warn" and "no GPU of this host is free (4 lent" in probe["detail"], probe
+        assert "gpu-pool status" in probe["fix"]
+        assert _probe_containers(docker_client, prefix, since) == []
+
+        free = leases[2]
+        pool.release(free.id, "stopped")
+        since = time.time() - 1
+        code, results, _ = doctor(env)
+        probe = by_check(results)["one-GPU container"]
+        assert probe["status"] == "ok" and free.gpu_uuids[0] in probe["detail"], probe
+        made = _probe_containers(docker_client, prefix, since)
+        assert len(made) == 1 and made[0].startswith(f"{prefix}-doctor-"), made
+        assert {l.id for l in pool.leases()} == {leases[i].id for i in (0, 1, 3)}
+        (taken,) = [l for l in pool.history() if l.user == PROBE_USER]
+        assert taken.gpu_uuids == free.gpu_uuids and taken.end_reason == "doctor" and taken.ended_at
+    finally:
+        pool.close()

@@ -5,14 +5,34 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.fixtures.install import PREFIX, run_install, verify_unit
+import os
+
+from tests.fixtures.install import PREFIX, REPO, fake_program, run_install, verify_unit
+
+
+def _build_outputs() -> dict[str, int]:
+    """build/, dist/ and *.egg-info in the clone: each file's path and mtime."""
+    found = {}
+    for top in [REPO / "build", REPO / "dist", *REPO.glob("*.egg-info")]:
+        for path in [top, *(top.rglob("*") if top.is_dir() else [])]:
+            if path.exists():
+                found[str(path.relative_to(REPO))] = path.stat().st_mtime_ns
+    return found
 
 
 def test_install_builds_a_venv_that_runs_the_hub_and_the_unit_verifies_against_it(tmp_path):
     root = tmp_path / "root"
-    proc = run_install(root, "--skip-proxy", "--skip-images")
+    # A python3 first on PATH that is not the system's (pyenv's shims live under /root): unused.
+    marker = tmp_path / "path-python-ran"
+    bin_dir = tmp_path / "bin"
+    fake_program(bin_dir, "python3", f'touch {marker}; exit 1\n')
+    before = _build_outputs()
+    proc = run_install(root, "--skip-proxy", "--skip-images", PATH=f"{bin_dir}:{os.environ['PATH']}")
     venv = root / PREFIX.lstrip("/") / "venv"
     assert "virtual environment:" in proc.stdout
+    # The system's Python made the venv, and the clone got no build/ or *.egg-info (out-of-tree wheel).
+    assert not marker.exists() and "home = /usr/bin\n" in (venv / "pyvenv.cfg").read_text()
+    assert _build_outputs() == before
     for program in ("python", "jupyterhub", "gpu-pool"):
         assert (venv / "bin" / program).is_file(), program
     # The installed package (not this clone) is what the venv imports, with its entry points.

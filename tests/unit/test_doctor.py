@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 
 import pytest
 from traitlets.config import Config
@@ -163,3 +164,54 @@ def test_without_a_driver_the_nvml_inventory_fails_with_the_fix(tmp_path):
     nvml, gpus = d.results
     assert nvml.status == FAIL and "NVML does not load" in nvml.detail and "NVIDIA driver" in nvml.fix
     assert gpus.status == FAIL and "nvml inventory cannot be read" in gpus.detail and "static" in gpus.fix
+
+
+def test_a_missing_notebook_image_gets_the_exact_command_that_builds_it(tmp_path):
+    """The settings name the CUDA image: its fix builds the CUDA variant, not just `make images`."""
+    import sys
+
+    from spawner.settings import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
+
+    class NoImages:
+        class images:
+            @staticmethod
+            def get(name):
+                raise LookupError(f"No such image: {name}")
+
+    c = Config()
+    c.GPUDockerSpawner.profiles = [
+        {"slug": "cpu", "display_name": "CPU", "image": DEFAULT_CPU_IMAGE, "gpus": 0},
+        {"slug": "gpu", "display_name": "GPU", "image": DEFAULT_GPU_IMAGE, "gpus": 1},
+        {"slug": "own", "display_name": "Own", "image": "registry.example/own:1.0", "gpus": 0}]
+    d = doctor.Doctor(doctor.Target(c, tmp_path, ME))
+    d.docker = NoImages()
+    d.check_images()
+    fixes = {r.check: r.fix for r in d.results}
+    repo = Path(__file__).resolve().parents[2]  # this checkout is the package's clone
+    assert fixes[f"image {DEFAULT_GPU_IMAGE}"] == f"build it: PYTHON={sys.executable} {repo}/images/build-images.sh cuda"
+    assert fixes[f"image {DEFAULT_CPU_IMAGE}"] == f"build it: PYTHON={sys.executable} {repo}/images/build-images.sh mkl"
+    assert "docker load" in fixes["image registry.example/own:1.0"]
+
+
+def test_doctor_without_the_settings_says_it_checks_defaults(monkeypatch, tmp_path):
+    for name in [n for n in os.environ if n.startswith("GPUHUB_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    target = doctor.target_from_env(ME, {"GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x"})
+    (note,) = target.notes
+    assert "GPUHUB_DATA_DIR is not set" in note[0] and "--env-file /etc/jupyterhub-gpu/gpuhub.env" in note[1]
+
+
+def test_the_doctor_warns_about_settings_lines_a_shell_reads_differently(monkeypatch, tmp_path):
+    from spawner.cli import load_env_file
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")})
+    env_file = tmp_path / "gpuhub.env"
+    env_file.write_text(f"GPUHUB_DATA_DIR={tmp_path}\nGPUHUB_AUTHENTICATOR=dummy\nGPUHUB_DUMMY_PASSWORD=x y\n")
+    problems = load_env_file(str(env_file))
+    assert os.environ["GPUHUB_DUMMY_PASSWORD"] == "x y"  # read as systemd reads it
+    d = doctor.Doctor(doctor.target_from_env(ME, env_file_problems=problems))
+    d.check_settings()
+    (warning,) = d.results
+    assert warning.status == WARN and "line 3 (GPUHUB_DUMMY_PASSWORD)" in warning.detail
+    assert "x y" not in warning.detail + warning.fix and "production.env" in warning.fix

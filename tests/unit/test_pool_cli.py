@@ -127,7 +127,46 @@ def test_unreachable_database_exits_1_without_password():
 def test_missing_sqlite_ledger_is_not_created(tmp_path):
     r = run_cli("status", cwd=tmp_path)
     assert r.returncode == 1 and "No GPU ledger at" in r.stderr
-    assert not (tmp_path / "jupyterhub-gpu-pool.sqlite").exists()
+    assert not (tmp_path / "gpu-pool.sqlite").exists()
+    assert "the hub makes it at its first start" in r.stderr and "--env-file" in r.stderr
+
+
+def test_finds_the_hubs_ledger_by_the_hubs_settings(tmp_path):
+    """One rule everywhere: the ledger the hub's settings name is the one gpu-pool reads, from
+    GPUHUB_DATA_DIR, from GPUHUB_POOL_DB_URL, from the settings file (--env-file), or, with
+    no settings at all, in the current directory as the hub would make it there."""
+    from spawner.settings import load_settings
+
+    data = tmp_path / "data"
+    hub_env = {"GPUHUB_DATA_DIR": str(data), "GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x"}
+    settings = load_settings(hub_env)  # what jupyterhub_config.py gives c.GPUPool.db_url
+    data.mkdir()
+    pool = GPUPool(inventory=SimulatedInventory(count=2, host=HOST), db_url=settings.pool_db_url)
+    pool.try_acquire("alice", "", 1)
+    pool.close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    clean = {k: "" for k in ("GPUHUB_DATA_DIR", "GPUHUB_POOL_DB_URL")}
+
+    def users(r):
+        assert r.returncode == 0, r.stderr
+        return [l["user"] for l in json.loads(r.stdout)]
+
+    assert users(run_cli("--json", "leases", env={**clean, "GPUHUB_DATA_DIR": str(data)}, cwd=elsewhere)) == ["alice"]
+    assert users(run_cli("--json", "leases", env={**clean, "GPUHUB_POOL_DB_URL": settings.pool_db_url},
+                         cwd=elsewhere)) == ["alice"]
+    env_file = tmp_path / "gpuhub.env"
+    env_file.write_text(f"# the hub's settings\nGPUHUB_DATA_DIR={data}\nGPUHUB_DIRECTORY_ADMIN_GROUPS='Hub Admins'\n")
+    assert users(run_cli("--env-file", str(env_file), "--json", "leases", env=clean, cwd=elsewhere)) == ["alice"]
+    assert users(run_cli("--json", "leases", env=clean, cwd=data)) == ["alice"]
+    # Without them, the message says where it looked and how to read the settings.
+    r = run_cli("leases", env=clean, cwd=elsewhere)
+    assert r.returncode == 1 and f"{elsewhere}/gpu-pool.sqlite" in r.stderr and "--env-file" in r.stderr
+
+
+def test_an_env_file_that_cannot_be_read_is_one_line(tmp_path):
+    r = run_cli("--env-file", str(tmp_path / "absent.env"), "status")
+    assert r.returncode == 2 and r.stderr.startswith("gpu-pool: --env-file: cannot read the settings file")
 
 
 def test_reads_the_hub_config(ledger, tmp_path):
