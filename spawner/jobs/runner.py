@@ -12,7 +12,6 @@ again, and a job whose start was cut short starts again on its lease.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
