@@ -87,3 +87,39 @@ def test_followers_are_capped_per_user_per_job_and_in_all():
     for job, user in [(1, "pat"), (2, "pat"), (1, "ada"), (2, "bob")]:
         followers.give_back(job, user)
     assert followers.total == 0 and not followers.by_user
+
+
+def test_a_follower_of_a_queued_job_reads_the_ledger_only_when_the_runner_moves_it():
+    from types import SimpleNamespace
+
+    from spawner.jobs.runner import JobRunner
+    from spawner.pool.jobs import QUEUED, RUNNING, STARTING
+    from spawner.poolpage.jobs_api import JobLogsAPI
+
+    states = iter([STARTING, RUNNING])
+    reads = []
+
+    async def main():
+        runner = SimpleNamespace(_moves={})
+        runner.moved = JobRunner.moved.__get__(runner)
+        runner.tell = JobRunner._tell.__get__(runner)
+
+        def get(job_id):
+            reads.append(job_id)
+            return SimpleNamespace(id=job_id, state=next(states))
+
+        async def call(fn, *args):
+            return fn(*args)
+
+        runner.ledger = SimpleNamespace(get=get)
+        handler = SimpleNamespace(runner=runner, _gone=asyncio.Event(), call=call)
+        waiting = asyncio.ensure_future(JobLogsAPI.until_it_runs(handler, SimpleNamespace(id=7, state=QUEUED)))
+        await until(lambda: 7 in runner._moves)  # it waits on the runner's news, having read nothing
+        assert reads == []
+        runner.tell(7)  # leased: STARTING
+        await until(lambda: reads == [7] and 7 in runner._moves)
+        runner.tell(7)  # started: RUNNING
+        return await waiting
+
+    assert asyncio.run(main()).state == RUNNING
+    assert reads == [7, 7]
