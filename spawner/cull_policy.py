@@ -129,8 +129,11 @@ class CullerUtilization:
     """GPU utilization read in the culler process, from the hub's inventory kind."""
 
     def __init__(self, kind: str, simulated_gpus: int, utilization_file: str, log, reading_max_age: float = 60.0,
-                 db_url: str | None = None):
+                 db_url: str | None = None, readings=None):
         self.kind = kind
+        # swarm: the readings of a ledger the caller already holds (the pool page's); else one
+        # is opened, once, on db_url.
+        self.readings = readings
         self.simulated_gpus = simulated_gpus
         self.utilization_file = utilization_file
         self.reading_max_age = reading_max_age
@@ -144,7 +147,9 @@ class CullerUtilization:
         from .swarm_inventory import SwarmInventory
 
         inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
-        inventory.use_readings(GPUPool(db_url=self.db_url or os.environ[ENV_DB_URL], **logging).gpu_readings)
+        if self.readings is None:
+            self.readings = GPUPool(db_url=self.db_url or os.environ[ENV_DB_URL], **logging).gpu_readings
+        inventory.use_readings(self.readings)
         return inventory
 
     def _inventory(self, host: str):

@@ -3,7 +3,7 @@
 The ledger's calls block (SQL over a socket).  Run on the hub's loop, one
 PostgreSQL that stops answering without a TCP reset would freeze every page
 and API call of the hub until the kernel gives up, minutes later.  Here each
-call runs on a small thread pool of its own (so stuck calls cannot starve the
+call runs on the ledger's small thread pool (pool/executor.py) (so stuck calls cannot starve the
 loop's default executor, which JupyterHub uses too), and the caller stops
 waiting after `timeout` seconds with a PoolUnavailable (HTTP 503).  The
 thread itself ends when the database driver's own timeouts fire.
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from .pool import PoolUnavailable
-
-_EXECUTOR = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpu-ledger")
+from .pool.executor import LEDGER_EXECUTOR as _EXECUTOR
 
 
 async def ledger_call(fn: Callable[..., Any], *args, timeout: float, **kwargs) -> Any:

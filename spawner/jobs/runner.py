@@ -12,7 +12,6 @@ again, and a job whose start was cut short starts again on its lease.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -82,6 +81,7 @@ class JobRunner:
         self._background: list[asyncio.Task] = []
         # The newest jobs as the pool page shows them, refreshed in the background.
         self.snapshot: list[dict] = []
+        self._moves: dict[int, asyncio.Event] = {}  # job id -> set when the runner moves it on
 
     # ------------------------------------------------------------ plumbing
 
@@ -95,8 +95,9 @@ class JobRunner:
 
     async def docker(self, method: str, *args, **kwargs):
         """A (blocking) Docker API call on the runner's own threads."""
-        fn = functools.partial(getattr(self.api, method), *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(_DOCKER, fn)
+        # self.api inside the thread too: making the client asks the daemon its version.
+        return await asyncio.get_running_loop().run_in_executor(
+            _DOCKER, lambda: getattr(self.api, method)(*args, **kwargs))
 
     async def call(self, fn, *args, **kwargs):
         return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
@@ -209,6 +210,16 @@ class JobRunner:
                 return waiter.position
         return None
 
+    def moved(self, job_id: int) -> asyncio.Event:
+        """An event set the next time this runner moves the job on (leased, started, ended):
+        what a log follower of a queued job waits on, instead of reading the ledger."""
+        return self._moves.setdefault(job_id, asyncio.Event())
+
+    def _tell(self, job_id: int) -> None:
+        event = self._moves.pop(job_id, None)
+        if event is not None:
+            event.set()
+
     # ------------------------------------------------------------ a job's life
 
     def _spawn(self, job: Job) -> None:
@@ -226,8 +237,11 @@ class JobRunner:
                 job = await self._lease(job, profile)
                 if job is None:
                     return
+                self._tell(job.id)
             if job.state == STARTING:
                 job = await self._launch(job, profile)
+                if job is not None:
+                    self._tell(job.id)
             if job is not None and job.state == RUNNING:
                 await self._watch(job)
         except asyncio.CancelledError:
@@ -239,6 +253,7 @@ class JobRunner:
             await self._finish(job, FAILED, message=message)
         finally:
             self._cancel.discard(job.id)
+            self._tell(job.id)
 
     async def _lease(self, job: Job, profile) -> Job | None:
         """Wait in the fair queue for the profile's GPUs; the job STARTING, or None if cancelled."""

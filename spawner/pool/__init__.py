@@ -31,11 +31,19 @@ Fair queue
     - A request that can never be met (more GPUs than any host has, over its
       quota) is refused at once instead of queueing.
 
-    Waiters refresh a heartbeat while they wait; the rows of waiters whose
-    process died are ignored after ``waiter_stale_after`` seconds and deleted.
-    A waiter in the same process as a release wakes at once (an asyncio
-    event); waiters in other processes poll every ``poll_interval`` seconds.
-    A cancelled wait removes its queue row and leaves no lease behind.
+    A waiter writes to the ledger only to join the queue, to take its lease
+    and to leave.  In between, one watch per process reads the queue for all
+    of its waiters (a read, no lock; rows that cannot change anything, such
+    as a long queue behind a full host, stay in the database), and a waiter
+    tries for its lease only when that read says a grant would serve it.  One
+    write every ``heartbeat_interval`` seconds refreshes the heartbeats of
+    all the process's waiters; the rows of waiters whose process died are
+    ignored after ``waiter_stale_after`` seconds and deleted.  Waiters in the
+    process that releases GPUs hear of it within 50 ms (one read per burst of
+    releases); waiters in other processes within ``poll_interval`` seconds.
+    All of it runs on the ledger's own threads (executor.py), not on the
+    event loop's default executor.  A cancelled wait removes its queue row
+    and leaves no lease behind.
 
 Placement
     A lease never spans hosts.  Among hosts that fit, the one with the fewest
@@ -61,7 +69,8 @@ Layout (one concern per module; data flows inventory -> pool -> spawner)
     placement.py       which free GPUs a lease gets (pure)
     policy.py          quotas and the fair queue's order (pure)
     grant.py           the grant transaction
-    waiting.py         acquire()'s wait in the queue, cancellation
+    waiting.py         acquire()'s wait in the queue, the process's queue watch, cancellation
+    executor.py        the ledger's own threads
     admin.py           release, reconcile, drain
     reads.py           leases, history, GPU states, the queue
     inventory_sync.py  recording the inventory's GPUs

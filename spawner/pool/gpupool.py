@@ -8,6 +8,7 @@ administration.py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Callable, Iterable
@@ -31,7 +32,7 @@ from .policy import limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store
 from .validation import Request
-from .waiting import Wait, Wakeups
+from .waiting import QueueWatch, Wait, Wakeups
 
 
 # The SQLite ledger's file name, in the hub's data directory (GPUHUB_DATA_DIR).
@@ -149,11 +150,24 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
     poll_interval = Float(
         0.5,
         config=True,
-        help="""Seconds between a waiting request's checks of the ledger.
+        help="""Seconds between a process's reads of the queue while requests wait.
 
         Waiters in the process that releases GPUs wake at once; this bounds
         how late a waiter notices GPUs released by another process (another
-        hub, the CLI).  Each check also refreshes the waiter's heartbeat.
+        hub, the CLI).  One read serves all of a process's waiters and takes
+        no lock: a waiter writes only to join the queue, to take its lease
+        and to leave (and its heartbeat, see `heartbeat_interval`).
+        """,
+    )
+
+    heartbeat_interval = Float(
+        3.0,
+        config=True,
+        help="""Seconds between refreshes of the heartbeats of a process's waiting requests.
+
+        One write refreshes all of the process's queue rows, so other
+        processes know they are alive (see `waiter_stale_after`).  Shortened
+        to a third of `waiter_stale_after` when that is smaller.
         """,
     )
 
@@ -176,7 +190,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
         A process that dies while waiting leaves its queue row behind; other
         processes ignore it after this many seconds and delete it.  Must be
-        well above `poll_interval`.
+        well above `heartbeat_interval`.
         """,
     )
 
@@ -212,7 +226,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         return proposal.value
 
     @validate(
-        "lock_timeout", "connect_timeout", "poll_interval", "waiter_stale_after", "statement_timeout",
+        "lock_timeout", "connect_timeout", "poll_interval", "heartbeat_interval", "waiter_stale_after", "statement_timeout",
         "call_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
     )
     def _check_positive(self, proposal):
@@ -232,6 +246,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._store = Store(self, self.log, self._on_create)
         self._topology = Topology(inventory, self.log)
         self._wakeups = Wakeups()
+        self._watches: dict[Any, QueueWatch] = {}  # event loop -> its waiters' watch
         self._owner = f"{socket.gethostname()}:{os.getpid()}"[:NAME_MAX]
         if hasattr(inventory, "use_readings"):
             # An inventory of other machines' GPUs (Swarm) learns their utilisation from the ledger.
@@ -377,8 +392,27 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
             remove_waiter=self._remove_waiter,
             wakeups=self._wakeups,
             log=self.log,
+            watch=self._watch,
         )
         return await wait.run(req, timeout, self.poll_interval, on_wait)
+
+    def _watch(self) -> QueueWatch:
+        """The running loop's QueueWatch (made while it has waiters)."""
+        loop = asyncio.get_running_loop()
+        watch = self._watches.get(loop)
+        if watch is None:
+            watch = self._watches[loop] = QueueWatch(
+                look=self._look, beat=self._beat, poll_interval=self.poll_interval,
+                heartbeat_interval=min(self.heartbeat_interval, self.waiter_stale_after / 3),
+                wakeups=self._wakeups, log=self.log, on_idle=lambda: self._watches.pop(loop, None))
+        return watch
+
+    def _look(self, mine: dict, known: dict | None = None) -> dict:
+        return self._read(lambda conn: grant.look(self._store, conn, mine, self.waiter_stale_after,
+                                                  self.backfill_window, self._topology.choose, known))
+
+    def _beat(self, ids: list[int]) -> None:
+        self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
 
     def _remove_waiter(self, waiter_id: int) -> None:
         self._write(lambda conn: admin.remove_waiter(self._store, conn, waiter_id), durable=False)

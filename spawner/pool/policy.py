@@ -115,29 +115,69 @@ def stale_waiters(rows: Iterable[WaiterRow], now: datetime, stale_after: float, 
     return [r.id for r in rows if r.heartbeat_at < stale_before and r.id != own_id]
 
 
-def available_after(
-    snap: Snapshot, ahead: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
-) -> dict[str, list[tuple[int, str]]]:
-    """The free GPUs left for a request after the waiters ahead of it take their turn.
+def _hosts_of(row: WaiterRow, cache: dict) -> list[str] | None:
+    if not row.hosts:
+        return None
+    hosts = cache.get(row.hosts)
+    if hosts is None:
+        hosts = cache[row.hosts] = json.loads(row.hosts)
+    return hosts
+
+
+def _take_turns(
+    snap: Snapshot, rows: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
+) -> Iterable[tuple[WaiterRow, dict, bool]]:
+    """Each queue row's turn, in order: (row, the free GPUs it sees, whether it is served).
 
     FIFO with bounded backfill: an earlier waiter that fits takes its GPUs; one
     that cannot be met yet lets later requests pass for `backfill_window`
-    seconds, after which free GPUs on its hosts are held for it.
+    seconds, after which free GPUs on its hosts are held for it.  `avail` is
+    changed as turns go by (a row that fits has taken its GPUs when the next
+    row's turn comes).
     """
     avail = {h: list(lst) for h, lst in snap.free.items()}
     window = timedelta(seconds=backfill_window)
-    for r in ahead:
-        hosts = json.loads(r.hosts) if r.hosts else None
+    parsed: dict[str, list[str]] = {}
+    for r in rows:
+        hosts = _hosts_of(r, parsed)
+        if not any(avail.get(h) for h in (hosts if hosts is not None else avail)):
+            # Nothing free where it may go: it cannot be served, and holding
+            # nothing for it changes nothing (the common case of a long queue).
+            yield r, avail, False
+            continue
         pick = choose(avail, hosts, r.count)
         if pick is not None:
+            yield r, avail, True
             host, uuids = pick
             avail[host] = [f for f in avail[host] if f[1] not in uuids]
             continue
+        yield r, avail, False
         cap = max((snap.capacity.get(h, 0) for h in (hosts or snap.capacity)), default=0)
         if r.count <= cap and now - r.enqueued_at >= window:
             for h in hosts or list(avail):
                 avail[h] = []
+
+
+def available_after(
+    snap: Snapshot, ahead: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
+) -> dict[str, list[tuple[int, str]]]:
+    """The free GPUs left for a request after the waiters ahead of it take their turn
+    (FIFO with bounded backfill, see _take_turns)."""
+    avail = {h: list(lst) for h, lst in snap.free.items()}
+    for _row, avail, _served in _take_turns(snap, ahead, now, backfill_window, choose):  # noqa: B007 (the last turn's GPUs are the answer)
+        pass
     return avail
+
+
+def served_now(
+    snap: Snapshot, rows: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
+) -> set[int]:
+    """Ids of the queue rows (all of them, in queue order) that a grant would serve now.
+
+    One pass over the queue for every waiter of a process: a waiter asks the
+    ledger for its lease (a write) only when this says it would get one.
+    """
+    return {row.id for row, _avail, served in _take_turns(snap, rows, now, backfill_window, choose) if served}
 
 
 def timeout_message(req: Request, position: int, free: int, total: int, waited: float) -> str:

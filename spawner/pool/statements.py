@@ -31,6 +31,40 @@ WAITERS = select(_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_
     _w.c.id
 )
 
+# The queue as a grant needs it, in one scan, without the rows that cannot change its outcome:
+# stale rows (heartbeat before :alive_since: to be removed), and live rows except those bound
+# to one host that has no free GPU (their `hosts` JSON given as :full0, :full1, ...).  A long
+# queue behind full hosts costs a scan in the database, not rows in Python.  One statement per
+# number of such hosts, made once.
+_WAITER_COLUMNS = (_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_at, _w.c.heartbeat_at)
+_waiters_that_matter: dict[int, object] = {}
+
+
+def waiters_that_matter(full_hosts: int):
+    stmt = _waiters_that_matter.get(full_hosts)
+    if stmt is None:
+        where = _w.c.heartbeat_at < bindparam("alive_since")
+        if full_hosts:
+            where = where | _w.c.hosts.is_(None) | _w.c.hosts.not_in(
+                [bindparam(f"full{i}") for i in range(full_hosts)])
+        else:
+            where = None
+        stmt = select(*_WAITER_COLUMNS)
+        stmt = _waiters_that_matter[full_hosts] = (stmt.where(where) if where is not None else stmt).order_by(_w.c.id)
+    return stmt
+
+
+WAITERS_BEFORE = select(func.count()).select_from(_w).where(_w.c.id < bindparam("wid"))
+
+WAITER_EXISTS = select(_w.c.id).where(_w.c.id == bindparam("wid"))
+
+STALE_WAITER_IDS = select(_w.c.id).where(_w.c.heartbeat_at < bindparam("alive_since"))
+
+# What changes whenever the live queue does (ids only grow): (live rows, the newest id).
+LIVE_WAITERS_SIGNATURE = select(func.count(), func.max(_w.c.id)).where(_w.c.heartbeat_at >= bindparam("alive_since"))
+
+LIVE_WAITER_IDS = select(_w.c.id).where(_w.c.heartbeat_at >= bindparam("alive_since")).order_by(_w.c.id)
+
 HEARTBEAT = update(_w).where(_w.c.id == bindparam("wid")).values(heartbeat_at=bindparam("now"))
 
 DELETE_WAITER = delete(_w).where(_w.c.id == bindparam("wid"))

@@ -28,6 +28,8 @@ from ..pool import GPUPool
 from ..settings.parsing import env_bool
 from . import actions_api, history_api, insight, jobs_api, views
 from .handlers import APIHandler, BaseHandler, NotFound, OAuthCallback, log
+from .limits import PoolServiceLimits
+from .log_streams import Followers
 
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50
@@ -115,7 +117,9 @@ def _more_routes(prefix: str) -> list:
     return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
 
 
-def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None) -> web.Application:
+def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,
+             limits: PoolServiceLimits | None = None) -> web.Application:
+    limits = limits if limits is not None else PoolServiceLimits.from_env()
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
     if jobs is not None:  # the page's Jobs section shows only where jobs run
         jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
@@ -134,6 +138,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             *jobs_api.routes(prefix),
         ],
         pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
+        limits=limits, followers=Followers(limits),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
     )
 

@@ -4,6 +4,7 @@ on these (app.py only puts the routes together)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -34,7 +35,32 @@ class Unframed:
 
 
 class BaseHandler(Unframed, HubOAuthenticated, web.RequestHandler):
-    """A request of a logged-in hub user, who is a `views.Viewer`."""
+    """A request of a logged-in hub user, who is a `views.Viewer`.
+
+    Who it is comes from the hub (a token or cookie not in the cache is checked with the hub's
+    API): asked in prepare(), asynchronously and within PoolServiceLimits.hub_auth_timeout,
+    so the synchronous `current_user` that handlers read never waits on the hub on the loop.
+    """
+
+    async def prepare(self):
+        timeout = self.settings["limits"].hub_auth_timeout
+        try:
+            await asyncio.wait_for(self.hub_auth.get_user(self, sync=False), timeout)
+        except asyncio.TimeoutError:
+            log.warning("The hub did not identify a %s %s request within %g s", self.request.method,
+                        self.request.path, timeout)
+            raise web.HTTPError(503, f"The hub did not confirm who you are within {timeout:g} s; "
+                                     "try again in a moment") from None
+        result = super().prepare()
+        if result is not None:
+            await result
+
+    def get_current_user(self):
+        if not hasattr(self, "_cached_hub_user"):
+            # prepare() did not run or failed before asking (an error page): nobody, rather
+            # than a blocking call to the hub on the event loop.
+            return None
+        return super().get_current_user()
 
     @property
     def pool(self) -> GPUPool:

@@ -34,16 +34,27 @@ class Settings:
         self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
         self.utilization_file = env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "")
         self.db_url = env.get("GPUHUB_POOL_DB_URL", "")
+        self._reader = self._no_reader = None
 
-    def utilization_reader(self):
-        """A callable (host, uuid) -> percent or None, or None where nothing gives it."""
+    def utilization_reader(self, pool=None):
+        """A callable (host, uuid) -> percent or None, or None where nothing gives it.
+
+        Made once per process (an NVML handle, the Swarm inventory), never per request; on
+        Swarm it reads the agents' readings through `pool`, the service's own ledger."""
+        if self._reader is None and self._no_reader is None:
+            self._reader = self._make_reader(pool)
+            self._no_reader = self._reader is None
+        return self._reader
+
+    def _make_reader(self, pool):
         from ..culling import _Utilization
 
         if self.inventory == "nvml" or (self.inventory == "simulated" and self.utilization_file):
             return _Utilization(self.inventory, self.simulated_gpus, self.utilization_file, log)
-        if self.inventory == "swarm" and self.db_url:
+        if self.inventory == "swarm" and (pool is not None or self.db_url):
             # Swarm: the per-node agents' readings in the ledger (stale ones read as unknown).
-            return _Utilization("swarm", 0, "", log, db_url=self.db_url)
+            return _Utilization("swarm", 0, "", log, db_url=self.db_url,
+                                readings=pool.gpu_readings if pool is not None else None)
         return None
 
 
@@ -64,7 +75,7 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
     servers' cull deadlines {(user, server): datetime} and whether estimates were made."""
     s = settings_of(handler)
     now = datetime.now(UTC)
-    reader = s.utilization_reader()
+    reader = s.utilization_reader(handler.pool)
     if reader is not None:
         readings = await asyncio.to_thread(lambda: [reader(g["host"], g["uuid"]) for g in gpus])
         for g, value in zip(gpus, readings):

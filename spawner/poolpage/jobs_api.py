@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 from jupyterhub.utils import url_path_join
@@ -23,8 +23,14 @@ from ..jobs.runner import JobError, JobRunner
 from ..pool.jobs import QUEUED, STARTING, Job
 from . import ADMIN_SCOPE
 from .handlers import APIHandler, BaseHandler, log
+from .limits import PoolServiceLimits
+from .log_streams import Followers, LogFollow, TooMany, open_stream
 
 MAX_BODY = 64 * 1024
+# A follower of a job that another host's service runs (no news from this runner) reads its state this often.
+RECHECK_SECONDS = 30.0
+# Opening Docker log streams (a client and its first answer): blocking, off the event loop.
+_STREAMS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-pool-log-open")
 
 
 class JobsMixin:
@@ -118,55 +124,107 @@ class JobAPI(JobsMixin, APIHandler):
 
 class JobLogsAPI(JobsMixin, APIHandler):
     """The job's output: its container's while it runs (`?follow=1` streams until it ends),
-    the kept copy afterwards."""
+    the kept copy afterwards.  Followers are capped (PoolServiceLimits), wait for a queued job
+    on the runner's own news of it, and end their Docker stream when they go."""
+
+    _follow: LogFollow | None = None
+    _gone: asyncio.Event | None = None
 
     async def get(self, job_id: str):
-        job, _, _ = await self.owned_job(job_id)
+        job, name, _ = await self.owned_job(job_id)
         follow = self.get_argument("follow", "") in ("1", "true", "yes")
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("X-Content-Type-Options", "nosniff")
-        while follow and job.state in (QUEUED, STARTING):  # nothing to follow yet
-            await asyncio.sleep(1.0)
-            job = await self.call(self.runner.ledger.get, job.id)
+        if follow:
+            followers: Followers = self.settings["followers"]
+            try:
+                followers.take(job.id, name)
+            except TooMany as exc:
+                raise web.HTTPError(429, str(exc)) from None
+            self._gone = asyncio.Event()
+            followed = job.id
+            try:
+                job = await self.until_it_runs(job)
+                if job is None:
+                    return  # the reader went away meanwhile
+                if job.active and job.container and await self.stream(job):
+                    return self.finish()
+            finally:
+                followers.give_back(followed, name)
         if job.active and job.container:
-            if follow and await self.stream(job):
-                return self.finish()
             current = await self.runner.read_log(job)
             if current is not None:
                 return self.finish(current)
         self.finish(await self.call(self.runner.ledger.log, job.id) or "")
 
+    def on_connection_close(self):
+        if self._gone is not None:
+            self._gone.set()
+        if self._follow is not None:
+            self._follow.close()
+
+    async def until_it_runs(self, job: Job) -> Job | None:
+        """The job once it has left the queue and its start (None if the reader left first):
+        woken by the runner when it moves the job on; the ledger is read again only then, and
+        every RECHECK_SECONDS for a job another host's service runs."""
+        while job.state in (QUEUED, STARTING):
+            moved = asyncio.ensure_future(self.runner.moved(job.id).wait())
+            gone = asyncio.ensure_future(self._gone.wait())
+            try:
+                await asyncio.wait({moved, gone}, timeout=RECHECK_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+                gone.cancel()
+            if self._gone.is_set():
+                return None
+            job = await self.call(self.runner.ledger.get, job.id) or job
+        return job
+
     async def stream(self, job: Job) -> bool:
-        """Stream the container's log until it ends; False if the container is already gone."""
-        import docker
+        """Stream the container's log until it ends or the reader goes; False if the container
+        is already gone.  Docker is opened on a thread, within PoolServiceLimits.docker_timeout."""
         import docker.errors
 
+        limits: PoolServiceLimits = self.settings["limits"]
         loop = asyncio.get_running_loop()
-        chunks: asyncio.Queue = asyncio.Queue()
-        api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=None)
+        opening = loop.run_in_executor(_STREAMS, open_stream, job.container, limits.docker_timeout)
         try:
-            source = api.logs(job.container, stream=True, follow=True)
+            api, source = await asyncio.wait_for(asyncio.shield(opening), limits.docker_timeout + 1)
         except docker.errors.NotFound:
             return False
-
-        def pump():  # Docker's stream blocks: read it on a thread of its own
-            try:
-                for chunk in source:
-                    loop.call_soon_threadsafe(chunks.put_nowait, chunk)
-            except Exception:
-                pass
-            finally:
-                api.close()
-                loop.call_soon_threadsafe(chunks.put_nowait, None)
-
-        threading.Thread(target=pump, daemon=True, name=f"job-{job.id}-log").start()
-        while (chunk := await chunks.get()) is not None:
-            try:
+        except (asyncio.TimeoutError, docker.errors.DockerException, OSError) as exc:
+            log.warning("Could not open job %s's log stream: %s", job.id, exc)
+            opening.add_done_callback(_close_late)
+            raise web.HTTPError(503, f"Docker did not open job {job.id}'s log within "
+                                     f"{limits.docker_timeout:g} s; try again in a moment") from None
+        self._follow = follow = LogFollow(source, limits.log_buffer_chunks, client=api)
+        try:
+            if self._gone.is_set():
+                return True
+            while (chunk := await follow.next_chunk()) is not None:
                 self.write(chunk)
-                await self.flush()
-            except StreamClosedError:
-                break  # the reader left; the pump ends with the container
+                try:
+                    await asyncio.wait_for(self.flush(), limits.log_stall_timeout)
+                except asyncio.TimeoutError:
+                    log.info("A follower of job %s's log took nothing for %g s; dropped it",
+                             job.id, limits.log_stall_timeout)
+                    self.request.connection.close()
+                    break
+                except StreamClosedError:
+                    break  # the reader left
+        finally:
+            follow.close()
         return True
+
+
+def _close_late(opening: asyncio.Future) -> None:
+    """A stream that opened after its caller gave up: close it."""
+    if not opening.cancelled() and opening.exception() is None:
+        api, source = opening.result()
+        try:
+            source.close()
+        finally:
+            api.close()
 
 
 class JobPage(JobsMixin, BaseHandler):

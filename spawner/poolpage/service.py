@@ -14,6 +14,7 @@ from jupyterhub.utils import url_path_join
 from ..culling import activity_interval, without_named
 from . import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from .hubapi import SERVICE_SCOPES
+from .limits import hand_over
 
 HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
 ADMIN_ROLE = "gpu-pool-admin"
@@ -74,13 +75,15 @@ def configure_pool_page(c, settings) -> None:
     custom[EXEC_SCOPE] = {"description": "Run action scripts in other people's running servers (as each "
                                          "server's own user) from the GPU pool page and `gpu-pool exec`"}
     section.custom_scopes = custom
+    environment = service_environment(settings)
+    hand_over(c, settings, environment)  # c.PoolServiceLimits
     section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "display": True,
         "oauth_no_confirm": True,
         "url": f"http://127.0.0.1:{settings.pool_page_port}",
         "command": [sys.executable, "-m", "spawner.poolpage"],
-        "environment": service_environment(settings),
+        "environment": environment,
         # OAuth tokens the page gets carry the admin scope when the user holds it.
         "oauth_client_allowed_scopes": [ADMIN_SCOPE, EXEC_SCOPE],
     }]

@@ -34,6 +34,7 @@ CLASSES = [
     ("spawner.reconcile", "Reconciler"),
     ("spawner.auth", "DirectoryAuthenticator"),
     ("spawner.culling", "GPUIdleCuller"),
+    ("spawner.poolpage.limits", "PoolServiceLimits"),
     ("gpuhub_activity", "BusyKernelActivity"),
 ]
 

@@ -1,0 +1,143 @@
+"""What one client may hold in the gpu-pool service, and how long the service waits on others.
+
+`c.PoolServiceLimits` in the hub's config (like `c.GPUPool`); the hub hands the values to the
+service (service.py: an environment variable, and a file written from the final config once
+every config file is loaded, so options set after `load_subconfig` count).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from traitlets import Float, Int, TraitError, validate
+from traitlets.config import Configurable
+
+ENV_NAME = "GPUHUB_POOL_SERVICE_LIMITS"
+FILE_ENV_NAME = "GPUHUB_POOL_SERVICE_LIMITS_FILE"
+
+
+class PoolServiceLimits(Configurable):
+    """Limits of the gpu-pool service (log followers, timeouts on the hub and on Docker)."""
+
+    log_followers_per_job = Int(
+        4,
+        config=True,
+        help="""Most readers following one job's log at once (`GET .../logs?follow=1`).
+
+        Each follower holds a Docker log stream and a thread of the service while it reads.
+        One more gets 429 with a message that says so; a reader that goes away frees its place
+        at once.
+        """,
+    )
+
+    log_followers_per_user = Int(
+        8,
+        config=True,
+        help="""Most job logs one user (or token) follows at once, over all jobs.
+
+        One more gets 429 with a message naming this limit.
+        """,
+    )
+
+    log_followers_total = Int(
+        64,
+        config=True,
+        help="""Most job logs the service follows at once, for everyone together.
+
+        Bounds the threads and Docker streams that log followers can hold.  One more gets 429.
+        """,
+    )
+
+    log_buffer_chunks = Int(
+        64,
+        config=True,
+        help="""Docker log frames (each at most 16 KiB) kept for one follower that reads slowly.
+
+        When they are full the service stops reading the container's log for that follower
+        until the follower catches up: a stalled reader costs at most this much memory.
+        """,
+    )
+
+    log_stall_timeout = Float(
+        60.0,
+        config=True,
+        help="""Seconds a follower may go without taking any of its log before it is dropped.
+
+        A client that stops reading (and keeps its connection open) would otherwise hold its
+        Docker stream, its thread and its place among the followers for as long as the job runs.
+        """,
+    )
+
+    hub_auth_timeout = Float(
+        10.0,
+        config=True,
+        help="""Seconds the service waits for the hub to say who a token or cookie belongs to.
+
+        Checked off the event loop; a hub that does not answer in time gets the request a 503
+        ("the hub did not confirm who you are"), and every other request keeps being served.
+        """,
+    )
+
+    docker_timeout = Float(
+        10.0,
+        config=True,
+        help="""Seconds the service waits for Docker to open a connection or a log stream.
+
+        A Docker daemon that does not answer gets the request a 503; the service's event loop
+        never waits on it.
+        """,
+    )
+
+    @validate("log_followers_per_job", "log_followers_per_user", "log_followers_total", "log_buffer_chunks")
+    def _check_count(self, proposal):
+        if proposal.value < 1:
+            raise TraitError(f"PoolServiceLimits.{proposal.trait.name} must be >= 1")
+        return proposal.value
+
+    @validate("log_stall_timeout", "hub_auth_timeout", "docker_timeout")
+    def _check_seconds(self, proposal):
+        if not proposal.value > 0:
+            raise TraitError(f"PoolServiceLimits.{proposal.trait.name} must be > 0")
+        return proposal.value
+
+    def to_env(self) -> str:
+        return json.dumps({name: getattr(self, name) for name in self.trait_names(config=True)}, sort_keys=True)
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> "PoolServiceLimits":
+        """The limits the hub handed over (its final config's file, else the variable), else the defaults."""
+        raw = environ.get(ENV_NAME) or "{}"
+        path = environ.get(FILE_ENV_NAME)
+        if path and os.path.isfile(path):
+            raw = Path(path).read_text() or raw
+        return cls(**json.loads(raw))
+
+
+def limits_of(c) -> PoolServiceLimits:
+    """The limits a hub config `c` sets."""
+    return PoolServiceLimits(config=c)
+
+
+def hand_over(c, settings, env: dict) -> None:
+    """Put the limits of hub config `c` into the service's environment `env`, and have the hub
+    write them again, from its final config, once every config file is loaded."""
+    path = settings.data_dir / "gpu-pool-limits.json"
+    env[ENV_NAME] = limits_of(c).to_env()
+    env[FILE_ENV_NAME] = str(path)
+    try:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        from jupyterhub.app import JupyterHub
+    except (RuntimeError, ImportError):
+        return
+    if not JupyterHub.initialized():
+        return
+
+    def write():
+        path.with_suffix(".tmp").write_text(limits_of(JupyterHub.instance().config).to_env())
+        path.with_suffix(".tmp").replace(path)
+
+    loop.call_soon(write)

@@ -1,0 +1,125 @@
+"""Log followers of the gpu-pool service, without Docker: the buffer stays bounded behind a
+reader that stalls, closing ends the stream's thread, and the caps say what they are."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from spawner.poolpage.limits import PoolServiceLimits
+from spawner.poolpage.log_streams import Followers, LogFollow, TooMany
+
+
+class EndlessLog:
+    """A Docker log stream of a job that prints without end (close() ends it, as Docker's does)."""
+
+    def __init__(self):
+        self.read = 0
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.closed.is_set():
+            raise StopIteration
+        self.read += 1
+        return b"x" * 1024
+
+    def close(self):
+        self.closed.set()
+
+
+async def until(predicate, limit=10.0):
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    while not predicate():
+        assert loop.time() < end, "condition never came true"
+        await asyncio.sleep(0.01)
+
+
+def test_a_stalled_reader_holds_a_bounded_buffer_and_closing_ends_the_thread():
+    source = EndlessLog()
+
+    async def main():
+        follow = LogFollow(source, chunks=4)
+        # Nobody reads: the pump fills the buffer and waits with the next frame in hand.
+        await until(lambda: follow.buffer.full() and source.read == 5)
+        assert follow.thread.is_alive() and source.read == 5
+        assert await follow.next_chunk() == b"x" * 1024  # taking one makes room for one
+        await until(lambda: source.read == 6 and follow.buffer.full())
+        follow.close()  # the reader left
+        assert await follow.next_chunk() is None
+        await until(lambda: not follow.thread.is_alive())
+        return follow
+
+    asyncio.run(main())
+    assert source.closed.is_set() and source.read <= 7
+
+
+def test_a_log_that_ends_ends_the_follow():
+    async def main():
+        follow = LogFollow(iter([b"a", b"b"]), chunks=1)
+        got = [await follow.next_chunk() for _ in range(3)]
+        await until(lambda: not follow.thread.is_alive())
+        return got
+
+    assert asyncio.run(main()) == [b"a", b"b", None]
+
+
+def test_followers_are_capped_per_user_per_job_and_in_all():
+    followers = Followers(PoolServiceLimits(log_followers_per_user=2, log_followers_per_job=3,
+                                            log_followers_total=4))
+    followers.take(1, "pat")
+    followers.take(1, "pat")
+    with pytest.raises(TooMany, match=r"You already follow 2 job logs.*log_followers_per_user = 2"):
+        followers.take(2, "pat")
+    followers.take(1, "ada")
+    with pytest.raises(TooMany, match=r"Job 1.s log already has 3 followers.*log_followers_per_job = 3"):
+        followers.take(1, "bob")
+    followers.take(2, "bob")
+    with pytest.raises(TooMany, match=r"already follows 4 job logs, its limit.*log_followers_total = 4"):
+        followers.take(3, "cat")
+    followers.give_back(1, "pat")
+    followers.take(2, "pat")  # a place freed is a place again
+    for job, user in [(1, "pat"), (2, "pat"), (1, "ada"), (2, "bob")]:
+        followers.give_back(job, user)
+    assert followers.total == 0 and not followers.by_user
+
+
+def test_a_follower_of_a_queued_job_reads_the_ledger_only_when_the_runner_moves_it():
+    from types import SimpleNamespace
+
+    from spawner.jobs.runner import JobRunner
+    from spawner.pool.jobs import QUEUED, RUNNING, STARTING
+    from spawner.poolpage.jobs_api import JobLogsAPI
+
+    states = iter([STARTING, RUNNING])
+    reads = []
+
+    async def main():
+        runner = SimpleNamespace(_moves={})
+        runner.moved = JobRunner.moved.__get__(runner)
+        runner.tell = JobRunner._tell.__get__(runner)
+
+        def get(job_id):
+            reads.append(job_id)
+            return SimpleNamespace(id=job_id, state=next(states))
+
+        async def call(fn, *args):
+            return fn(*args)
+
+        runner.ledger = SimpleNamespace(get=get)
+        handler = SimpleNamespace(runner=runner, _gone=asyncio.Event(), call=call)
+        waiting = asyncio.ensure_future(JobLogsAPI.until_it_runs(handler, SimpleNamespace(id=7, state=QUEUED)))
+        await until(lambda: 7 in runner._moves)  # it waits on the runner's news, having read nothing
+        assert reads == []
+        runner.tell(7)  # leased: STARTING
+        await until(lambda: reads == [7] and 7 in runner._moves)
+        runner.tell(7)  # started: RUNNING
+        return await waiting
+
+    assert asyncio.run(main()).state == RUNNING
+    assert reads == [7, 7]
