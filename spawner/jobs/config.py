@@ -15,12 +15,19 @@ from ..poolpage import SERVICE_NAME
 from ..poolpage.service import ACCESS_SCOPE, SERVICE_ROLE
 from ..profiles import DEFAULT_PROFILES
 from . import JOBS_SCOPE
+from .limits import JobLimits
 from .settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 
 # What the service's own token needs besides the pool page's: users' groups and directory identity.
 JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
 # JupyterHub's `server` role, plus submitting jobs to the gpu-pool service.
 SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE, ACCESS_SCOPE]
+
+
+def job_limits(c) -> dict:
+    """The c.JobLimits options an admin set, checked here so that a mistake stops the hub at start."""
+    JobLimits(config=c)
+    return {k: v for k, v in c.JobLimits.items()}
 
 
 def job_settings(c, settings) -> JobSettings:
@@ -43,6 +50,7 @@ def job_settings(c, settings) -> JobSettings:
         log_max_bytes=settings.job_log_max_bytes,
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
+        limits=job_limits(c),
         reconcile_interval=float(c.Reconciler.get("interval", JobSettings.reconcile_interval)),
         reconcile_min_age=float(c.Reconciler.get("min_lease_age", JobSettings.reconcile_min_age)),
     )

@@ -1,8 +1,9 @@
 """JobRunner: runs batch jobs in the gpu-pool service, from queue to freed GPUs.
 
-A job waits in the pool's fair queue like a notebook spawn (same quotas: its
-lease is the user's), runs in a locked-down container given exactly its
-leased GPUs, and ends succeeded / failed / cancelled / timed-out.  Its lease
+A job first waits for room within its user's job limits (limits.py: running
+jobs, per profile, CPUs), then in the pool's fair queue like a notebook spawn
+(same quotas: its lease is the user's), runs in a locked-down container given
+exactly its leased GPUs, and ends succeeded / failed / cancelled / timed-out.  Its lease
 ends only once Docker confirms the container no longer runs.  Every step is
 recorded in the ledger first, so a runner that restarts (the hub was killed)
 finds its jobs again: running containers are watched on, queued jobs queue
@@ -12,6 +13,7 @@ again, and a job whose start was cut short starts again on its lease.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -24,7 +26,8 @@ from ..ledger_io import ledger_call
 from ..pool import GPUPool, PoolError
 from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED, TIMED_OUT,
                          Job, JobLedger, job_server_name)
-from .request import Submission
+from .limits import JobLimits
+from .request import BadJob, Submission
 from .settings import JobSettings
 from .spec import container_name, container_spec
 
@@ -78,6 +81,11 @@ class JobRunner:
         self._tasks: dict[int, asyncio.Task] = {}
         self._acquiring: dict[int, asyncio.Future] = {}
         self._cancel: set[int] = set()
+        self.limits = JobLimits(**settings.limits)
+        # Jobs holding a running place (job id -> (user, profile slug, CPUs)), from the
+        # moment they may take GPUs until they end; `_room` is set when one leaves.
+        self._running: dict[int, tuple[str, str, float]] = {}
+        self._room = asyncio.Event()
         self._background: list[asyncio.Task] = []
         # The newest jobs as the pool page shows them, refreshed in the background.
         self.snapshot: list[dict] = []
@@ -131,7 +139,8 @@ class JobRunner:
 
     async def _take_up(self) -> None:
         held = {lease.server_name: lease for lease in await self.call(self.pool.leases, None, self.settings.host or None)}
-        for job in await self.call(self.ledger.jobs, None, True, 10000):
+        # Oldest first: jobs holding GPUs keep their running places, queued ones queue in order.
+        for job in sorted(await self.call(self.ledger.jobs, None, True, 10000), key=lambda j: j.id):
             if job.host != self.settings.host or job.id in self._tasks:
                 continue
             lease = held.get(job_server_name(job.id))
@@ -175,8 +184,13 @@ class JobRunner:
                                 self.settings.host or None)
             except PoolError as exc:
                 raise JobError(str(exc), exc.status_code) from None
-        job = await self.call(self.ledger.create, user, groups, sub.profile.slug, sub.command, sub.workdir,
-                              sub.timeout_s, self.settings.host, uid, gid)
+        try:
+            job = await self.call(self.ledger.create, user, groups, sub.profile.slug, sub.command, sub.workdir,
+                                  sub.timeout_s, self.settings.host, uid, gid,
+                                  check=functools.partial(self.limits.check_submission, sub.profile))
+        except BadJob as exc:
+            log.info("Job of %s refused: %s", user, exc)
+            raise JobError(str(exc), exc.status) from None
         log.info("Job %s of %s queued: profile %s, %s", job.id, user, job.profile, list(job.command))
         self._spawn(job)
         return job
@@ -223,6 +237,8 @@ class JobRunner:
     # ------------------------------------------------------------ a job's life
 
     def _spawn(self, job: Job) -> None:
+        if job.state != QUEUED:  # it holds its GPUs already (taken up after a restart)
+            self._hold_place(job)
         task = asyncio.create_task(self._run(job))
         self._tasks[job.id] = task
         task.add_done_callback(lambda _t, i=job.id: self._tasks.pop(i, None))
@@ -254,14 +270,48 @@ class JobRunner:
         finally:
             self._cancel.discard(job.id)
             self._tell(job.id)
+            self._leave_place(job.id)
+
+    # ------------------------------------------------------------ job limits
+
+    def _hold_place(self, job: Job) -> None:
+        profile = self.profiles.get(job.profile)
+        cpus = self.limits.job_cpus(profile) if profile is not None else 0.0
+        self._running[job.id] = (job.user, job.profile, cpus)
+
+    def _leave_place(self, job_id: int) -> None:
+        if self._running.pop(job_id, None) is not None:
+            self._room.set()
+            self._room = asyncio.Event()
+
+    async def _wait_for_place(self, job: Job, profile) -> None:
+        """Until the user's limits leave room for the job (JobLimits); says why it waits."""
+        said = None
+        while True:
+            why = self.limits.wait_reason(profile, [(slug, cpus) for user, slug, cpus in self._running.values()
+                                                     if user == job.user])
+            if why is None:
+                self._hold_place(job)
+                if said is not None:
+                    await self.call(self.ledger.update, job.id, (QUEUED,), message=None)
+                return
+            if why != said:
+                await self.call(self.ledger.update, job.id, (QUEUED,), message=why)
+                said = why
+                continue  # the ledger call let others run: look again
+            await self._room.wait()
 
     async def _lease(self, job: Job, profile) -> Job | None:
-        """Wait in the fair queue for the profile's GPUs; the job STARTING, or None if cancelled."""
-        if not profile.gpus:
-            return await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING)
-        acquiring = asyncio.ensure_future(self.pool.acquire(
-            job.user, job_server_name(job.id), profile.gpus, job.groups,
-            timeout=self.settings.queue_timeout, host=self.settings.host or None))
+        """Wait for room within the user's job limits, then in the fair queue for the
+        profile's GPUs; the job STARTING, or None if cancelled."""
+        async def place_then_gpus():
+            await self._wait_for_place(job, profile)
+            if not profile.gpus:
+                return None
+            return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
+                                           timeout=self.settings.queue_timeout, host=self.settings.host or None)
+
+        acquiring = asyncio.ensure_future(place_then_gpus())
         self._acquiring[job.id] = acquiring
         try:
             lease = await acquiring
@@ -277,6 +327,8 @@ class JobRunner:
             return None
         finally:
             self._acquiring.pop(job.id, None)
+        if lease is None:  # a CPU job: its place within the limits is all it waited for
+            return await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING)
         started = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
                                   gpu_uuids=lease.gpu_uuids)
         if started is None:  # ended meanwhile (an admin): hand the GPUs back
@@ -407,7 +459,6 @@ class JobRunner:
             log.warning("Could not read job %s's log: %s", job.id, exc)
             return None
         return cap(raw, self.settings.log_max_bytes)
-
 
 def cap(raw: bytes, limit: int) -> str:
     """The last `limit` bytes of `raw` as text, saying when the start was cut."""

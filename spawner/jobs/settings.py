@@ -43,6 +43,8 @@ class JobSettings:
     bridge_ip: str = ""
     # The hub's c.GPUPool options (quotas, queue rules), so jobs queue by the same rules.
     pool: dict = field(default_factory=dict)
+    # The hub's c.JobLimits options (limits.py): how many jobs a user runs and queues, their CPUs.
+    limits: dict = field(default_factory=dict)
 
     def profile_objects(self) -> list[Profile]:
         return load_profiles(self.profiles)

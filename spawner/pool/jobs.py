@@ -8,6 +8,7 @@ the hub's reconciler can tell a job's lease from a notebook server's.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -103,8 +104,15 @@ class JobLedger:
         self._store = pool._store
 
     def create(self, user: str, groups, profile: str, command, workdir: str, timeout_s: int,
-               host: str, uid: int, gid: int) -> Job:
+               host: str, uid: int, gid: int, check: Callable[[list[tuple[str, str]]], None] | None = None) -> Job:
+        """Record a queued job.  `check`, given the user's active jobs as (profile, state)
+        pairs, may refuse it by raising: it runs in the same transaction, under the
+        ledger's write lock, so concurrent submissions cannot pass a limit together."""
         def write(conn):
+            if check is not None:
+                check([tuple(r) for r in conn.execute(
+                    select(jobs_table.c.profile, jobs_table.c.state).where(
+                        jobs_table.c.user_name == user, jobs_table.c.state.in_(ACTIVE_STATES))).all()])
             job_id = conn.execute(insert(jobs_table).values(**{
                 "user_name": user, "groups": json.dumps(sorted(groups)), "profile": profile,
                 "command": json.dumps(list(command)), "workdir": workdir, "timeout_s": timeout_s,
