@@ -13,6 +13,9 @@ import json
 import math
 from typing import Iterable
 
+from traitlets import Int, TraitError, Unicode, validate
+from traitlets.config import Configurable
+
 from .labels import LABEL_CONFIG, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
 
 # The security model of every user container; configured extras never override it.
@@ -27,6 +30,93 @@ HARDENING = {
 def hardened_host_config() -> dict:
     """A fresh copy of the settings that lock a user container down."""
     return json.loads(json.dumps(HARDENING))
+
+
+# Helpers (a home's hand-over, the doctor's probe) run a shell and a few tools, never more.
+HELPER_PIDS_LIMIT = 64
+LOG_DRIVERS = ("json-file", "local")
+
+
+class ContainerLimits(Configurable):
+    """Bounds on every container the project creates: notebook servers, batch jobs, the
+    short-lived helpers that prepare homes, and the doctor's probe."""
+
+    pids_limit = Int(
+        4096,
+        config=True,
+        help="""Most processes and threads one container may run at once (Docker's `--pids-limit`).
+
+        A fork bomb in a notebook or a job then stays inside its container
+        instead of exhausting the host's process table.  Threads count: leave
+        room for data loaders and math libraries (a TensorFlow process runs
+        a few dozen).  Helper containers get at most 64.
+        """,
+    )
+
+    log_driver = Unicode(
+        "json-file",
+        config=True,
+        help="""Docker log driver of the project's containers: `json-file` or `local`.
+
+        Both keep at most `log_max_files` files of `log_max_size` each, so a
+        job that prints without end cannot fill /var/lib/docker, and both
+        serve `docker logs` (which the job pages read).
+        """,
+    )
+
+    log_max_size = Unicode(
+        "10m",
+        config=True,
+        help="""Size at which a container's log file is rotated (Docker's `max-size`: `10m`, `512k`, `1g`).
+
+        A container's log on disk is at most `log_max_size` x `log_max_files`;
+        older output is dropped.  A job keeps the last GPUHUB_JOB_LOG_MAX_BYTES
+        of it after it ends.
+        """,
+    )
+
+    log_max_files = Int(
+        3,
+        config=True,
+        help="Log files kept per container, the current one included (Docker's `max-file`).",
+    )
+
+    @validate("pids_limit", "log_max_files")
+    def _check_positive(self, proposal):
+        if proposal.value < 1:
+            raise TraitError(f"ContainerLimits.{proposal.trait.name} must be >= 1")
+        return proposal.value
+
+    @validate("log_driver")
+    def _check_driver(self, proposal):
+        if proposal.value not in LOG_DRIVERS:
+            raise TraitError(f"ContainerLimits.log_driver must be one of {', '.join(LOG_DRIVERS)}, "
+                             f"not {proposal.value!r}")
+        return proposal.value
+
+    @validate("log_max_size")
+    def _check_size(self, proposal):
+        import re
+
+        if not re.fullmatch(r"[1-9][0-9]*[kmg]?", proposal.value):
+            raise TraitError(f"ContainerLimits.log_max_size must be a size like 10m, 512k or 1g, "
+                             f"not {proposal.value!r}")
+        return proposal.value
+
+    def log_options(self) -> dict[str, str]:
+        return {"max-size": self.log_max_size, "max-file": str(self.log_max_files)}
+
+    def host_config(self, helper: bool = False) -> dict:
+        """Docker host config (create_host_config keywords) bounding a container's processes and log."""
+        import docker.types
+
+        pids = min(self.pids_limit, HELPER_PIDS_LIMIT) if helper else self.pids_limit
+        return {"pids_limit": pids,
+                "log_config": docker.types.LogConfig(type=self.log_driver, config=self.log_options())}
+
+    def settings(self) -> dict:
+        """Its values as plain data, for another process (the gpu-pool service): ContainerLimits(**them)."""
+        return {name: getattr(self, name) for name in self.class_own_traits(config=True)}
 
 
 def gpu_host_config(gpu_uuids: Iterable[str]) -> dict:

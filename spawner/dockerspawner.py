@@ -20,7 +20,7 @@ from traitlets import Float, Unicode, default
 
 from .homes import prepare_home_volume
 from .inventory import image_cuda_version
-from .containers import config_digest, gpu_host_config, hardened_host_config, lease_labels
+from .containers import ContainerLimits, config_digest, gpu_host_config, hardened_host_config, lease_labels
 from .labels import HOLDING_STATES, LABEL_CONFIG, LABEL_CUDA, LABEL_LEASE, LABEL_POOL, pool_identity
 from .lending import GPULendingSpawner, shared_pool  # noqa: F401 (shared_pool: public API)
 from .pool.models import PoolError
@@ -97,6 +97,13 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
 
         start_in_hub()
 
+    @property
+    def container_limits(self) -> ContainerLimits:
+        """c.ContainerLimits: the pids and log bounds of the server and its helper containers."""
+        if getattr(self, "_container_limits", None) is None:
+            self._container_limits = ContainerLimits(parent=self)
+        return self._container_limits
+
     def home_volume_create_kwargs(self) -> dict:
         """Extra arguments of the home volume's creation (driver options): none on one host."""
         return {}
@@ -131,7 +138,8 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
         labels = lease_labels(self.user.name, self.name or "", self.gpu_uuids, self.gpu_host,
                               self.lease_id, pool_identity(self.pool), self._config_digest(uid, gid))
         create = {"user": f"{uid}:{gid}", "labels": labels}
-        host = {**hardened_host_config(), "shm_size": self.shm_size, **gpu_host_config(self.gpu_uuids)}
+        host = {**hardened_host_config(), "shm_size": self.shm_size, **gpu_host_config(self.gpu_uuids),
+                **self.container_limits.host_config()}
         return create, host
 
     async def create_object(self):

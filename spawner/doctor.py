@@ -374,6 +374,12 @@ class Doctor:
 
         return str(self.target.config.GPUDockerSpawner.get("prefix", None) or DockerSpawner.prefix.default_value)
 
+    def _bounds(self) -> dict:
+        """The hub's c.ContainerLimits for a helper, in docker-py's high-level keywords."""
+        from .containers import ContainerLimits
+
+        return ContainerLimits(config=self.target.config).host_config(helper=True)
+
     def _run_with_gpu(self, image: str, gpu: str) -> bytes:
         """Run `cat /proc/1/environ` as PID 1, no network, no capabilities, with one GPU."""
         import docker.types
@@ -382,7 +388,7 @@ class Doctor:
             image, entrypoint=["cat", "/proc/1/environ"], command=[], network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
             name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}",
-            labels={LABEL_DOCTOR: "1"}, device_requests=[
+            labels={LABEL_DOCTOR: "1"}, **self._bounds(), device_requests=[
                 docker.types.DeviceRequest(driver="nvidia", device_ids=[gpu], capabilities=[["gpu"]])])
         try:
             container.start()

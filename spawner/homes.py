@@ -21,6 +21,7 @@ import tarfile
 import docker.errors
 from tornado import web
 
+from .containers import ContainerLimits
 from .labels import LABEL_HOME_OWNER, LABEL_USER
 
 MARKER = ".gpuhub-owner"
@@ -30,13 +31,20 @@ MOUNT = "/mnt/home"
 _known_owner: dict[str, str] = {}
 
 
+def helper_bounds(spawner) -> dict:
+    """The pids and log bounds of a helper container of `spawner` (its c.ContainerLimits)."""
+    limits = getattr(spawner, "container_limits", None) or ContainerLimits()
+    return limits.host_config(helper=True)
+
+
 async def _recorded_owner(spawner, name: str, image: str) -> str | None:
     """The owner the volume's marker records, read through a container that never starts."""
     reader = await spawner.docker(
         "create_container", image=image, command=["true"], network_disabled=True,
         labels={LABEL_USER: spawner.user.name},
         host_config=spawner.client.create_host_config(
-            binds={name: {"bind": MOUNT, "mode": "ro"}}, network_mode="none", cap_drop=["ALL"]),
+            binds={name: {"bind": MOUNT, "mode": "ro"}}, network_mode="none", cap_drop=["ALL"],
+            **helper_bounds(spawner)),
     )
     try:
         stream, _ = await spawner.docker("get_archive", reader["Id"], f"{MOUNT}/{MARKER}")
@@ -115,7 +123,7 @@ async def _hand_over(spawner, name: str, image: str, owner: str) -> None:
         host_config=spawner.client.create_host_config(
             binds={name: {"bind": MOUNT, "mode": "rw"}},
             cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER"],
-            security_opt=["no-new-privileges"], network_mode="none",
+            security_opt=["no-new-privileges"], network_mode="none", **helper_bounds(spawner),
         ),
     )
     try:

@@ -24,7 +24,7 @@ from traitlets import Bool, Dict, List, Unicode, default
 
 from .containers import hardened_host_config, lease_labels
 from .dockerspawner import GPUDockerSpawner
-from .homes import prepare_home_volume
+from .homes import helper_bounds, prepare_home_volume
 from .labels import pool_identity
 from .pool import PoolError
 from .pool.reads import counts as counts_of
@@ -175,6 +175,9 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             cpu_limit=int(self.cpu_limit * 1e9) if self.cpu_limit else None,
             generic_resources={"GPU": len(self.gpu_uuids)} if self.gpu_uuids and self.generic_resource_guard else None,
         )
+        # c.ContainerLimits: Swarm takes the pids limit among the task's resource limits (API 1.41).
+        limits = self.container_limits
+        resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
         constraints = [f"node.hostname=={self.gpu_host}"] if self.gpu_uuids else list(self.cpu_constraints)
         task = TaskTemplate(
             container_spec=ContainerSpec(**spec), resources=resources,
@@ -184,6 +187,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
                             if self.generic_resource_guard else RestartPolicy(condition="none")),
             placement=Placement(constraints=constraints or None),
             networks=[NetworkAttachmentConfig(self.network_name)] if self.network_name else [],
+            log_driver=DriverConfig(limits.log_driver, options=limits.log_options()),
         )
         # dnsrr: no virtual IP (no IPVS needed); the hub reaches the task's own address.
         service = await self.docker("create_service", task, name=self.service_name, labels=labels,
@@ -267,7 +271,8 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             command=[script], user="0:0", network_disabled=True,
             host_config=self.client.create_host_config(
                 binds={root: {"bind": "/mnt/homes", "mode": "rw"}}, network_mode="none",
-                cap_drop=["ALL"], cap_add=["CHOWN"], security_opt=["no-new-privileges"]))
+                cap_drop=["ALL"], cap_add=["CHOWN"], security_opt=["no-new-privileges"],
+                **helper_bounds(self)))
         try:
             await self.docker("start", prep["Id"])
             result = await self.docker("wait", prep["Id"], timeout=60)

@@ -10,6 +10,7 @@ import os
 import socket
 from pathlib import Path
 
+from ..containers import ContainerLimits
 from ..culling import without_named
 from ..poolpage import SERVICE_NAME
 from ..poolpage.service import ACCESS_SCOPE, SERVICE_ROLE
@@ -51,6 +52,7 @@ def job_settings(c, settings) -> JobSettings:
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
         limits=job_limits(c),
+        container_limits=ContainerLimits(config=c).settings(),
         reconcile_interval=float(c.Reconciler.get("interval", JobSettings.reconcile_interval)),
         reconcile_min_age=float(c.Reconciler.get("min_lease_age", JobSettings.reconcile_min_age)),
     )

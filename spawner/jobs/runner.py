@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+from ..containers import ContainerLimits
 from ..homes import prepare_home_volume
 from ..labels import pool_identity
 from ..identity import container_identity
@@ -34,6 +35,8 @@ from .spec import container_name, container_spec
 log = logging.getLogger("gpu-pool-page")
 LEDGER_TIMEOUT = 10.0
 POLL_SECONDS = 0.5
+# The most bytes of one Docker log entry: a longer line is split into entries of this size.
+LOG_ENTRY_MAX = 16 * 1024
 STOP_GRACE_SECONDS = 5
 _DOCKER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpu-jobs-docker")
 
@@ -58,6 +61,7 @@ class _HomeOwner:
         self.home_mount_point = s.home_mount_point
         self.home_volume_prep_image = s.home_volume_prep_image
         self.home_prep_timeout = s.home_prep_timeout
+        self.container_limits = runner.container_limits
         self.fallback_uid, self.fallback_gid = s.fallback_uid, s.fallback_gid
         self._directory = has_directory_identity
 
@@ -82,6 +86,7 @@ class JobRunner:
         self._acquiring: dict[int, asyncio.Future] = {}
         self._cancel: set[int] = set()
         self.limits = JobLimits(**settings.limits)
+        self.container_limits = ContainerLimits(**settings.container_limits)
         # Jobs holding a running place (job id -> (user, profile slug, CPUs)), from the
         # moment they may take GPUs until they end; `_room` is set when one leaves.
         self._running: dict[int, tuple[str, str, float]] = {}
@@ -447,18 +452,32 @@ class JobRunner:
         return True
 
     async def read_log(self, job: Job) -> str | None:
-        """The container's output so far, its last `log_max_bytes` bytes; None if it is gone."""
+        """The container's output so far, its last `log_max_bytes` bytes; None if it is gone.
+
+        Only the log's tail is read, never the whole of it: Docker's `tail` counts log
+        entries (a line, or 16 KiB of one), so ask for a few and for more until they
+        give `log_max_bytes` or the whole log."""
         import docker.errors
 
+        limit = self.settings.log_max_bytes
+        entries, got = max(64, limit // LOG_ENTRY_MAX), None
         try:
-            raw = await self.docker("logs", job.container or container_name(self.settings, job.id),
-                                    stdout=True, stderr=True)
+            while True:
+                raw = await self.docker("logs", job.container or container_name(self.settings, job.id),
+                                        stdout=True, stderr=True, tail=entries)
+                whole = got is not None and len(raw) == len(got)  # more entries gave no more
+                if whole or len(raw) >= limit or entries > limit:
+                    break
+                got, entries = raw, entries * 8
         except docker.errors.NotFound:
             return None
         except Exception as exc:
             log.warning("Could not read job %s's log: %s", job.id, exc)
             return None
-        return cap(raw, self.settings.log_max_bytes)
+        if whole or len(raw) <= limit:
+            return cap(raw, limit)
+        return "[... earlier output not kept ...]\n" + raw[-limit:].decode(errors="replace")
+
 
 def cap(raw: bytes, limit: int) -> str:
     """The last `limit` bytes of `raw` as text, saying when the start was cut."""

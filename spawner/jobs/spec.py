@@ -9,7 +9,7 @@ profile allows the hub's.
 
 from __future__ import annotations
 
-from ..containers import config_digest, gpu_host_config, hardened_host_config, lease_labels, runtime_env
+from ..containers import ContainerLimits, config_digest, gpu_host_config, hardened_host_config, lease_labels, runtime_env
 from ..labels import LABEL_JOB
 from ..pool.jobs import Job, job_server_name
 from ..profiles import Profile
@@ -56,6 +56,7 @@ def container_spec(job: Job, profile: Profile, settings: JobSettings, home_volum
         "binds": {home_volume: {"bind": settings.home_mount_point, "mode": "rw"}},
         "shm_size": settings.shm_size,
         "network_mode": settings.network if profile.job_network else "none",
+        **ContainerLimits(**settings.container_limits).host_config(),
     }
     if profile.cpu_limit:
         host["nano_cpus"] = int(profile.cpu_limit * 1e9)
