@@ -59,13 +59,14 @@ class JobLimits(Configurable):
     )
 
     max_cpus = Float(
-        8.0,
+        16.0,
         allow_none=True,
         config=True,
         help="""Most CPUs one user's running jobs may use together on this host (the CPU quota).
 
         Each job counts its profile's `cpu_limit`; a profile without one counts
-        as every CPU of the host.  GPU and CPU jobs count alike.  A job that
+        as every CPU of the host.  GPU and CPU jobs count alike (the default
+        lets `max_running` jobs of the default 4-CPU GPU profile run at once).  A job that
         does not fit waits, queued, until the user's running jobs leave room; a
         job whose profile alone asks for more than this is refused at once
         with HTTP 403.  None: no CPU quota.

@@ -19,9 +19,9 @@ PROFILES = {p.slug: p for p in load_profiles(DEFAULT_PROFILES + [
 CPU, GPU = PROFILES["tf-cpu"], PROFILES["tf-gpu-1"]  # 2 and 4 CPUs
 
 
-def test_the_defaults_are_four_running_twenty_queued_eight_cpus_and_each_is_documented():
+def test_the_defaults_are_four_running_twenty_queued_sixteen_cpus_and_each_is_documented():
     limits = JobLimits()
-    assert (limits.max_running, limits.max_queued, limits.max_cpus, limits.profile_limits) == (4, 20, 8.0, {})
+    assert (limits.max_running, limits.max_queued, limits.max_cpus, limits.profile_limits) == (4, 20, 16.0, {})
     for trait in JobLimits.class_own_traits(config=True).values():
         assert len(trait.help) > 80, trait.name
 
