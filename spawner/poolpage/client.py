@@ -10,11 +10,28 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
 import requests
 
 from . import SERVICE_NAME
+
+
+# What a terminal would act on rather than print: escape sequences (CSI, OSC such as
+# title changes and hyperlinks, DCS and the like, two-byte ones), then every other control
+# character but newline and tab (a carriage return or backspace can hide a line).
+_ESCAPES = re.compile(
+    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"      # OSC ... BEL or ST
+    r"|\x1b[P^_X][^\x1b]*(?:\x1b\\)?"            # DCS, PM, APC, SOS ... ST
+    r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"           # CSI
+    r"|\x1b[ -/]*[0-~]"                          # two- and three-byte sequences
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")            # other controls (\x1b alone too)
+
+
+def printable(text: str) -> str:
+    """`text` as a terminal shows it safely: without escape sequences or control characters."""
+    return _ESCAPES.sub("", text)
 
 
 class ExecFailed(Exception):
@@ -31,7 +48,8 @@ def _answer(r) -> dict:
     except ValueError:
         raise ExecFailed(f"The GPU pool service answered {r.status_code} without JSON", 1) from None
     if r.status_code not in (200, 202):
-        raise ExecFailed(data.get("message") or f"HTTP {r.status_code}", 2 if r.status_code < 500 else 1)
+        raise ExecFailed(printable(str(data.get("message") or f"HTTP {r.status_code}")),
+                         2 if r.status_code < 500 else 1)
     return data
 
 
@@ -78,16 +96,19 @@ def exec_script(hub_url: str, token: str, script: str, timeout: int, profile=Non
 
 
 def render(data: dict) -> str:
-    lines = [f"Ran in {len(data['results'])} server(s) of {data['target']} (time limit {data['timeout']} s):"]
+    """The results for a terminal; what the servers printed comes without escape sequences
+    (a script's output could otherwise retitle, clear or rewrite the admin's terminal)."""
+    lines = [f"Ran in {len(data['results'])} server(s) of {printable(str(data['target']))} "
+             f"(time limit {data['timeout']} s):"]
     for r in data["results"]:
         status = f"exit {r['exit_code']}" if r["exit_code"] is not None else "not run"
         if r["timed_out"]:
             status += ", timed out"
         if r["error"]:
-            status += f": {r['error']}"
-        lines.append(f"== {r['server']} ({status})")
+            status += f": {printable(r['error'])}"
+        lines.append(f"== {printable(r['server'])} ({status})")
         if r["output"]:
-            lines.append(r["output"].rstrip("\n"))
+            lines.append(printable(r["output"]).rstrip("\n"))
         if r["truncated"]:
             lines.append("(output cut)")
     return "\n".join(lines)

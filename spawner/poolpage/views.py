@@ -119,16 +119,27 @@ def usage_for(usage: dict, viewer: Viewer) -> dict:
     return {"users": {viewer.name: users.get(viewer.name, 0.0)}, "groups": {}}
 
 
+# A cell starting with one of these is a formula to a spreadsheet (TAB and CR too: some
+# strip them and read on).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(cell: str) -> str:
+    """`cell`, quoted with a leading ' when a spreadsheet would run it as a formula."""
+    return "'" + cell if cell[:1] in FORMULA_STARTS else cell
+
+
 def usage_csv(usage: dict) -> str:
-    """The usage as CSV: kind,name,gpu_hours (users first, then groups)."""
+    """The usage as CSV: kind,name,gpu_hours (users first, then groups).
+
+    Lines end in CRLF (RFC 4180), so a name holding a CR or LF is quoted, never read as
+    the start of a new row."""
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(["kind", "name", "gpu_hours"])
     for kind, key in (("user", "users"), ("group", "groups")):
         for name, hours in usage.get(key, {}).items():
-            # A name starting with = + - @ would be a formula in a spreadsheet.
-            safe = "'" + name if name[:1] in ("=", "+", "-", "@") else name
-            writer.writerow([kind, safe, f"{hours:.3f}"])
+            writer.writerow([kind, spreadsheet_safe(name), f"{hours:.3f}"])
     return out.getvalue()
 
 

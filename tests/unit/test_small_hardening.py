@@ -1,0 +1,38 @@
+"""Small hardening found in one review (issue 22, item 10), without services: CSV cells a
+spreadsheet would run, terminal escapes in `gpu-pool exec`'s output, argv kept out of logs."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+
+from spawner.poolpage import client, views
+
+
+@pytest.mark.parametrize("name", ["=cmd|' /C calc'!A0", "+1", "-1", "@SUM(1)", "\t=1+1", "\r=1+1"])
+def test_usage_csv_defuses_every_cell_a_spreadsheet_would_run(name):
+    rows = list(csv.reader(io.StringIO(views.usage_csv({"users": {name: 1.0}, "groups": {name: 2.0}}), newline="")))
+    assert [r[1] for r in rows[1:]] == ["'" + name] * 2, rows
+    assert rows[1][0] == "user" and rows[2][0] == "group"
+
+
+def test_usage_csv_leaves_plain_names_alone():
+    rows = list(csv.reader(io.StringIO(views.usage_csv({"users": {"alice": 1.0, "a-b": 2.0}}), newline="")))
+    assert [r[1] for r in rows[1:]] == ["alice", "a-b"]
+
+
+HOSTILE_OUTPUT = ("ok\x1b[2J\x1b[H\x1b]0;owned title\x07\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\"
+                  "\x1b[31mred\x1b[0m\rover\x08\x9b31m\x1bPdcs\x1b\\\x1b(0tail\tTAB\n")
+
+
+def test_exec_output_is_printed_without_terminal_escapes():
+    data = {"target": "users pat", "timeout": 5, "results": [
+        {"server": "pat\x1b[8m", "exit_code": 0, "timed_out": False, "error": "bad\x1b[5m",
+         "output": HOSTILE_OUTPUT, "truncated": False}]}
+    text = client.render(data)
+    assert not any(ch in text for ch in "\x1b\x07\x08\r\x9b"), repr(text)
+    assert "ok" in text and "link" in text and "red" in text and "over" in text and "tail\tTAB" in text
+    assert "owned title" not in text and "[2J" not in text and "31m" not in text
+    assert "== pat (exit 0: bad)" in text
