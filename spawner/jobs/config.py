@@ -73,7 +73,14 @@ def write_when_loaded(settings, path: Path) -> None:
         return
 
     def write():
-        js = job_settings(JupyterHub.instance().config, settings)
+        from traitlets import TraitError
+
+        hub = JupyterHub.instance()
+        try:
+            js = job_settings(hub.config, settings)
+        except TraitError as exc:  # c.JobLimits / c.ContainerLimits set wrong in a later config file
+            hub.log.critical("The jobs' settings are wrong: %s", exc)
+            hub.exit(1)
         path.with_suffix(".tmp").write_text(js.to_env())
         path.with_suffix(".tmp").replace(path)
 
