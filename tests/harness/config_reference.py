@@ -32,6 +32,8 @@ CLASSES = [
     ("spawner.inventory", "SimulatedInventory"),
     ("spawner.swarm_inventory", "SwarmInventory"),
     ("spawner.reconcile", "Reconciler"),
+    ("spawner.containers", "ContainerLimits"),
+    ("spawner.jobs.limits", "JobLimits"),
     ("spawner.auth", "DirectoryAuthenticator"),
     ("spawner.culling", "GPUIdleCuller"),
     ("spawner.poolpage.limits", "PoolServiceLimits"),
