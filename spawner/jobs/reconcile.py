@@ -30,11 +30,14 @@ async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
     """One pass (see the module docstring); what it did."""
     report: dict[str, list] = {"ended": [], "removed": []}
     host = runner.settings.host or None
+    # Containers first, then leases (the hub's reconciler's order): a job that starts in
+    # between has its lease read but its container unseen, so it is left alone.  The
+    # other order would see its container but not its lease, and remove it.
+    containers = await runner.docker("containers", all=True, filters={
+        "label": [LABEL_JOB, f"{LABEL_POOL}={runner.pool_id}"]})
     leases = await runner.call(runner.pool.leases, None, host)
     active = {lease.id for lease in leases}
     cutoff = datetime.now(UTC) - timedelta(seconds=min_age)
-    containers = await runner.docker("containers", all=True, filters={
-        "label": [LABEL_JOB, f"{LABEL_POOL}={runner.pool_id}"]})
 
     for lease in leases:
         if not is_job_server(lease.server_name) or lease.started_at > cutoff:
