@@ -196,7 +196,9 @@ class JobRunner:
         except BadJob as exc:
             log.info("Job of %s refused: %s", user, exc)
             raise JobError(str(exc), exc.status) from None
-        log.info("Job %s of %s queued: profile %s, %s", job.id, user, job.profile, list(job.command))
+        # Not its argv: it may hold what a user typed (a token, a password); the ledger has it.
+        log.info("Job %s of %s queued: profile %s, a command of %d argument(s)", job.id, user, job.profile,
+                 len(job.command))
         self._spawn(job)
         return job
 

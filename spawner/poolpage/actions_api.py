@@ -98,6 +98,10 @@ async def end_lease(handler, viewer: views.Viewer, raw_id) -> dict:
             "stopped": stopped}
 
 
+# What POST api/exec reads; anything else is refused (as the jobs API does).
+EXEC_FIELDS = ("script", "timeout", "profile", "group", "users")
+
+
 def exec_request(args: dict) -> tuple[str, int, scripts.Target]:
     try:
         script, timeout = scripts.check_script(args.get("script"), args.get("timeout", 60))
@@ -198,6 +202,11 @@ class ExecAPI(APIHandler):
         except ValueError:
             raise ActionError(400, 'Send a JSON object: {"script", "timeout", and one of "profile", '
                                    '"group", "users"}') from None
+        unknown = sorted(str(k)[:40] for k in args if k not in EXEC_FIELDS)
+        if unknown:
+            # A field not read would be dropped silently: {"user": "root"} would run as the server's user.
+            raise ActionError(400, f"Unsupported field(s) {', '.join(repr(k) for k in unknown)}: api/exec "
+                                   f"takes only {', '.join(EXEC_FIELDS)}")
         script, timeout, target = exec_request(args)
         servers = await exec_targets(self, target)
         run = await start_exec(self, viewer, script, timeout, target, servers)
