@@ -15,6 +15,8 @@ the fallback uid: that spawn is refused with a message to log in again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import tarfile
 
@@ -37,10 +39,42 @@ def helper_bounds(spawner) -> dict:
     return limits.host_config(helper=True)
 
 
+async def create_helper(spawner, **kwargs) -> dict:
+    """Docker's create_container for a helper container.  Should the caller be cancelled while
+    Docker creates it (the hub shutting down during a spawn), the container, once made, is
+    removed before the cancellation goes on: a helper is never left behind in `Created`."""
+    creating = asyncio.ensure_future(spawner.docker("create_container", **kwargs))
+    try:
+        return await asyncio.shield(creating)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            made = await creating
+            await spawner.docker("remove_container", made["Id"], force=True)
+        raise
+
+
+async def wait_for_exit(spawner, container_id: str, timeout: float, every: float = 0.25) -> int | None:
+    """A started helper's exit code, or None once `timeout` seconds have passed.
+
+    Looked at every `every` seconds rather than with Docker's blocking `wait`: that would
+    hold one of the spawner's Docker threads (DockerSpawner has one, for every user) for
+    as long as the helper runs, and a cancelled caller (the hub shutting down) could not
+    remove the helper until it ended."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        state = (await spawner.docker("inspect_container", container_id)).get("State") or {}
+        if state.get("Status") not in ("created", "running", "restarting", "paused"):
+            return int(state.get("ExitCode", 1))
+        if loop.time() >= deadline:
+            return None
+        await asyncio.sleep(every)
+
+
 async def _recorded_owner(spawner, name: str, image: str) -> str | None:
     """The owner the volume's marker records, read through a container that never starts."""
-    reader = await spawner.docker(
-        "create_container", image=image, command=["true"], network_disabled=True,
+    reader = await create_helper(
+        spawner, image=image, command=["true"], network_disabled=True,
         labels={LABEL_USER: spawner.user.name},
         host_config=spawner.client.create_host_config(
             binds={name: {"bind": MOUNT, "mode": "ro"}}, network_mode="none", cap_drop=["ALL"],
@@ -112,8 +146,8 @@ async def _hand_over(spawner, name: str, image: str, owner: str) -> None:
         f"printf '%s\\n' {owner} > {MOUNT}/{MARKER}.new && chown {owner} {MOUNT}/{MARKER}.new && "
         f"mv -f {MOUNT}/{MARKER}.new {MOUNT}/{MARKER}"
     )
-    prep = await spawner.docker(
-        "create_container",
+    prep = await create_helper(
+        spawner,
         image=spawner.home_volume_prep_image or image,
         entrypoint=["/bin/sh", "-c"],
         command=[script],
@@ -128,13 +162,12 @@ async def _hand_over(spawner, name: str, image: str, owner: str) -> None:
     )
     try:
         await spawner.docker("start", prep["Id"])
-        try:
-            result = await spawner.docker("wait", prep["Id"], timeout=spawner.home_prep_timeout)
-        except Exception:
+        code = await wait_for_exit(spawner, prep["Id"], spawner.home_prep_timeout)
+        if code is None:
             raise web.HTTPError(
                 503, f"Handing your home volume {name} to your account took longer than "
-                f"{spawner.home_prep_timeout:g} s; start again to resume it.") from None
-        if result.get("StatusCode", 1) != 0:
+                f"{spawner.home_prep_timeout:g} s; start again to resume it.")
+        if code != 0:
             raise web.HTTPError(500, f"Could not give the home volume {name} to your account")
     finally:
         await spawner.docker("remove_container", prep["Id"], force=True)

@@ -24,7 +24,7 @@ from traitlets import Bool, Dict, List, Unicode, default
 
 from .containers import hardened_host_config, lease_labels
 from .dockerspawner import GPUDockerSpawner
-from .homes import helper_bounds, prepare_home_volume
+from .homes import create_helper, helper_bounds, prepare_home_volume, wait_for_exit
 from .labels import pool_identity
 from .pool import PoolError
 from .pool.reads import counts as counts_of
@@ -266,8 +266,8 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         user_dir = self._render_templates("{username}")
         script = (f'd=/mnt/homes/{user_dir}; [ -d "$d" ] || {{ mkdir -p "$d.new" && chown {uid}:{gid} "$d.new" '
                   f'&& mv "$d.new" "$d"; }}')
-        prep = await self.docker(
-            "create_container", image=self.home_volume_prep_image or image, entrypoint=["/bin/sh", "-c"],
+        prep = await create_helper(
+            self, image=self.home_volume_prep_image or image, entrypoint=["/bin/sh", "-c"],
             command=[script], user="0:0", network_disabled=True,
             host_config=self.client.create_host_config(
                 binds={root: {"bind": "/mnt/homes", "mode": "rw"}}, network_mode="none",
@@ -275,8 +275,11 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
                 **helper_bounds(self)))
         try:
             await self.docker("start", prep["Id"])
-            result = await self.docker("wait", prep["Id"], timeout=60)
-            if result.get("StatusCode", 1) != 0:
+            code = await wait_for_exit(self, prep["Id"], 60)
+            if code is None:
+                raise web.HTTPError(503, f"Creating the home directory of {self.user.name} took longer than "
+                                    "60 s; start again in a moment.")
+            if code != 0:
                 raise web.HTTPError(500, f"Could not create the home directory of {self.user.name}")
         finally:
             await self.docker("remove_container", prep["Id"], force=True)

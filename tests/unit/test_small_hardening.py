@@ -36,3 +36,56 @@ def test_exec_output_is_printed_without_terminal_escapes():
     assert "ok" in text and "link" in text and "red" in text and "over" in text and "tail\tTAB" in text
     assert "owned title" not in text and "[2J" not in text and "31m" not in text
     assert "== pat (exit 0: bad)" in text
+
+
+class _SlowDocker:
+    """A spawner's `docker` whose container creation waits until the test lets it finish."""
+
+    def __init__(self, states=()):
+        self.calls: list = []
+        self.created = None
+        self.states = list(states)
+
+    async def docker(self, method, *args, **kwargs):
+        import asyncio
+
+        self.calls.append((method, args))
+        if method == "create_container":
+            self.created = asyncio.get_running_loop().create_future()
+            return await asyncio.shield(self.created)
+        if method == "inspect_container":
+            return {"State": self.states.pop(0) if len(self.states) > 1 else self.states[0]}
+        return None
+
+
+def test_a_helper_created_while_its_spawn_is_cancelled_is_removed_once_docker_made_it():
+    import asyncio
+
+    from spawner.homes import create_helper
+
+    async def scenario():
+        spawner = _SlowDocker()
+        spawn = asyncio.create_task(create_helper(spawner, image="img", command=["true"]))
+        while spawner.created is None:
+            await asyncio.sleep(0)
+        spawn.cancel()  # the hub shuts down while Docker creates the helper
+        await asyncio.sleep(0.01)
+        spawner.created.set_result({"Id": "helper-1"})
+        with pytest.raises(asyncio.CancelledError):
+            await spawn
+        return spawner.calls
+
+    calls = asyncio.run(scenario())
+    assert [c[0] for c in calls] == ["create_container", "remove_container"] and calls[1][1] == ("helper-1",)
+
+
+def test_a_helpers_exit_is_looked_at_without_holding_a_docker_thread():
+    import asyncio
+
+    from spawner.homes import wait_for_exit
+
+    spawner = _SlowDocker(states=[{"Status": "running"}, {"Status": "running"}, {"Status": "exited", "ExitCode": 3}])
+    assert asyncio.run(wait_for_exit(spawner, "h", timeout=10, every=0.01)) == 3
+    assert {c[0] for c in spawner.calls} == {"inspect_container"}  # never Docker's blocking `wait`
+    stuck = _SlowDocker(states=[{"Status": "running"}])
+    assert asyncio.run(wait_for_exit(stuck, "h", timeout=0.05, every=0.01)) is None
