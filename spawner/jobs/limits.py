@@ -54,7 +54,8 @@ class JobLimits(Configurable):
         A submission beyond it is refused with HTTP 429 and a message that
         says the limit and how many jobs the user has queued and running;
         nothing is recorded for it.  Counted over the whole ledger, so it also
-        bounds what one user can write into it.
+        bounds what one user can write into it.  A new job counts as queued
+        until it starts, so 0 refuses every submission.
         """,
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..fixtures.hub import wait_for
 from .test_jobs import job, job_containers, job_hub, jobs_api, submit, wait_state
+from .test_poolpage import logged_in
 
 LIMITS = """
 c.JobLimits.max_running = 2
@@ -36,6 +37,9 @@ def test_a_users_jobs_run_a_few_at_a_time_and_the_queue_past_its_cap_answers_429
     message = r.json()["message"]
     assert "2 jobs queued" in message and "at most 2" in message and "cancel" in message, message
     assert "Traceback" not in r.text
+    # The job's page says why it waits.
+    page = logged_in(hub, "pat").get(f"{hub.url}/services/gpu-pool/jobs/{third['id']}", timeout=30)
+    assert page.status_code == 200 and 'id="job-waiting"' in page.text and "2 jobs running" in page.text
     assert len(jobs_api(hub, "GET", "", pat).json()["jobs"]) == 4
     # Limits are per user: bob is not held back by pat's jobs.
     bobs = submit(hub, tokens["bob"], body)
