@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import io
 import tarfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import docker.errors
 from tornado import web
@@ -28,6 +30,10 @@ from .labels import LABEL_HOME_OWNER, LABEL_USER
 
 MARKER = ".gpuhub-owner"
 MOUNT = "/mnt/home"
+
+# Creating helpers (create_helper): threads of their own, so that one that outlives its
+# caller (cancelled) still finishes, and removes what it made.
+_HELPER_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuhub-helpers")
 
 # volume name -> owner ("uid:gid") already checked by this hub process.
 _known_owner: dict[str, str] = {}
@@ -39,18 +45,58 @@ def helper_bounds(spawner) -> dict:
     return limits.host_config(helper=True)
 
 
+class _Claim:
+    """Who removes a helper whose creation its caller stopped waiting for: the creating
+    thread, or the caller; decided under a lock, so exactly one of them does."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._made: dict | None = None
+        self._abandoned = False
+
+    def take(self, made: dict) -> bool:
+        """In the creating thread: False when the caller has gone (the thread removes it)."""
+        with self._lock:
+            self._made = made
+            return not self._abandoned
+
+    def abandon(self) -> dict | None:
+        """In the cancelled caller: the helper if it was made meanwhile (the caller removes it)."""
+        with self._lock:
+            self._abandoned = True
+            return self._made
+
+
 async def create_helper(spawner, **kwargs) -> dict:
-    """Docker's create_container for a helper container.  Should the caller be cancelled while
-    Docker creates it (the hub shutting down during a spawn), the container, once made, is
-    removed before the cancellation goes on: a helper is never left behind in `Created`."""
-    creating = asyncio.ensure_future(spawner.docker("create_container", **kwargs))
+    """Docker's create_container for a helper container, never left behind in `Created`.
+
+    Should the caller be cancelled while Docker creates it (the hub shutting down during a
+    spawn, which may cancel a task more than once), the helper is removed once made, by
+    the creating thread or by a thread of its own: both run to their end even when the
+    event loop stops, as the hub's process exits only once they have."""
+    claim = _Claim()
+    client = spawner.client
+
+    def create() -> dict:
+        made = client.create_container(**kwargs)
+        if not claim.take(made):
+            with contextlib.suppress(Exception):
+                client.remove_container(made["Id"], force=True)
+        return made
+
+    creating = asyncio.get_running_loop().run_in_executor(_HELPER_THREADS, create)
     try:
-        return await asyncio.shield(creating)
+        return await creating
     except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            made = await creating
-            await spawner.docker("remove_container", made["Id"], force=True)
+        made = claim.abandon()
+        if made is not None:  # made, but the answer had not reached this task yet
+            threading.Thread(target=_remove_quietly, args=(client, made["Id"]), name="gpuhub-helper-removal").start()
         raise
+
+
+def _remove_quietly(client, container_id: str) -> None:
+    with contextlib.suppress(Exception):
+        client.remove_container(container_id, force=True)
 
 
 async def wait_for_exit(spawner, container_id: str, timeout: float, every: float = 0.25) -> int | None:

@@ -58,25 +58,49 @@ class _SlowDocker:
         return None
 
 
-def test_a_helper_created_while_its_spawn_is_cancelled_is_removed_once_docker_made_it():
+class _SlowClient:
+    """Docker's API client, whose container creation waits until the test lets it finish."""
+
+    def __init__(self):
+        import threading
+
+        self.go, self.asked, self.removed = threading.Event(), threading.Event(), threading.Event()
+        self.calls: list = []
+
+    def create_container(self, **kwargs):
+        self.asked.set()
+        self.go.wait(10)
+        self.calls.append("create_container")
+        return {"Id": "helper-1"}
+
+    def remove_container(self, container_id, force=False):
+        self.calls.append(("remove_container", container_id))
+        self.removed.set()
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
+def test_a_helper_created_while_its_spawn_is_cancelled_is_removed_once_docker_made_it(cancels):
     import asyncio
+    from types import SimpleNamespace
 
     from spawner.homes import create_helper
 
+    client = _SlowClient()
+
     async def scenario():
-        spawner = _SlowDocker()
-        spawn = asyncio.create_task(create_helper(spawner, image="img", command=["true"]))
-        while spawner.created is None:
-            await asyncio.sleep(0)
-        spawn.cancel()  # the hub shuts down while Docker creates the helper
-        await asyncio.sleep(0.01)
-        spawner.created.set_result({"Id": "helper-1"})
+        spawn = asyncio.create_task(create_helper(SimpleNamespace(client=client), image="img", command=["true"]))
+        while not client.asked.is_set():
+            await asyncio.sleep(0.01)
+        for _ in range(cancels):  # the hub shuts down while Docker creates the helper (twice: wait_for's too)
+            spawn.cancel()
+            await asyncio.sleep(0.01)
         with pytest.raises(asyncio.CancelledError):
             await spawn
-        return spawner.calls
 
-    calls = asyncio.run(scenario())
-    assert [c[0] for c in calls] == ["create_container", "remove_container"] and calls[1][1] == ("helper-1",)
+    asyncio.run(scenario())  # the loop is gone; Docker answers only now
+    client.go.set()
+    assert client.removed.wait(10)
+    assert client.calls == ["create_container", ("remove_container", "helper-1")]
 
 
 def test_a_helpers_exit_is_looked_at_without_holding_a_docker_thread():
