@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.harness.generated import REPO, current, markers, write  # noqa: E402
+from tests.harness.generated import REPO, current, main, markers  # noqa: E402
 
 PAGE = REPO / "docs" / "reference" / "cli.md"
 BEGIN, END = markers("cli-reference", "tests/harness/cli_reference.py")
@@ -73,7 +73,4 @@ def in_page() -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--write"]:
-        write(PAGE, BEGIN, END, reference())
-    else:
-        print(reference())
+    main(sys.argv, PAGE, BEGIN, END, reference)

@@ -28,3 +28,11 @@ def write(page: Path, begin: str, end: str, block: str) -> None:
     text = page.read_text()
     start, stop = text.index(begin), text.index(end) + len(end)
     page.write_text(text[:start] + block + text[stop:])
+
+
+def main(argv: list[str], page: Path, begin: str, end: str, reference) -> None:
+    """A generator's command line: `--write` puts `reference()` into `page`, else prints it."""
+    if argv[1:2] == ["--write"]:
+        write(page, begin, end, reference())
+    else:
+        print(reference())

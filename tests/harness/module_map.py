@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.harness.generated import REPO, current, markers, write  # noqa: E402
+from tests.harness.generated import REPO, current, main, markers  # noqa: E402
 
 PAGE = REPO / "docs" / "how-it-works" / "modules.md"
 BEGIN, END = markers("module-map", "tests/harness/module_map.py")
@@ -55,7 +55,4 @@ def in_page() -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--write"]:
-        write(PAGE, BEGIN, END, reference())
-    else:
-        print(reference())
+    main(sys.argv, PAGE, BEGIN, END, reference)
