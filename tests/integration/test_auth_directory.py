@@ -196,7 +196,9 @@ def test_service_account_with_wrong_password(directory, caplog):
     a = make(directory, lookup_dn_search_password="Not-" + directory.bind_password)
     result = login(a, alice.name, alice.password)
     assert result.status_code == 503 and result.log_message == auth.MSG_MISCONFIGURED
-    assert "lookup_dn_search_password" in caplog.text
+    # The log names what the admin edits: the settings of the service account.
+    assert "GPUHUB_DIRECTORY_BIND_DN" in caplog.text and "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE" in caplog.text
+    assert directory.bind_password not in caplog.text
 
 
 @pytest.mark.parametrize("tls", ["starttls", "ldaps", "plain"])

@@ -68,7 +68,9 @@ def test_upgrade_keeps_two_gpu_servers_and_their_leases(make_hub, docker_client,
         assert after and after["ready"], f"{user}: {after}"
         assert after["state"]["gpu_lease_id"] == lease_id
         assert after["state"]["gpu_uuids"] == before[user]["state"]["gpu_uuids"]
-    hub.wait_reconcile_passes(1)  # the start-up reconcile pass has run
+    # The start-up reconcile pass has run (the counter starts at 0 in the new hub process).
+    wait_for(lambda: hub.metric("gpuhub_reconcile_passes") >= 1, timeout=60, what="the start-up reconcile pass",
+             hub=hub)
     assert {lease.id for lease in hub.ledger().leases()} == set(lease_ids.values())
 
     # 4. Usable: each server answers through the (new) hub's proxy, and each user ends their own.
