@@ -1,9 +1,12 @@
-"""What every hub-managed service of this project does to end with its hub.
+"""What every hub-managed service of this project shares with its hub: it ends with it, and
+reads its settings from the hub's final config.
 
 The hub starts services in their own session: a hub killed with SIGKILL
 leaves them behind, holding a token the next hub no longer knows (and, for
 the pool page, the port the next one needs).  They watch their parent and
 stop themselves when it is gone; the restarted hub starts fresh ones.
+Settings a service needs from the hub's configuration are written to a file
+once every config file is loaded (`write_when_config_loaded`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 
 async def stop_when_the_hub_is_gone(name: str, log: logging.Logger | logging.LoggerAdapter,
@@ -22,3 +28,27 @@ async def stop_when_the_hub_is_gone(name: str, log: logging.Logger | logging.Log
         await asyncio.sleep(every)
     log.warning("The hub (pid %s) is gone; stopping the %s service", parent, name)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def write_when_config_loaded(path: Path, render: Callable[[Any], str | None]) -> None:
+    """In the hub: on the next turn of its event loop (every config file loaded, long before
+    services start), write `render(hub)` to `path` atomically, so the settings a service reads
+    come from the hub's final config (options set after hub_config count).  `render` returns
+    None to write nothing.  Outside a running hub (a script loading the config): nothing."""
+    try:
+        loop = asyncio.get_running_loop()
+        from jupyterhub.app import JupyterHub
+    except (RuntimeError, ImportError):
+        return
+    if not JupyterHub.initialized():
+        return
+
+    def write() -> None:
+        text = render(JupyterHub.instance())
+        if text is None:
+            return
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+    loop.call_soon(write)

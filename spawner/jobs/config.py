@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..containers import ContainerLimits
 from ..culling import without_named
+from ..hub_service import write_when_config_loaded
 from ..poolpage import SERVICE_NAME
 from ..poolpage.service import ACCESS_SCOPE, SERVICE_ROLE
 from ..profiles import DEFAULT_PROFILES
@@ -62,29 +63,17 @@ def write_when_loaded(settings, path: Path) -> None:
     """In the hub: once every config file is loaded (the next turn of its event loop, long
     before services start), write the service's settings from the final config to `path`,
     so options set after hub_config (c.GPUDockerSpawner.profiles, c.GPUPool quotas) count."""
-    import asyncio
-
-    try:
-        loop = asyncio.get_running_loop()
-        from jupyterhub.app import JupyterHub
-    except (RuntimeError, ImportError):
-        return
-    if not JupyterHub.initialized():
-        return
-
-    def write():
+    def render(hub) -> str | None:
         from traitlets import TraitError
 
-        hub = JupyterHub.instance()
         try:
-            js = job_settings(hub.config, settings)
+            return job_settings(hub.config, settings).to_env()
         except TraitError as exc:  # c.JobLimits / c.ContainerLimits set wrong in a later config file
             hub.log.critical("The jobs' settings are wrong: %s", exc)
             hub.exit(1)
-        path.with_suffix(".tmp").write_text(js.to_env())
-        path.with_suffix(".tmp").replace(path)
+            return None
 
-    loop.call_soon(write)
+    write_when_config_loaded(path, render)
 
 
 def configure_jobs(c, settings) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 from traitlets import Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
+from ..hub_service import write_when_config_loaded
+
 ENV_NAME = "GPUHUB_POOL_SERVICE_LIMITS"
 FILE_ENV_NAME = "GPUHUB_POOL_SERVICE_LIMITS_FILE"
 
@@ -126,18 +128,4 @@ def hand_over(c, settings, env: dict) -> None:
     path = settings.data_dir / "gpu-pool-limits.json"
     env[ENV_NAME] = limits_of(c).to_env()
     env[FILE_ENV_NAME] = str(path)
-    try:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        from jupyterhub.app import JupyterHub
-    except (RuntimeError, ImportError):
-        return
-    if not JupyterHub.initialized():
-        return
-
-    def write():
-        path.with_suffix(".tmp").write_text(limits_of(JupyterHub.instance().config).to_env())
-        path.with_suffix(".tmp").replace(path)
-
-    loop.call_soon(write)
+    write_when_config_loaded(path, lambda hub: limits_of(hub.config).to_env())
