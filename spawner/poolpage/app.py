@@ -26,7 +26,7 @@ from ..jobs.settings import JobSettings
 from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import GPUPool
 from ..settings.parsing import env_bool
-from . import actions_api, history_api, insight, jobs_api, views
+from . import actions_api, history_api, insight, jobs_api, lab_api, views
 from .handlers import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .limits import PoolServiceLimits
 from .log_streams import Followers
@@ -114,7 +114,8 @@ class PageHandler(BaseHandler):
 
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one."""
-    return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
+    return (history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
+            + lab_api.routes(prefix))
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,
