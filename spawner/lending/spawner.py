@@ -480,6 +480,13 @@ class GPULendingSpawner(Spawner):
         finally:
             admission.leave(id(self))
 
+    @staticmethod
+    def reconcile_pass(pool: GPUPool, client, host: str, tracked: set[int], log, min_age: float):
+        """One reconcile pass of this engine: the ledger's leases against what the engine runs.
+
+        Returns a `reconciler.ReconcileReport`; runs in a thread (blocking calls are fine)."""
+        raise NotImplementedError("an engine defines its reconcile pass")
+
     def lease_hosts(self, profile: Profile) -> list[str] | None:
         """The hosts a lease for `profile` may come from; None: the pool's default (engines may narrow)."""
         return None
