@@ -165,7 +165,7 @@ class GPUIdleCuller(IdleCuller):
         ["nvml", "static", "simulated", "swarm"],
         default_value="nvml",
         help="Where GPU utilization is read: `nvml` (the NVIDIA driver on this machine), "
-        "`swarm` (the per-node agents' readings in the ledger named by the GPU_POOL_DB_URL "
+        "`swarm` (the per-node agents' readings in the ledger named by the GPUHUB_POOL_DB_URL "
         "environment variable), `simulated` (the file in `utilization_file`), `static` (unknown: "
         "the GPU rule never fires).",
     ).tag(config=True)

@@ -11,7 +11,6 @@ stack (bench/device_check.py on a bare GPU machine) runs this very code.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -137,18 +136,18 @@ class CullerUtilization:
         self.simulated_gpus = simulated_gpus
         self.utilization_file = utilization_file
         self.reading_max_age = reading_max_age
-        self.db_url = db_url  # swarm: the ledger (default: $GPU_POOL_DB_URL)
+        self.db_url = db_url  # swarm: the ledger (default: $GPUHUB_POOL_DB_URL)
         self.log = log
         self._inventories: dict[str, Any] = {}
 
     def _swarm_inventory(self, logging: dict):
-        """Swarm: the per-node agents' readings in the ledger (GPU_POOL_DB_URL), no Docker access."""
-        from ..pool import ENV_DB_URL, GPUPool
+        """Swarm: the per-node agents' readings in the ledger (GPUHUB_POOL_DB_URL), no Docker access."""
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
         from ..inventory.swarm import SwarmInventory
 
         inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
         if self.readings is None:
-            self.readings = GPUPool(db_url=self.db_url or os.environ[ENV_DB_URL], **logging).gpu_readings
+            self.readings = GPUPool(db_url=self.db_url or ledger_env(ENV_DB_URL), **logging).gpu_readings
         inventory.use_readings(self.readings)
         return inventory
 
