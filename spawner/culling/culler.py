@@ -42,7 +42,7 @@ import sys
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
-# The policy and the culler's utilisation reader live in cull_policy.py (no culler, no tornado).
+# The policy and the culler's utilisation reader live in policy.py (no culler, no tornado).
 from .policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, Verdict  # noqa: F401
 
 
