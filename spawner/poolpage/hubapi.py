@@ -41,7 +41,7 @@ class Server:
 
     @property
     def state(self) -> dict:
-        """The part of the spawner's state the culler's rule reads (cull_policy.is_gpu_server)."""
+        """The part of the spawner's state the culler's rule reads (culling.policy.is_gpu_server)."""
         return {"gpu_lease_id": self.lease_id, "gpu_uuids": list(self.gpu_uuids)}
 
     @property

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from spawner.cull_policy import GPUCullPolicy, cull_deadline, idle_limit
+from spawner.culling.policy import GPUCullPolicy, cull_deadline, idle_limit
 from spawner.pool.models import Lease
-from spawner.poolpage.lab_api import ENDED_NOTICE, ended_part, free_per_profile
+from spawner.poolpage.handlers.lab import ENDED_NOTICE, ended_part, free_per_profile
 from spawner.profiles import load_profiles
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
