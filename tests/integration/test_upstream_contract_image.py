@@ -20,3 +20,22 @@ def test_singleuser_notify_activity_is_an_async_method_the_wrapper_can_replace(n
     proc = docker_run(notebook_image, "python3", "-c", CHECK, entrypoint="")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "ok"
+
+
+# gpuhub_activity/lab.py: the status that an open JupyterLab tab polls must not count as
+# activity.  jupyter-server's switch for that is the handler attribute `_track_activity`
+# (its own comment: "set _track_activity = False on API handlers that shouldn't track activity").
+TRACK_CHECK = """
+import inspect
+from jupyter_server.base.handlers import APIHandler
+assert APIHandler._track_activity is True, "APIHandler._track_activity is gone"
+source = inspect.getsource(APIHandler.update_api_activity)
+assert "self._track_activity" in source and "api_last_activity" in source, source
+print("ok")
+"""
+
+
+def test_jupyter_server_lets_a_handler_not_count_as_activity(notebook_image):
+    proc = docker_run(notebook_image, "python3", "-c", TRACK_CHECK, entrypoint="")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ok"
