@@ -27,7 +27,7 @@ def test_the_images_package_is_installed_by_pip_with_its_extensions(notebook_ima
                      "pip show gpuhub-jupyter | head -2; command -v gpu-job; gpu-job --help | head -1;"
                      " jupyter labextension list 2>&1; jupyter server extension list 2>&1", entrypoint="")
     assert out.returncode == 0, out.stderr[-2000:]
-    text = out.stdout
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.stdout)  # jupyter's colours
     assert "Name: gpuhub-jupyter" in text and "/opt/notebook/bin/gpu-job" in text
     assert "usage: gpu-job" in text
     assert re.search(r"gpuhub-lab v1\.0\.0 enabled OK", text), text
