@@ -121,16 +121,16 @@ def apply_settings(c, settings: Settings) -> None:
         c.Authenticator.admin_users = set(settings.admin_users)
 
     if settings.cull:
-        from ..culling.culler import configure_culler
+        from .culler import configure_culler
 
         configure_culler(c, settings)
 
     if settings.pool_page:
-        from ..poolpage.service import configure_pool_page
+        from .pool_service import configure_pool_page
 
         configure_pool_page(c, settings)
     if settings.jobs:
-        from ..jobs.config import configure_jobs
+        from .jobs import configure_jobs
 
         configure_jobs(c, settings)
 
