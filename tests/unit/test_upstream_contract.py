@@ -79,3 +79,12 @@ def test_hub_auth_get_user_is_async_on_request_and_caches_on_the_handler():
     assert "sync" in inspect.signature(HubAuth.get_user).parameters
     source = _source(HubAuth._get_user)
     assert "handler._cached_hub_user" in source and "hasattr(handler, '_cached_hub_user')" in source
+
+
+def test_dockerspawner_escapes_a_user_name_with_its_own_escape():
+    # spawner/jobs/runner.py renders a job's home volume name with DockerSpawner._escape, so a job
+    # mounts the very volume the user's server does.
+    assert isinstance(inspect.getattr_static(DockerSpawner, "_escape"), staticmethod)
+    assert DockerSpawner._escape("a.b@c") == "a-2eb-40c"
+    # ...and it is the default of the `escape` trait that a server's {username} goes through.
+    assert "return self._escape" in _source(DockerSpawner._escape_default)
