@@ -87,4 +87,4 @@ def test_dockerspawner_escapes_a_user_name_with_its_own_escape():
     assert isinstance(inspect.getattr_static(DockerSpawner, "_escape"), staticmethod)
     assert DockerSpawner._escape("a.b@c") == "a-2eb-40c"
     # ...and it is the default of the `escape` trait that a server's {username} goes through.
-    assert "return self._escape" in _source(DockerSpawner._escape_default)
+    assert "return self._escape" in _source(DockerSpawner._escape_default.func)
