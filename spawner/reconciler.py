@@ -105,7 +105,7 @@ def start_in_hub(config=None) -> None:
         ids = set()
         for user in list(app.users.values()):
             for spawner in list(user.spawners.values()):
-                if hasattr(spawner, "leases_in_hand"):
+                if isinstance(spawner, GPULendingSpawner):
                     ids |= spawner.leases_in_hand()
         return ids
 
