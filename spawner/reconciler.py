@@ -99,7 +99,7 @@ def start_in_hub(config=None) -> None:
         return
     app = JupyterHub.instance()
     from .lending.admission import take_over_spawn_limit
-    from .lending.spawner import shared_pool
+    from .lending.spawner import GPULendingSpawner, shared_pool
 
     def tracked() -> set[int]:
         ids = set()
