@@ -66,11 +66,6 @@ def test_dockerspawner_inspects_its_object_through_get_object():
     assert "get_object" in _source(DockerSpawner.poll)
 
 
-# JupyterHubSingleUser.notify_activity (spawner/culling/culler.py's GPUHUB_CULL_KEEP_BUSY=wrapper) lives in
-# the notebook images, not in the hub's environment: tests/integration/test_upstream_contract_image.py
-# checks it inside the notebook image.
-
-
 def test_hub_auth_get_user_is_async_on_request_and_caches_on_the_handler():
     # spawner/poolpage/handlers.py asks the hub who a request is in prepare(), without blocking
     # the loop, then relies on HubAuth keeping the answer in `handler._cached_hub_user`.
