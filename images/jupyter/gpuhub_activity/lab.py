@@ -29,6 +29,9 @@ CACHE_SECONDS = 3.0
 # "Keep my server" reaches the hub at most this often (more clicks change nothing).
 KEEP_EVERY = 10.0
 REQUEST_TIMEOUT = 10.0
+# The panel's chart: each GPU's readings of the last HISTORY_SECONDS, at most HISTORY_POINTS.
+HISTORY_SECONDS = 600.0
+HISTORY_POINTS = 120
 
 
 def url_path_join(*pieces: str) -> str:
@@ -79,6 +82,21 @@ class LabStatus(LoggingConfigurable):
         self.server_name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
         self._cached: tuple[float, dict] | None = None
         self._kept_at = 0.0
+        self._history: dict[str, list[tuple[float, float]]] = {}
+
+    def _remember(self, data: dict) -> None:
+        """Keep the readings of this server's GPUs, so the chart shows the last minutes, also
+        right after a reload of the page (bounded in time and in points)."""
+        now = time.time()
+        gpus = (data.get("lease") or {}).get("gpus") or []
+        for uuid in [u for u in self._history if u not in {g["uuid"] for g in gpus}]:
+            del self._history[uuid]
+        for g in gpus:
+            points = self._history.setdefault(g["uuid"], [])
+            if g.get("utilization") is not None:
+                points.append((now, float(g["utilization"])))
+            self._history[g["uuid"]] = [p for p in points if now - p[0] <= HISTORY_SECONDS][-HISTORY_POINTS:]
+        data["history"] = {u: [[round(t, 1), v] for t, v in pts] for u, pts in self._history.items()}
 
     def _fetch(self, url: str, **kwargs) -> HTTPRequest:
         return HTTPRequest(url, headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
@@ -106,6 +124,7 @@ class LabStatus(LoggingConfigurable):
             self.log.warning("gpuhub: the pool service answered %s %s", response.code, message)
             return self._extra({"available": False, "message": f"GPU status: the pool service answered {response.code}"})
         data = self._extra({"available": True, **json.loads(response.body)})
+        self._remember(data)
         self._cached = (time.monotonic(), data)
         return data
 

@@ -47,11 +47,12 @@ interface IStatus {
   jobs?: Array<{ id: number; state: string; profile: string; command: string[]; url: string; logs_url: string }> | null;
   free?: { gpus: number; profiles: Array<{ display_name: string; gpus: number; available: boolean }> };
   pool_url?: string;
+  history?: { [uuid: string]: Array<[number, number]> };
   warn_before_s?: number;
   poll_s?: number;
 }
 
-const HISTORY = 60; // samples per GPU kept for the panel's chart
+const HISTORY = 600; // seconds of readings the panel's chart spans (the server keeps them)
 const BUSY_NOTE =
   'Busy kernels count as activity: while a cell runs, this server is not culled. ' +
   'A kernel waiting for input() or stopped in the debugger does not count.';
@@ -77,25 +78,28 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls: string, text?: s
   return node;
 }
 
-function sparkline(values: number[]): SVGSVGElement {
+/** Utilisation over the last HISTORY seconds: [unix seconds, percent] points, 0-100 %. */
+function sparkline(points: Array<[number, number]>, now: number): SVGSVGElement {
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
   svg.setAttribute('class', 'gpuhub-chart');
   svg.setAttribute('viewBox', `0 0 ${HISTORY} 20`);
   svg.setAttribute('preserveAspectRatio', 'none');
+  const xy = points.map(([t, v]) => [Math.max(0, HISTORY - (now - t)), 20 - (Math.min(100, v) / 100) * 20]);
+  if (xy.length === 1) {
+    xy.unshift([Math.max(0, xy[0][0] - 10), xy[0][1]]); // one reading: a short level line
+  }
   const line = document.createElementNS(ns, 'polyline');
-  const start = HISTORY - values.length;
-  line.setAttribute(
-    'points',
-    values.map((v, i) => `${start + i},${(20 - (Math.min(100, v) / 100) * 20).toFixed(1)}`).join(' ')
-  );
+  line.setAttribute('points', xy.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(' '));
   svg.appendChild(line);
+  const title = document.createElementNS(ns, 'title');
+  title.textContent = `Utilisation over the last ${HISTORY / 60} minutes`;
+  svg.appendChild(title);
   return svg;
 }
 
 class Model {
   status: IStatus = { available: false, message: 'Loading…' };
-  history = new Map<string, number[]>();
   private listeners: Array<() => void> = [];
   private settings = ServerConnection.makeSettings();
 
@@ -109,13 +113,6 @@ class Model {
 
   private take(status: IStatus): void {
     this.status = status;
-    for (const g of status.lease?.gpus ?? []) {
-      const h = this.history.get(g.uuid) ?? [];
-      if (g.utilization !== null) {
-        h.push(g.utilization);
-      }
-      this.history.set(g.uuid, h.slice(-HISTORY));
-    }
     this.listeners.forEach(fn => fn());
   }
 
@@ -198,7 +195,8 @@ class Panel extends Widget {
         const row = el('div', 'gpuhub-gpu');
         row.dataset.uuid = g.uuid;
         row.appendChild(el('div', 'gpuhub-gpu-name', gpuText(g) + (g.drained ? ' · drained by an admin' : '')));
-        row.appendChild(sparkline(this.model.history.get(g.uuid) ?? []));
+        row.appendChild(sparkline(s.history?.[g.uuid] ?? [], Date.now() / 1000));
+        row.appendChild(el('div', 'gpuhub-chart-caption', 'utilisation, last 10 minutes'));
         node.appendChild(row);
       }
     }
