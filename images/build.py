@@ -119,6 +119,9 @@ def fill_node_modules(cache: Path) -> Path:
         target.mkdir(parents=True)
         shutil.copy2(LABEXTENSION / "package.json", target)
         shutil.copy2(lock, target)
+        if shutil.which("npm") is None:
+            raise SystemExit("build: npm is needed on the host to fetch the JupyterLab extension's packages "
+                             "(with the host's own npm settings); install Node.js and npm")
         log("fetching the JupyterLab extension's npm packages with the host's npm settings")
         run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"], cwd=target,
             stdout=sys.stderr)
