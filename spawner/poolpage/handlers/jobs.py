@@ -172,25 +172,22 @@ class JobLogsAPI(JobsMixin, APIHandler):
         if self._follow is not None:
             self._follow.close()
 
-    def gone(self) -> asyncio.Event:
-        """Set when the reader of a follow left (get() makes it when the follow starts)."""
-        if self._gone is None:
-            raise RuntimeError("A job log's follow was used before get() started it")
-        return self._gone
-
     async def until_it_runs(self, job: Job) -> Job | None:
         """The job once it has left the queue and its start (None if the reader left first):
         woken by the runner when it moves the job on; the ledger is read again only then, and
         every RECHECK_SECONDS for a job another host's service runs."""
+        reader_gone = self._gone
+        if reader_gone is None:  # get() makes it when a follow starts
+            raise RuntimeError("A job log's follow was used before get() started it")
         while job.state in (QUEUED, STARTING):
             moved = asyncio.ensure_future(self.runner.moved(job.id).wait())
-            gone = asyncio.ensure_future(self.gone().wait())
+            gone = asyncio.ensure_future(reader_gone.wait())
             try:
                 await asyncio.wait({moved, gone}, timeout=RECHECK_SECONDS, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 moved.cancel()
                 gone.cancel()
-            if self.gone().is_set():
+            if reader_gone.is_set():
                 return None
             job = await self.call(self.runner.ledger.get, job.id) or job
         return job
@@ -200,6 +197,9 @@ class JobLogsAPI(JobsMixin, APIHandler):
         is already gone.  Docker is opened on a thread, within PoolServiceLimits.docker_timeout."""
         import docker.errors
 
+        reader_gone = self._gone
+        if reader_gone is None:  # get() makes it when a follow starts
+            raise RuntimeError("A job log's follow was used before get() started it")
         if not job.container:
             return False  # no container (yet or any more): nothing to follow; get() checks first
         limits: PoolServiceLimits = self.settings["limits"]
@@ -216,7 +216,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
                                      f"{limits.docker_timeout:g} s; try again in a moment") from None
         self._follow = follow = LogFollow(source, limits.log_buffer_chunks, client=api)
         try:
-            if self.gone().is_set():
+            if reader_gone.is_set():
                 return True
             while (chunk := await follow.next_chunk()) is not None:
                 self.write(chunk)
