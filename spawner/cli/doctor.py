@@ -491,17 +491,14 @@ def data_dir_of(config: Config, fallback: Path) -> Path:
 
 
 def target_from_env(hub_user: str, env=None, env_file_problems=()) -> Target:
-    """GPUHUB_* settings, read as hub_config/jupyterhub_config.py reads them (without making the data dir)."""
+    """GPUHUB_* settings, read as hub_config/jupyterhub_config.py reads them (outside the hub that only sets values)."""
     from ..settings import apply_settings, load_settings
 
     env = os.environ if env is None else env
     settings = load_settings(env)
-    existed = settings.data_dir.is_dir()
     config = Config()
     with contextlib.redirect_stderr(io.StringIO()):  # the hub's start-up notes are not the doctor's
         apply_settings(config, settings)
-    if not existed:
-        settings.data_dir.rmdir()  # apply_settings made it; the doctor only looks
     notes = [(f"line {number} ({key}) of the settings file: {problem}; systemd and a shell read it "
               "differently", "see the rule at the top of hub_config/examples/production.env")
              for number, key, problem in env_file_problems]

@@ -13,9 +13,9 @@ Three pieces, one job (give idle GPUs back without killing busy work):
 - `GPUIdleCuller` is jupyterhub-idle-culler's own application with the policy
   installed as its `cull_arbiter_hook` (a config-only Callable upstream, so it
   cannot be given on a command line); `python -m spawner.culling` runs it.
-- `configure_culler(c, settings)` adds it to the hub as the managed service
-  `idle-culler` with a role of only the scopes it uses, and makes the
-  single-user servers report a busy kernel as activity (see below).
+- `spawner.settings.culler.configure_culler(c, settings)` adds it to the hub
+  as the managed service `idle-culler` with a role of only the scopes it uses,
+  and makes the single-user servers report a busy kernel as activity (see below).
 
 Why the single-user side needs help: jupyter-server counts kernel *messages*
 as activity, not a kernel being busy, so a cell that sleeps or computes
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from typing import TYPE_CHECKING, Any
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
@@ -58,13 +57,6 @@ SERVICE_NAME = "idle-culler"
 #   read:servers          the servers in each user model
 #   delete:servers        DELETE /users/:name/server(s/:server)
 #   admin:server_state    the spawner state in the server model: is it a GPU server?
-CULLER_SCOPES = [
-    "list:users",
-    "read:users:activity",
-    "read:servers",
-    "delete:servers",
-    "admin:server_state",
-]
 
 # The name under which busy kernels show up in jupyter-server's activity
 # (any web_app setting ending in `_last_activity` counts); the same in the
@@ -282,86 +274,6 @@ class GPUIdleCuller(IdleCuller):
 
 def main(argv: list[str] | None = None) -> None:
     GPUIdleCuller.launch_instance(argv)
-
-
-# ------------------------------------------------------------ hub wiring
-
-
-def activity_interval(settings) -> int:
-    """Seconds between a single-user server's activity reports to the hub.
-
-    A busy kernel is seen only at these reports, so they must come well
-    inside the shortest idle timeout: a third of it, at most 300 s
-    (JupyterHub's default).
-    """
-    configured = getattr(settings, "activity_interval", 0)
-    if configured:
-        return configured
-    shortest = min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)
-    return max(1, min(300, shortest // 3))
-
-
-def culler_command(settings, python: str | None = None) -> list[str]:
-    cmd = [
-        python or sys.executable, "-m", "spawner.culling",
-        f"--cpu-timeout={settings.cull_timeout_cpu}",
-        f"--gpu-timeout={settings.cull_timeout_gpu}",
-        f"--timeout={min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)}",
-        f"--cull-every={settings.cull_every}",
-        f"--inventory={settings.inventory}",
-    ]
-    # Always explicit: the culler's own default depends on its inventory.
-    cmd.append(f"--gpu-idle-percent={settings.gpu_idle_percent:g}")
-    if settings.gpu_idle_percent > 0:
-        cmd.append(f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}")
-        if settings.inventory == "simulated":
-            cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
-            if settings.simulated_utilization_file:
-                cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
-    return cmd
-
-
-def without_named(entries, name: str) -> list:
-    """`entries` (services or roles in the hub's config) without the one called `name`."""
-    return [e for e in list(entries or []) if e.get("name") != name]
-
-
-def configure_culler(c, settings) -> None:
-    """Add the GPU-aware idle culler to a hub config `c` (called by apply_settings).
-
-    Safe to call twice: it replaces its own service and role, and keeps any
-    others already configured.
-    """
-    section = c.JupyterHub
-    services = section.services if "services" in section else []
-    roles = section.load_roles if "load_roles" in section else []
-    from ..pool import ENV_DB_URL
-
-    # The culler records its intent in the ledger before each cull, and on Swarm reads the
-    # agents' readings there; the URL in the environment, not argv (ps shows argv).
-    service = {"name": SERVICE_NAME, "command": culler_command(settings),
-               "environment": {ENV_DB_URL: settings.pool_db_url}}
-    section.services = without_named(services, SERVICE_NAME) + [service]
-    section.load_roles = without_named(roles, SERVICE_NAME) + [{
-        "name": SERVICE_NAME,
-        "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
-        "scopes": list(CULLER_SCOPES),
-        "services": [SERVICE_NAME],
-    }]
-
-    interval = activity_interval(settings)
-    # The hub drops activity reports closer than activity_resolution to the
-    # last one; keep it finer than the reports, or busy kernels stop counting.
-    section.activity_resolution = max(1, min(30, interval))
-    keep_busy = getattr(settings, "cull_keep_busy", "extension")
-    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
-           # Read by the images' gpuhub_activity extension.
-           BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
-    c.GPUDockerSpawner.environment.update(env)
-    if keep_busy == "wrapper":
-        # Images without the extension: start jupyterhub-singleuser through
-        # the wrapper instead of the image's own command.
-        c.GPUDockerSpawner.cmd = singleuser_command()
 
 
 if __name__ == "__main__":

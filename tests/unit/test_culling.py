@@ -10,16 +10,14 @@ import pytest
 from traitlets.config import Config
 
 from spawner.culling.culler import (
-    CULLER_SCOPES,
     BUSY_SWITCH_ENV,
     SERVICE_NAME,
     SINGLEUSER_BOOT,
     GPUCullPolicy,
     GPUIdleCuller,
     CullerUtilization,
-    activity_interval,
-    configure_culler,
 )
+from spawner.settings.culler import CULLER_SCOPES, activity_interval, configure_culler
 from spawner.inventory import SimulatedInventory
 from spawner.settings import SettingsError, load_settings
 
