@@ -35,7 +35,7 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 PROBE_USER = "gpu-pool doctor"
 BASE_IMAGE = "gpuhub/debian-base:latest"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
-LABEL_DOCTOR = f"{PREFIX}.doctor"
+LABEL_DOCTOR = f"{PREFIX}.doctor"  # on every container the doctor runs: gpu-probe, image-check
 TOOLKIT_FIX = ("install the NVIDIA Container Toolkit (nvidia-container-toolkit), run "
                "`nvidia-ctk runtime configure --runtime=docker`, then restart dockerd")
 
@@ -399,7 +399,7 @@ class Doctor:
             image, entrypoint=["cat", "/proc/1/environ"], command=[], network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
             name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}",
-            labels={LABEL_DOCTOR: "1"}, **self._bounds(), device_requests=[
+            labels={LABEL_DOCTOR: "gpu-probe"}, **self._bounds(), device_requests=[
                 docker.types.DeviceRequest(driver="nvidia", device_ids=[gpu], capabilities=[["gpu"]])])
         try:
             container.start()
@@ -450,7 +450,7 @@ class Doctor:
             container = self._docker().containers.create(
                 image, entrypoint=["python3", "-c", "import gpuhub_activity"], command=[], network_mode="none",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
-                name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}", labels={LABEL_DOCTOR: "1"},
+                name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}", labels={LABEL_DOCTOR: "image-check"},
                 **self._bounds())
             container.start()
             code = container.wait(timeout=60).get("StatusCode")
