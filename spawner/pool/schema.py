@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     insert,
+    inspect,
     select,
     text,
     update,
@@ -30,8 +31,8 @@ from sqlalchemy.types import TypeDecorator
 from .models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
-# 6: gpu_pool_readings (the per-node agent's GPU utilisation)
-SCHEMA_VERSION = 6
+# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_waiters.workers (gangs)
+SCHEMA_VERSION = 7
 NAME_MAX = 255
 
 
@@ -126,9 +127,11 @@ waiters_table = Table(
     Column("owner", String(NAME_MAX), nullable=False),  # host:pid, for operators
     Column("user_name", String(NAME_MAX), nullable=False),
     Column("server_name", String(NAME_MAX), nullable=False),
-    Column("count", Integer, nullable=False),
+    Column("count", Integer, nullable=False),  # GPUs per worker (per lease)
     Column("groups", Text, nullable=False),
     Column("hosts", Text),  # JSON list, NULL = any host
+    # A gang (a cluster job): this many leases of `count` GPUs, granted in one transaction.
+    Column("workers", Integer, nullable=False, server_default=text("1")),
     Column("enqueued_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False),
     sqlite_autoincrement=True,
@@ -221,6 +224,9 @@ def create_schema(conn) -> None:
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
         # 5 -> 6: gpu_pool_readings: new tables create_all has just made.
+        if int(version) < 7 and "workers" not in {c["name"] for c in inspect(conn).get_columns("gpu_pool_waiters")}:
+            # 6 -> 7: gangs; every request queued before was one lease.
+            conn.execute(text("ALTER TABLE gpu_pool_waiters ADD COLUMN workers INTEGER NOT NULL DEFAULT 1"))
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

@@ -220,7 +220,7 @@ def test_a_version_5_ledger_gains_the_readings_table_in_place(tmp_path):
     p.record_readings("node-a", {"GPU-1": 1.5})
     assert len(p.gpu_readings(60)) == 1
     with engine.begin() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "6"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "7"
     p.close()
     engine.dispose()
 
