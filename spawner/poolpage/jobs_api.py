@@ -85,7 +85,8 @@ class JobsAPI(JobsMixin, APIHandler):
         groups = sorted(hub_user.get("groups") or [])
         runner = self.runner
         try:
-            sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds)
+            sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds,
+                                   runner.limits.max_workers)
             job = await runner.submit(name, groups, hub_user.get("auth_state"), sub)
         except (BadJob, JobError) as exc:
             raise web.HTTPError(exc.status, str(exc)) from None
