@@ -18,13 +18,14 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.iostream import StreamClosedError
 
 from ..jobs import JOBS_SCOPE
+from ..jobs.engine import UnitGone
 from ..jobs.request import BadJob, check_submission
 from ..jobs.runner import JobError, JobRunner
 from ..pool.jobs import QUEUED, STARTING, Job
 from . import ADMIN_SCOPE
 from .handlers import APIHandler, BaseHandler, log
 from .limits import PoolServiceLimits
-from .log_streams import Followers, LogFollow, TooMany, open_stream
+from .log_streams import Followers, LogFollow, TooMany
 
 MAX_BODY = 64 * 1024
 # A follower of a job that another host's service runs (no news from this runner) reads its state this often.
@@ -182,17 +183,15 @@ class JobLogsAPI(JobsMixin, APIHandler):
 
     async def stream(self, job: Job) -> bool:
         """Stream the container's log until it ends or the reader goes; False if the container
-        is already gone.  Docker is opened on a thread, within PoolServiceLimits.docker_timeout."""
-        import docker.errors
-
+        is already gone.  The engine's stream is opened on a thread, within PoolServiceLimits.docker_timeout."""
         limits: PoolServiceLimits = self.settings["limits"]
         loop = asyncio.get_running_loop()
-        opening = loop.run_in_executor(_STREAMS, open_stream, job.container, limits.docker_timeout)
+        opening = loop.run_in_executor(_STREAMS, self.runner.engine.open_follow, job.container, limits.docker_timeout)
         try:
             api, source = await asyncio.wait_for(asyncio.shield(opening), limits.docker_timeout + 1)
-        except docker.errors.NotFound:
+        except UnitGone:
             return False
-        except (asyncio.TimeoutError, docker.errors.DockerException, OSError) as exc:
+        except Exception as exc:
             log.warning("Could not open job %s's log stream: %s", job.id, exc)
             opening.add_done_callback(_close_late)
             raise web.HTTPError(503, f"Docker did not open job {job.id}'s log within "

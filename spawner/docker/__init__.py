@@ -1,0 +1,1 @@
+"""The Docker engine (one host): the jobs runner's side (jobs.py)."""
