@@ -235,6 +235,9 @@ class DockerJobEngine:
             return False
         return True
 
+    async def lease_hosts(self, node_labels: Mapping[str, str]) -> list[str] | None:
+        return [self.settings.host] if self.settings.host else None
+
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         await prepare_home_volume(_HomeOwner(self, user, directory_identity), image, uid, gid)
         return render_user(self.settings.home_volume, user)

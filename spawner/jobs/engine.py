@@ -26,6 +26,10 @@ class UnitGone(Exception):
     """The engine has no such unit (never made, or removed)."""
 
 
+class JobRefused(Exception):
+    """The engine cannot run this job at all (HTTP 409); str() says why and what to do."""
+
+
 @dataclass(frozen=True)
 class UnitSpec:
     """One container of a job, engine-neutral (spec.py builds it; pure data)."""
@@ -111,6 +115,10 @@ class JobEngine(Protocol):
 
     async def remove_network(self, name: str) -> bool:
         """True once it is gone."""
+
+    async def lease_hosts(self, node_labels: Mapping[str, str]) -> list[str] | None:
+        """The hosts whose GPUs a job asking for `node_labels` may lease (None: any the pool
+        lends; Docker: its own host)."""
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         """The user's home volume, ready for uid:gid on every host (homes.py's rules); its name."""

@@ -26,7 +26,7 @@ from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTI
 from .limits import JobLimits
 from .request import BadJob, Submission
 from .settings import JobSettings
-from .engine import ENDED, RUNNING as RUNNING_UNIT, UNKNOWN, JobEngine, UnitGone
+from .engine import ENDED, JobRefused, RUNNING as RUNNING_UNIT, UNKNOWN, JobEngine, UnitGone
 from .spec import container_name, unit_spec
 
 log = logging.getLogger("gpu-pool-page")
@@ -51,11 +51,7 @@ class JobRunner:
         self.settings = settings
         self.ledger = JobLedger(pool)
         self.profiles = {p.slug: p for p in settings.profile_objects()}
-        if engine is None:
-            from ..docker.jobs import DockerJobEngine
-
-            engine = DockerJobEngine(settings, docker_api)
-        self.engine = engine
+        self.engine = engine if engine is not None else make_engine(settings, docker_api)
         self._tasks: dict[int, asyncio.Task] = {}
         self._acquiring: dict[int, asyncio.Future] = {}
         self._cancel: set[int] = set()
@@ -141,8 +137,10 @@ class JobRunner:
             raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
         if sub.profile.gpus:
             try:
-                await self.call(self.pool.check_request, user, sub.profile.gpus, groups,
-                                self.settings.host or None)
+                hosts = await self.engine.lease_hosts(sub.profile.node_labels)
+                await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts)
+            except JobRefused as exc:
+                raise JobError(str(exc), 409) from None
             except PoolError as exc:
                 raise JobError(str(exc), exc.status_code) from None
         try:
@@ -207,6 +205,7 @@ class JobRunner:
         task.add_done_callback(lambda _t, i=job.id: self._tasks.pop(i, None))
 
     async def _run(self, job: Job) -> None:
+        job_id = job.id  # `job` becomes None when a step ends it (cancelled, refused)
         try:
             profile = self.profiles.get(job.profile)
             if profile is None:
@@ -216,24 +215,25 @@ class JobRunner:
                 job = await self._lease(job, profile)
                 if job is None:
                     return
-                self._tell(job.id)
+                self._tell(job_id)
             if job.state == STARTING:
                 job = await self._launch(job, profile)
                 if job is not None:
-                    self._tell(job.id)
+                    self._tell(job_id)
             if job is not None and job.state == RUNNING:
                 await self._watch(job)
         except asyncio.CancelledError:
             raise  # the service stops; the job runs on and is taken up again
         except Exception as exc:
-            log.exception("Job %s failed", job.id)
-            job = await self.call(self.ledger.get, job.id) or job
+            log.exception("Job %s failed", job_id)
+            job = await self.call(self.ledger.get, job_id)
             message = getattr(exc, "log_message", None) or str(exc) or type(exc).__name__
-            await self._finish(job, FAILED, message=message)
+            if job is not None:
+                await self._finish(job, FAILED, message=message)
         finally:
-            self._cancel.discard(job.id)
-            self._tell(job.id)
-            self._leave_place(job.id)
+            self._cancel.discard(job_id)
+            self._tell(job_id)
+            self._leave_place(job_id)
 
     # ------------------------------------------------------------ job limits
 
@@ -271,8 +271,9 @@ class JobRunner:
             await self._wait_for_place(job, profile)
             if not profile.gpus:
                 return None
+            hosts = await self.engine.lease_hosts(profile.node_labels)
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
-                                           timeout=self.settings.queue_timeout, host=self.settings.host or None)
+                                           timeout=self.settings.queue_timeout, host=hosts)
 
         acquiring = asyncio.ensure_future(place_then_gpus())
         self._acquiring[job.id] = acquiring
@@ -285,7 +286,7 @@ class JobRunner:
             await self.call(self.ledger.update, job.id, (QUEUED,), "ended_at", state=CANCELLED,
                             message="cancelled while queued")
             return None
-        except PoolError as exc:
+        except (PoolError, JobRefused) as exc:
             await self.call(self.ledger.update, job.id, (QUEUED,), "ended_at", state=FAILED, message=str(exc))
             return None
         finally:
@@ -417,6 +418,17 @@ class JobRunner:
         if whole or len(raw) <= limit:
             return cap(raw, limit)
         return "[... earlier output not kept ...]\n" + raw[-limit:].decode(errors="replace")
+
+
+def make_engine(settings: JobSettings, docker_api=None) -> JobEngine:
+    """The engine the hub's settings name: containers on its own Docker, or Swarm services."""
+    if settings.engine == "swarm":
+        from ..swarm.jobs import SwarmJobEngine
+
+        return SwarmJobEngine(settings, docker_api)
+    from ..docker.jobs import DockerJobEngine
+
+    return DockerJobEngine(settings, docker_api)
 
 
 def cap(raw: bytes, limit: int) -> str:

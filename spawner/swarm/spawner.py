@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 
-import docker.errors
 from docker.types import (ContainerSpec, DriverConfig, EndpointSpec, Mount, NetworkAttachmentConfig,
                           Placement, Resources, RestartPolicy, TaskTemplate)
 from docker.utils import parse_bytes
@@ -24,12 +23,13 @@ from traitlets import Bool, Dict, List, Unicode, default
 
 from ..containers import hardened_host_config, lease_labels
 from ..docker.spawner import GPUDockerSpawner
-from ..homes import create_helper, helper_bounds, prepare_home_volume, wait_for_exit
+from ..homes import prepare_home_volume
 from ..labels import pool_identity
 from ..pool import PoolError
 from ..pool.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
+from .homes import make_home_directory
 from .tasks import LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
 
 SQLITE_REFUSED = ("gpu-swarm lends the GPUs of several hosts from one ledger, which must be "
@@ -255,34 +255,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     async def _make_home_directory(self, image: str, uid: int, gid: int) -> None:
         """Create the user's directory under the shared homes root (once), owned by them."""
-        if not self.home_root_volume_options:
-            return
-        root = f"{self.prefix}-homes-root"
-        try:
-            await self.docker("inspect_volume", root)
-        except docker.errors.NotFound:
-            await self.docker("create_volume", name=root, driver="local",
-                              driver_opts=dict(self.home_root_volume_options))
-        user_dir = self._render_templates("{username}")
-        script = (f'd=/mnt/homes/{user_dir}; [ -d "$d" ] || {{ mkdir -p "$d.new" && chown {uid}:{gid} "$d.new" '
-                  f'&& mv "$d.new" "$d"; }}')
-        prep = await create_helper(
-            self, image=self.home_volume_prep_image or image, entrypoint=["/bin/sh", "-c"],
-            command=[script], user="0:0", network_disabled=True,
-            host_config=self.client.create_host_config(
-                binds={root: {"bind": "/mnt/homes", "mode": "rw"}}, network_mode="none",
-                cap_drop=["ALL"], cap_add=["CHOWN"], security_opt=["no-new-privileges"],
-                **helper_bounds(self)))
-        try:
-            await self.docker("start", prep["Id"])
-            code = await wait_for_exit(self, prep["Id"], 60)
-            if code is None:
-                raise web.HTTPError(503, f"Creating the home directory of {self.user.name} took longer than "
-                                    "60 s; start again in a moment.")
-            if code != 0:
-                raise web.HTTPError(500, f"Could not create the home directory of {self.user.name}")
-        finally:
-            await self.docker("remove_container", prep["Id"], force=True)
+        await make_home_directory(self, self.home_root_volume_options, self.prefix, image, uid, gid)
 
     async def start_server(self, profile: Profile):
         uid, gid = self.container_identity()

@@ -43,7 +43,9 @@ class JobsMixin:
         return runner
 
     def job_user(self) -> tuple[str, bool]:
-        """(name, is pool admin) of a caller allowed to use jobs; else 403."""
+        """(name, is pool admin) of a caller allowed to use jobs; else 403 (404 if jobs are off:
+        the scope is then not even defined, and a 403 would send people looking for it)."""
+        self.runner  # noqa: B018 (raises the 404)
         user = self.current_user
         if not user:
             raise web.HTTPError(403, "Log in to the hub (or send a hub API token) first")
