@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # Lazy, so `gpu-pool` and the pool's tests don't import Docker and JupyterHub.
     if name == "GPUDockerSpawner":
-        from .dockerspawner import GPUDockerSpawner
+        from .docker.spawner import GPUDockerSpawner
 
         return GPUDockerSpawner
     raise AttributeError(name)

@@ -108,7 +108,7 @@ from .schema import (
     readings_table,
     waiters_table,
 )
-from .readings import Reading
+from .gpu_readings import Reading
 from .store import INTEGRITY_RETRIES, PG_LOCK_KEY
 
 # The environment variables that name the ledger for the processes beside the hub

@@ -21,13 +21,18 @@ from traitlets import Any as AnyTrait
 from traitlets import Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from ..inventory import Inventory
-from . import admin, grant, inventory_sync, reads, timeline, validation
+from ..inventory.machine import Inventory
+from . import release as admin
+from . import grant
+from . import inventory_sync
+from . import queries as reads
+from . import timeline
+from . import validation
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
-from .administration import PoolAdministration
+from .admin_actions import PoolAdministration
 from .placement import Topology
-from .readings import PoolReadings
+from .gpu_readings import PoolReadings
 from .policy import limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store

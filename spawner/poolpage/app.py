@@ -26,10 +26,14 @@ from ..jobs.settings import JobSettings
 from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import GPUPool
 from ..settings.parsing import env_bool
-from . import actions_api, history_api, insight, jobs_api, views
-from .handlers import APIHandler, BaseHandler, NotFound, OAuthCallback, log
+from .handlers import actions as actions_api
+from .handlers import history as history_api
+from .handlers import wait as insight
+from .handlers import jobs as jobs_api
+from . import views
+from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .limits import PoolServiceLimits
-from .log_streams import Followers
+from .handlers.log_streams import Followers
 
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jupyterhub.utils import url_path_join
 
-from ..culling import activity_interval, without_named
+from ..culling.culler import activity_interval, without_named
 from . import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from .hubapi import SERVICE_SCOPES
 from .limits import hand_over

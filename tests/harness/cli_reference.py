@@ -36,7 +36,7 @@ def gpu_job_parser() -> argparse.ArgumentParser:
 
 
 def gpu_pool_parser() -> argparse.ArgumentParser:
-    from spawner.cli import _parser
+    from spawner.cli.main import _parser
 
     return _parser()
 

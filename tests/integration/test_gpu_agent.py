@@ -20,7 +20,7 @@ from datetime import timedelta
 from spawner.culling import GPUIdleCuller
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
-from spawner.swarm_inventory import SwarmInventory
+from spawner.inventory.swarm import SwarmInventory
 from tests.fixtures.postgres import create_database
 
 NODE = "gpu-node-a"

@@ -20,7 +20,7 @@ def visible_devices(container) -> str:
 
     The daemon's NVIDIA driver sets it in the container's process spec, which
     `docker exec` does not inherit, so read PID 1's environment."""
-    from spawner.doctor import visible_devices as from_environ
+    from spawner.cli.doctor import visible_devices as from_environ
 
     code, out = container.exec_run(["cat", "/proc/1/environ"])
     assert code == 0, out

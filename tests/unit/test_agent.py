@@ -16,12 +16,12 @@ from datetime import timedelta
 import pytest
 from traitlets import TraitError
 
-from spawner.agent import Agent
-from spawner.culling import GPUIdleCuller, _Utilization
+from spawner.inventory.agent import Agent
+from spawner.culling.culler import GPUIdleCuller, CullerUtilization
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, InvalidRequest
 from spawner.settings import load_settings
-from spawner.swarm_inventory import SwarmInventory
+from spawner.inventory.swarm import SwarmInventory
 from tests.unit.test_swarm import Manager, node
 
 
@@ -178,7 +178,7 @@ def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkey
     path.write_text(json.dumps({gpu0: 77}))
     Agent(pool, inv, interval=1).run_once()
     monkeypatch.setenv("GPU_POOL_DB_URL", pool.db_url)
-    reader = _Utilization("swarm", 0, "", None, reading_max_age=5)
+    reader = CullerUtilization("swarm", 0, "", None, reading_max_age=5)
     assert reader("node-a", gpu0) == 77.0
     assert reader("node-b", gpu0) is None
     age(pool, 6)
@@ -239,7 +239,7 @@ def test_the_agent_command_refuses_bad_options_in_one_line(tmp_path, capsys):
 
 
 def test_the_pool_page_shows_swarm_utilization_from_the_agents(pool, node_a):
-    from spawner.poolpage.insight import Settings
+    from spawner.poolpage.handlers.wait import Settings
 
     inv, path = node_a
     gpu0 = inv.gpus()[0].uuid

@@ -9,14 +9,14 @@ from datetime import timedelta
 import pytest
 from traitlets.config import Config
 
-from spawner.culling import (
+from spawner.culling.culler import (
     CULLER_SCOPES,
     BUSY_SWITCH_ENV,
     SERVICE_NAME,
     SINGLEUSER_BOOT,
     GPUCullPolicy,
     GPUIdleCuller,
-    _Utilization,
+    CullerUtilization,
     activity_interval,
     configure_culler,
 )
@@ -165,7 +165,7 @@ def test_simulated_utilization_is_read_from_the_file_tests_control(tmp_path):
     uuid = SimulatedInventory.uuid_for(host, 2)
     path = tmp_path / "util.json"
     path.write_text(json.dumps({uuid: 42}))
-    read = _Utilization("simulated", 4, str(path), log=None)
+    read = CullerUtilization("simulated", 4, str(path), log=None)
     assert read(host, uuid) == 42.0
     path.write_text(json.dumps({uuid: 7}))
     assert read(host, uuid) == 7.0

@@ -16,7 +16,8 @@ from spawner.poolpage.service import SERVICE_ROLE
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
 from spawner.jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
-from spawner.jobs.spec import container_spec
+from spawner.docker.jobs import DockerJobEngine
+from spawner.jobs.spec import unit_spec
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
 from spawner.poolpage.service import ACCESS_SCOPE, configure_pool_page
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
@@ -103,6 +104,11 @@ def test_profiles_check_their_job_keys():
         load_profiles([{"slug": "x", "display_name": "X", "image": "i", "job_max_seconds": 0}])
     with pytest.raises(ProfileConfigError, match="job_network"):
         load_profiles([{"slug": "x", "display_name": "X", "image": "i", "job_network": "yes"}])
+
+
+def container_spec(job, profile, settings, home_volume, pool_id):
+    """What the Docker engine asks of the daemon for the job's unit: (create, host config)."""
+    return DockerJobEngine(settings).create_args(unit_spec(job, profile, settings, home_volume, pool_id))
 
 
 def _job(**overrides):

@@ -18,7 +18,8 @@ from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets.config import Config
 
-from spawner import admission, lending
+from spawner.lending import admission
+from spawner.lending import spawner as lending
 from spawner.lending import GPULendingSpawner
 from spawner.pool import EndReason
 
@@ -155,7 +156,7 @@ def test_a_stop_that_raised_still_releases_once_the_engine_says_gone(config):
 
 
 def test_a_container_that_would_not_stop_keeps_its_gpu_lent_with_the_reason(config, monkeypatch):
-    monkeypatch.setattr("spawner.lease_ending.SETTLE_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr("spawner.lending.ending.SETTLE_GRACE_SECONDS", 0.0)
     spawner = make(config)
 
     async def scenario():
@@ -173,7 +174,7 @@ def test_a_container_that_would_not_stop_keeps_its_gpu_lent_with_the_reason(conf
 
 
 def test_an_engine_that_cannot_answer_never_frees_the_gpu(config, monkeypatch):
-    monkeypatch.setattr("spawner.lease_ending.SETTLE_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr("spawner.lending.ending.SETTLE_GRACE_SECONDS", 0.0)
     spawner = make(config)
 
     async def scenario():

@@ -12,8 +12,8 @@ import pytest
 from spawner.pool import GPUPool
 from spawner.profiles import ProfileConfigError, Profile
 from spawner.settings import SettingsError, load_settings
-from spawner.swarm_inventory import SwarmInventory, memory_mib, node_gpus, node_lends
-from spawner.swarm_tasks import task_holds, task_ip
+from spawner.inventory.swarm import SwarmInventory, memory_mib, node_gpus, node_lends
+from spawner.swarm.tasks import task_holds, task_ip
 
 
 def node(host, uuids, state="ready", availability="active", labels=None, node_id=None):
@@ -123,11 +123,34 @@ def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
                        "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker, node.labels.cpu==true"})
     assert s.inventory == "swarm"
     assert s.swarm_cpu_constraints == ("node.role==worker", "node.labels.cpu==true")
-    # Batch jobs run on the hub's own Docker host: off on Swarm, and refused when asked for.
-    assert s.jobs is False
-    with pytest.raises(SettingsError, match="GPUHUB_JOBS"):
-        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_JOBS": "true"})
+    # Batch jobs run on Swarm too: on by default, as Swarm services of any GPU node.
+    assert s.jobs is True
+    assert not load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+                              "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_JOBS": "false"}).jobs
+
+
+def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_path):
+    from traitlets.config import Config
+
+    from spawner.jobs.config import job_settings
+    from spawner.jobs.runner import make_engine
+    from spawner.settings import apply_settings
+    from spawner.swarm.jobs import SwarmJobEngine
+
+    s = load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_DATA_DIR": str(tmp_path),
+                       "GPUHUB_SWARM_HOME_OPTIONS": '{"type": "nfs", "device": ":/homes/{username}"}',
+                       "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker"})
+    c = Config()
+    apply_settings(c, s)
+    js = job_settings(c, s)
+    assert js.engine == "swarm" and js.host == ""  # any node's GPUs
+    assert js.home_volume_driver_options == {"type": "nfs", "device": ":/homes/{username}"}
+    assert js.cpu_constraints == ["node.role==worker"]
+    engine = make_engine(js)
+    assert isinstance(engine, SwarmJobEngine)
+    assert engine.home_volume_create_kwargs("ann") == {"driver": "local",
+                                                        "driver_opts": {"type": "nfs", "device": ":/homes/ann"}}
 
 
 def test_swarm_settings_choose_gpu_swarm():
