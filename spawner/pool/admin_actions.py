@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from . import release as admin
 from . import queries as reads
 from . import validation
-from .models import GPUStatus, InvalidRequest, Lease
+from .models import EndReason, GPUStatus, InvalidRequest, Lease
 
 if TYPE_CHECKING:
     from .placement import Topology
@@ -53,6 +53,19 @@ class PoolAdministration:
         if ended:
             self._notify()
         return ended
+
+    def record_end_intent(self, lease_id: int, reason: EndReason | str, actor: str) -> bool:
+        """Note, before asking the hub to stop a lease's server, who asks and why (`culled`, `admin`).
+
+        The spawner reads it when the stop arrives (`end_intent`): JupyterHub tells a spawner
+        nothing of who asked.  False when the lease is not active."""
+        reason = EndReason(reason).value
+        actor = validation.name(actor, "The actor's name")
+        return self._write(lambda conn: admin.record_end_intent(self._store, conn, int(lease_id), reason, actor))
+
+    def end_intent(self, lease_id: int, max_age: float = 300.0) -> tuple[str, str] | None:
+        """(reason, actor) of the intent recorded for `lease_id` within `max_age` seconds, else None."""
+        return self._read(lambda conn: admin.end_intent(self._store, conn, int(lease_id), max_age))
 
     def _set_drained(self, uuid: str, host: str | None, drained: bool, by: str | None) -> GPUStatus:
         uuid = validation.name(uuid, "The GPU uuid")

@@ -31,8 +31,9 @@ from sqlalchemy.types import TypeDecorator
 from .models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
-# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_waiters.workers (gangs)
-SCHEMA_VERSION = 7
+# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;
+# 8: gpu_pool_waiters.workers (gangs)
+SCHEMA_VERSION = 8
 NAME_MAX = 255
 
 
@@ -212,6 +213,19 @@ readings_table = Table(
 )
 
 
+# Who asked a server to end, recorded by the asker before it asks the hub (the idle
+# culler before its DELETE: `culled`; the pool page's admin end: `admin`).  The spawner
+# reads it when the stop arrives; without a fresh one the stop is the user's own.
+end_intents_table = Table(
+    "gpu_pool_end_intents",
+    metadata,
+    Column("lease_id", Integer, ForeignKey("gpu_pool_leases.id", ondelete="CASCADE"), primary_key=True),
+    Column("reason", String(32), nullable=False),
+    Column("actor", String(NAME_MAX), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+)
+
+
 def create_schema(conn) -> None:
     """Create the tables if missing; refuse a ledger written by newer code."""
     metadata.create_all(conn)
@@ -223,9 +237,9 @@ def create_schema(conn) -> None:
             # 1 -> 2: the column ledgers made by 0.1 lack.
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
-        # 5 -> 6: gpu_pool_readings: new tables create_all has just made.
-        if int(version) < 7 and "workers" not in {c["name"] for c in inspect(conn).get_columns("gpu_pool_waiters")}:
-            # 6 -> 7: gangs; every request queued before was one lease.
+        # 5 -> 6: gpu_pool_readings; 6 -> 7: gpu_pool_end_intents: new tables create_all has just made.
+        if int(version) < 8 and "workers" not in {c["name"] for c in inspect(conn).get_columns("gpu_pool_waiters")}:
+            # 7 -> 8: gangs; every request queued before was one lease.
             conn.execute(text("ALTER TABLE gpu_pool_waiters ADD COLUMN workers INTEGER NOT NULL DEFAULT 1"))
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))

@@ -229,18 +229,18 @@ def test_on_several_hosts_a_gang_spans_only_when_no_host_fits_it(tmp_path):
         pool.close()
 
 
-def test_a_version_6_ledger_gains_the_workers_column_in_place(tmp_path):
+def test_a_version_7_ledger_gains_the_workers_column_in_place(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     GPUPool(db_url=url, inventory=SimulatedInventory(count=2, host=HOST)).sync_inventory()
     engine = sa.create_engine(url)
-    with engine.begin() as conn:  # as schema 6 left it: no workers column
+    with engine.begin() as conn:  # as schema 7 left it: no workers column
         conn.execute(sa.text("ALTER TABLE gpu_pool_waiters DROP COLUMN workers"))
-        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='6' WHERE key='schema_version'"))
+        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='7' WHERE key='schema_version'"))
     pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=2, host=HOST), poll_interval=0.05)
     try:
         assert len(asyncio.run(pool.acquire_gang("alice", "job/1", 1, 2, timeout=2))) == 2
     finally:
         pool.close()
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == "7"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == "8"
     engine.dispose()
