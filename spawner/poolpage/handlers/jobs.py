@@ -19,6 +19,7 @@ from tornado.iostream import StreamClosedError
 
 from ...jobs import JOBS_SCOPE
 from ...jobs.engine import UnitGone
+from ...jobs import cluster
 from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
 from ...pool.jobs import QUEUED, STARTING, Job
@@ -128,7 +129,8 @@ class JobAPI(JobsMixin, APIHandler):
 
 class JobLogsAPI(JobsMixin, APIHandler):
     """The job's output: its container's while it runs (`?follow=1` streams until it ends),
-    the kept copy afterwards.  Followers are capped (PoolServiceLimits), wait for a queued job
+    the kept copy afterwards.  A cluster's is every worker's, each line marked `[worker i]`;
+    `?worker=i` gives one worker's (and is the worker `follow` streams; default the chief).  Followers are capped (PoolServiceLimits), wait for a queued job
     on the runner's own news of it, and end their Docker stream when they go."""
 
     _follow: LogFollow | None = None
@@ -137,6 +139,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
     async def get(self, job_id: str):
         job, name, _ = await self.owned_job(job_id)
         follow = self.get_argument("follow", "") in ("1", "true", "yes")
+        worker = self.worker_argument(job)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("X-Content-Type-Options", "nosniff")
         if follow:
@@ -151,15 +154,27 @@ class JobLogsAPI(JobsMixin, APIHandler):
                 job = await self.until_it_runs(job)
                 if job is None:
                     return  # the reader went away meanwhile
-                if job.active and job.container and await self.stream(job):
+                if job.active and job.container and await self.stream(job, worker):
                     return self.finish()
             finally:
                 followers.give_back(followed, name)
         if job.active and job.container:
-            current = await self.runner.read_log(job)
+            current = (await cluster.read_log(self.runner, job, worker) if worker is not None
+                       else await self.runner.read_log(job))
             if current is not None:
                 return self.finish(current)
         self.finish(await self.call(self.runner.ledger.log, job.id) or "")
+
+    def worker_argument(self, job: Job) -> int | None:
+        """`?worker=i` of a cluster job (0 <= i < its workers), else None; 400 when it is not one."""
+        raw = self.get_argument("worker", None)
+        if raw is None:
+            return None
+        if not job.is_cluster:
+            raise web.HTTPError(400, f"Job {job.id} is not a cluster; it has no workers to choose from")
+        if not raw.isdigit() or not int(raw) < job.workers:
+            raise web.HTTPError(400, f"'worker' must be a worker of job {job.id}: 0 to {job.workers - 1}")
+        return int(raw)
 
     def on_connection_close(self):
         if self._gone is not None:
@@ -184,12 +199,15 @@ class JobLogsAPI(JobsMixin, APIHandler):
             job = await self.call(self.runner.ledger.get, job.id) or job
         return job
 
-    async def stream(self, job: Job) -> bool:
-        """Stream the container's log until it ends or the reader goes; False if the container
-        is already gone.  The engine's stream is opened on a thread, within PoolServiceLimits.docker_timeout."""
+    async def stream(self, job: Job, worker: int | None = None) -> bool:
+        """Stream the container's log (a cluster's: worker `worker`'s, default the chief's) until
+        it ends or the reader goes; False if the container is already gone.  The engine's stream
+        is opened on a thread, within PoolServiceLimits.docker_timeout."""
         limits: PoolServiceLimits = self.settings["limits"]
         loop = asyncio.get_running_loop()
-        opening = loop.run_in_executor(_STREAMS, self.runner.engine.open_follow, job.container, limits.docker_timeout)
+        unit = (cluster.worker_name(self.runner.settings, job.id, worker) if worker is not None
+                else job.container)
+        opening = loop.run_in_executor(_STREAMS, self.runner.engine.open_follow, unit, limits.docker_timeout)
         try:
             api, source = await asyncio.wait_for(asyncio.shield(opening), limits.docker_timeout + 1)
         except UnitGone:
