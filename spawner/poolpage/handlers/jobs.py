@@ -1,4 +1,5 @@
-"""The gpu-pool service's job endpoints: /api/jobs (REST) and /jobs/<id> (a job's page).
+"""The gpu-pool service's job endpoints: /api/jobs (REST), /jobs/<id> (a job's page) and
+/jobs/new (the pool page's form to submit a job or a cluster).
 
 Submitting needs the `custom:gpu-jobs` scope (every user has it; a notebook
 server's own token too); a job is seen and cancelled only by its owner or a
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
@@ -69,6 +71,30 @@ class JobsMixin:
         data["queue_position"] = await self.runner.position(job)
         return data
 
+    async def submit_body(self, name: str, body) -> Job:
+        """Check a submission (as REST and the page's form send it) and queue it; HTTPError if refused."""
+        hub_user = await self.hub_user(name)
+        groups = sorted(hub_user.get("groups") or [])
+        runner = self.runner
+        try:
+            sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds,
+                                   runner.limits.max_workers)
+            return await runner.submit(name, groups, hub_user.get("auth_state"), sub)
+        except (BadJob, JobError) as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+
+    async def hub_user(self, name: str) -> dict:
+        """The user's model from the hub (groups; auth_state with the directory uid/gid)."""
+        auth = self.hub_auth
+        request = HTTPRequest(url_path_join(auth.api_url, "users", quote(name, safe="")),
+                              headers={"Authorization": f"token {auth.api_token}"}, request_timeout=20)
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except Exception as exc:
+            log.error("Could not read user %s from the hub: %s", name, exc)
+            raise web.HTTPError(503, "The hub did not answer; try again in a moment") from None
+        return json.loads(response.body)
+
 
 class JobsAPI(JobsMixin, APIHandler):
     async def get(self):
@@ -85,29 +111,54 @@ class JobsAPI(JobsMixin, APIHandler):
             body = json.loads(self.request.body or b"null")
         except ValueError:
             raise web.HTTPError(400, "The body must be JSON") from None
-        hub_user = await self.hub_user(name)
-        groups = sorted(hub_user.get("groups") or [])
-        runner = self.runner
-        try:
-            sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds,
-                                   runner.limits.max_workers)
-            job = await runner.submit(name, groups, hub_user.get("auth_state"), sub)
-        except (BadJob, JobError) as exc:
-            raise web.HTTPError(exc.status, str(exc)) from None
+        job = await self.submit_body(name, body)
         self.set_header("Location", url_path_join(self.request.path, str(job.id)))
         self.write_json(await self.job_dict(job), status=201)
 
-    async def hub_user(self, name: str) -> dict:
-        """The user's model from the hub (groups; auth_state with the directory uid/gid)."""
-        auth = self.hub_auth
-        request = HTTPRequest(url_path_join(auth.api_url, "users", quote(name, safe="")),
-                              headers={"Authorization": f"token {auth.api_token}"}, request_timeout=20)
+
+def form_body(get) -> dict:
+    """A submission from the page's form fields (`get(name)` -> str or None), as REST takes it:
+    the command line split as a shell would (no shell runs it), numbers as numbers."""
+    body: dict = {"profile": get("profile") or None}
+    line = get("command") or ""
+    if len(line) > MAX_BODY:
+        raise BadJob(f"The command is longer than {MAX_BODY} characters")
+    try:
+        body["command"] = shlex.split(line)
+    except ValueError as exc:
+        raise BadJob(f"The command line does not parse ({exc}); check its quotes") from None
+    for key in ("workdir",):
+        if get(key):
+            body[key] = get(key)
+    for key in ("workers", "timeout"):
+        raw = (get(key) or "").strip()
+        if raw:
+            if not raw.isdigit():
+                raise BadJob(f"'{key}' must be a whole number, not {raw[:20]!r}")
+            body[key] = int(raw)
+    return body
+
+
+class JobSubmitPage(JobsMixin, BaseHandler):
+    """The pool page's form: a job or a cluster from the browser, as REST takes it; then its page."""
+
+    @web.authenticated
+    async def post(self):
+        name, _ = self.job_user()
         try:
-            response = await AsyncHTTPClient().fetch(request)
-        except Exception as exc:
-            log.error("Could not read user %s from the hub: %s", name, exc)
-            raise web.HTTPError(503, "The hub did not answer; try again in a moment") from None
-        return json.loads(response.body)
+            body = form_body(lambda key: self.get_body_argument(key, None))
+        except BadJob as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+        job = await self.submit_body(name, body)
+        log.info("%s submitted job %s from the pool page", name, job.id)
+        self.redirect(url_path_join(self.settings["prefix"], "jobs", str(job.id)))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = exc.log_message if isinstance(exc, web.HTTPError) and exc.log_message else self._reason
+        self.finish(self.settings["jinja"].get_template("message.html").render(
+            title="Job not submitted", message=message, base_url=self.settings["base_url"],
+            prefix=self.settings["prefix"]))
 
 
 class JobAPI(JobsMixin, APIHandler):
@@ -284,6 +335,7 @@ def routes(prefix: str) -> list[tuple]:
         (api + r"/(\d+)", JobAPI),
         (api + r"/(\d+)/logs", JobLogsAPI),
         (url_path_join(prefix, "jobs") + r"/(\d+)", JobPage),
+        (url_path_join(prefix, "jobs", "new"), JobSubmitPage),
     ]
 
 
@@ -293,6 +345,13 @@ def job_rows(runner: JobRunner | None, viewer) -> list[dict]:
     if runner is None:
         return []
     return [j for j in runner.snapshot if viewer.admin or j["user"] == viewer.name]
+
+
+def job_profiles(runner: JobRunner | None) -> list[dict]:
+    """The profiles the page's submit form offers (the service checks who may use which)."""
+    if runner is None:
+        return []
+    return [{"slug": p.slug, "name": p.display_name, "gpus": p.gpus} for p in runner.profiles.values()]
 
 
 async def start_jobs(app: web.Application, port: int):
