@@ -174,8 +174,11 @@ async def finish(runner, job: Job, state: str, exit_code: int | None = None, mes
     the engine confirms no worker runs; record the end; remove the units and the network."""
     engine, settings = runner.engine, runner.settings
     names = [worker_name(settings, job.id, i) for i in range(job.workers)]
+    # Read before the stop as well: Swarm drops a stopped service's tasks, and their logs with them.
+    before = await read_log(runner, job)
     stopped = await asyncio.gather(*(runner.stop_unit(job, n) for n in names))
-    output = await read_log(runner, job)
+    after = await read_log(runner, job)
+    output = after if after is not None and len(after) >= len(before or "") else before
     lease_ids = list(job.lease_ids)
     if lease_ids:
         if all(stopped):
