@@ -37,7 +37,7 @@ from bench.bench_jobs import jobs_api, started_at, wait_job  # noqa: E402
 
 
 def cluster_to_running(hub, client, token, workers: int) -> float:
-    from tests.fixtures.hub import wait_for
+    from devservices.hub import wait_for
 
     began = time.time()
     r = jobs_api(hub, "POST", "", token, json={"profile": "tf-gpu-1", "command": ["sleep", "2"],
@@ -74,7 +74,7 @@ def docker_runs_to_running(client, image, workers: int) -> float:
                 image, ["sleep", "2"], detach=True, name=f"gpuhub-bench-{tag}-w{i}", network=network.name,
                 environment={"TF_CONFIG": "{}"}, user="1000:100", cap_drop=["ALL"],
                 security_opt=["no-new-privileges"]))
-        from tests.fixtures.hub import wait_for
+        from devservices.hub import wait_for
 
         wait_for(lambda: all(c.reload() or c.attrs["State"]["StartedAt"][:4] != "0001" for c in containers),
                  timeout=120, interval=0.05)
@@ -86,7 +86,7 @@ def docker_runs_to_running(client, image, workers: int) -> float:
 
 
 def bench_startup(client, image, network, rounds: int) -> None:
-    from tests.fixtures.hub import cleanup_hub, prepare_hub, wait_for
+    from devservices.hub import cleanup_hub, prepare_hub, wait_for
 
     with tempfile.TemporaryDirectory() as tmp:
         hub = prepare_hub(Path(tmp), image, network, env={"GPUHUB_GPU_IMAGE": image, "GPUHUB_CPU_IMAGE": image,
@@ -182,9 +182,6 @@ BASELINE_TIMEOUT = 5.0
 
 
 def bench_ledger(rounds: int) -> None:
-    from spawner.inventory import SimulatedInventory
-    from spawner.pool import GPUPool, WaitTimeout
-
     print("\nGang leasing under contention: 8 clusters of 2 x 1 GPU + 16 single-GPU requests at once, "
           f"4 GPUs, SQLite ledger, each holding its GPUs 20 ms; {rounds} rounds of each way.\n"
           "gang: GPUPool.acquire_gang (one grant per cluster). baseline: each worker's lease asked for "
@@ -194,71 +191,79 @@ def bench_ledger(rounds: int) -> None:
           "cluster wait median / p95 s | single wait median / p95 s | all done s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for way, n in [(w, n) for w in ("gang", "baseline") for n in range(rounds)]:
-        with tempfile.TemporaryDirectory() as tmp:
-            pool = GPUPool(inventory=SimulatedInventory(count=4, host="bench"),
-                           db_url=f"sqlite:///{tmp}/ledger.sqlite", poll_interval=0.05)
-            pool.sync_inventory()
-            waits: dict[str, list[float]] = {"cluster": [], "single": []}
-            partial, peak, failures = set(), [0], []
+        contention_round(way, n)
 
-            async def cluster(name):
-                began = time.perf_counter()
-                if way == "gang":
-                    leases = await pool.acquire_gang("u", name, 1, 2, timeout=60)
-                else:
-                    leases = []
-                    try:
-                        for i in range(2):
-                            leases.append(await pool.acquire("u", f"{name}/worker-{i}", 1, timeout=BASELINE_TIMEOUT))
-                    except WaitTimeout:
-                        pool.release_all([l.id for l in leases], "job-failed")
-                        raise
-                waits["cluster"].append(time.perf_counter() - began)
-                if way == "gang" and (len(leases) != 2 or len({l.started_at for l in leases}) != 1):
-                    partial.add(name)
-                await asyncio.sleep(0.02)
-                pool.release_all([l.id for l in leases], "job-finished")
 
-            async def single(name):
-                began = time.perf_counter()
-                lease = await pool.acquire("u", name, 1, timeout=60)
-                waits["single"].append(time.perf_counter() - began)
-                await asyncio.sleep(0.02)
-                pool.release(lease.id)
+def contention_round(way: str, n: int) -> None:
+    """One round of part 3, the gang way or the baseline's, printed as a table row."""
+    from spawner.inventory import SimulatedInventory
+    from spawner.pool import GPUPool, WaitTimeout
 
-            async def watch(done):
-                while not done.is_set():
-                    active = pool.leases()
-                    peak[0] = max(peak[0], sum(len(l.gpu_uuids) for l in active))
-                    gangs: dict[str, int] = {}
-                    for l in active:
-                        if "/worker-" in l.server_name:
-                            base = l.server_name.rsplit("/", 1)[0]
-                            gangs[base] = gangs.get(base, 0) + 1
-                    partial.update(base for base, k in gangs.items() if k != 2)
-                    await asyncio.sleep(0.002)
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = GPUPool(inventory=SimulatedInventory(count=4, host="bench"),
+                       db_url=f"sqlite:///{tmp}/ledger.sqlite", poll_interval=0.05)
+        pool.sync_inventory()
+        waits: dict[str, list[float]] = {"cluster": [], "single": []}
+        partial, peak, failures = set(), [0], []
 
-            async def main():
-                done = asyncio.Event()
-                watcher = asyncio.ensure_future(watch(done))
-                tasks = [cluster(f"job/c{i}") for i in range(8)] + [single(f"s{i}") for i in range(16)]
-                began = time.perf_counter()
-                results = await asyncio.gather(*tasks, return_exceptions=True)
-                failures.extend(r for r in results if isinstance(r, BaseException))
-                elapsed = time.perf_counter() - began
-                done.set()
-                await watcher
-                return elapsed
+        async def cluster(name):
+            began = time.perf_counter()
+            if way == "gang":
+                leases = await pool.acquire_gang("u", name, 1, 2, timeout=60)
+            else:
+                leases = []
+                try:
+                    for i in range(2):
+                        leases.append(await pool.acquire("u", f"{name}/worker-{i}", 1, timeout=BASELINE_TIMEOUT))
+                except WaitTimeout:
+                    pool.release_all([l.id for l in leases], "job-failed")
+                    raise
+            waits["cluster"].append(time.perf_counter() - began)
+            if way == "gang" and (len(leases) != 2 or len({l.started_at for l in leases}) != 1):
+                partial.add(name)
+            await asyncio.sleep(0.02)
+            pool.release_all([l.id for l in leases], "job-finished")
 
-            elapsed = asyncio.run(main())
-            served = len(waits["cluster"]) + len(waits["single"])
-            c, s = waits["cluster"], waits["single"]
-            c = c or [float("nan")]
-            print(f"| {way} | {n + 1} | {served}/24 | {len(partial)} | {len(failures)} | {peak[0]}/4 | "
-                  f"{median(c):.3f} / {percentile(c, 0.95):.3f} | {median(s):.3f} / {percentile(s, 0.95):.3f} | "
-                  f"{elapsed:.2f} |")
-            assert not pool.leases() and not pool.queue()
-            pool.close()
+        async def single(name):
+            began = time.perf_counter()
+            lease = await pool.acquire("u", name, 1, timeout=60)
+            waits["single"].append(time.perf_counter() - began)
+            await asyncio.sleep(0.02)
+            pool.release(lease.id)
+
+        async def watch(done):
+            while not done.is_set():
+                active = pool.leases()
+                peak[0] = max(peak[0], sum(len(l.gpu_uuids) for l in active))
+                gangs: dict[str, int] = {}
+                for l in active:
+                    if "/worker-" in l.server_name:
+                        base = l.server_name.rsplit("/", 1)[0]
+                        gangs[base] = gangs.get(base, 0) + 1
+                partial.update(base for base, k in gangs.items() if k != 2)
+                await asyncio.sleep(0.002)
+
+        async def main():
+            done = asyncio.Event()
+            watcher = asyncio.ensure_future(watch(done))
+            tasks = [cluster(f"job/c{i}") for i in range(8)] + [single(f"s{i}") for i in range(16)]
+            began = time.perf_counter()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            failures.extend(r for r in results if isinstance(r, BaseException))
+            elapsed = time.perf_counter() - began
+            done.set()
+            await watcher
+            return elapsed
+
+        elapsed = asyncio.run(main())
+        served = len(waits["cluster"]) + len(waits["single"])
+        c, s = waits["cluster"], waits["single"]
+        c = c or [float("nan")]
+        print(f"| {way} | {n + 1} | {served}/24 | {len(partial)} | {len(failures)} | {peak[0]}/4 | "
+              f"{median(c):.3f} / {percentile(c, 0.95):.3f} | {median(s):.3f} / {percentile(s, 0.95):.3f} | "
+              f"{elapsed:.2f} |")
+        assert not pool.leases() and not pool.queue()
+        pool.close()
 
 
 def main() -> None:

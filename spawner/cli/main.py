@@ -4,9 +4,9 @@
 
 Commands: status, leases, history, queue, drain UUID, undrain UUID,
 rehome OLD NEW, release LEASE_ID, doctor (checks this GPU host; exit 1
-when a check failed; see spawner/doctor.py), agent (the per-node agent that
+when a check failed; see spawner/cli/doctor.py), agent (the per-node agent that
 reports this node's GPU utilisation to the ledger until SIGTERM; see
-spawner/agent.py), and exec (an action script in
+spawner/inventory/agent.py), and exec (an action script in
 running servers, through the hub's gpu-pool service; exit 3 when it failed
 somewhere).  The ledger is found, first match wins, from --db-url, the
 GPUHUB_POOL_DB_URL environment variable (GPU_POOL_DB_URL, its old name, still works),
@@ -353,7 +353,7 @@ def _operator() -> str:
 
 
 def _exec(args, out) -> int:
-    from ..poolpage import client
+    from . import exec_client as client
 
     try:
         script = sys.stdin.read() if args.script == "-" else Path(args.script).read_text()

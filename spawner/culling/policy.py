@@ -3,7 +3,7 @@
 `GPUCullPolicy` decides, for one server model from the hub's REST API, whether
 to cull it; `CullerUtilization` reads a GPU's utilisation in the culler
 process from the hub's inventory kind (NVML here, or the per-node agents'
-readings in the ledger on Swarm).  spawner/culling.py installs them in
+readings in the ledger on Swarm).  spawner/culling/culler.py installs them in
 jupyterhub-idle-culler.  They live here, free of jupyterhub-idle-culler,
 tornado and JupyterHub, so that whatever judges a GPU without the hub's web
 stack (bench/device_check.py on a bare GPU machine) runs this very code.

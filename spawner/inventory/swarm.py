@@ -7,7 +7,7 @@ manager, so the admin types nothing twice.  Only nodes that are `ready` and
 `active` lend: a node that is down, drained or paused, or that left, is
 listed as a host whose GPUs are missing, so the ledger lends none of them.
 Live utilisation (and a node's driver CUDA version without a `gpu.cuda`
-label) comes from the per-node agent's readings in the ledger (spawner/agent.py).
+label) comes from the per-node agent's readings in the ledger (spawner/inventory/agent.py).
 """
 
 from __future__ import annotations

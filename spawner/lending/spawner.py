@@ -2,11 +2,11 @@
 
 `GPULendingSpawner` holds profiles and the spawn form, the lease around a
 start (queue, progress, state for the admin panel and REST), the hand-over
-of an ended server's lease to `lease_ending`, and the identity and
-environment rules (start admission: `admission`).  An engine (`dockerspawner.GPUDockerSpawner`; a Swarm one later)
-subclasses it together with its JupyterHub spawner and supplies one thing:
-`lease_holders(lease_id)`, which of its objects that were given the lease
-still run.  The lease invariant lives here: a lease ends only once the
+of an ended server's lease to `ending`, and the identity and
+environment rules (start admission: `admission`).  An engine (`docker.GPUDockerSpawner`,
+`swarm.GPUSwarmSpawner`) subclasses it together with its JupyterHub spawner and supplies
+`start_server`, `lease_holders(lease_id)` (which of its objects that were given the lease
+still run) and `reconcile_pass`.  The lease invariant lives here: a lease ends only once the
 engine confirms that nothing it was given to can still run.
 """
 

@@ -71,8 +71,8 @@ Layout (one concern per module; data flows inventory -> pool -> spawner)
     grant.py           the grant transaction
     waiting.py         acquire()'s wait in the queue, the process's queue watch, cancellation
     executor.py        the ledger's own threads
-    admin.py           release, reconcile, drain
-    reads.py           leases, history, GPU states, the queue
+    release.py         release, reconcile, drain, end intents
+    queries.py         leases, history, GPU states, the queue
     inventory_sync.py  recording the inventory's GPUs
     jobs.py            the batch jobs' records (JobLedger)
     gpupool.py         GPUPool: the configurable facade composing them
