@@ -15,6 +15,7 @@ Homes are prepared on the manager (the Docker engine's rules, on shared storage)
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Mapping
 
@@ -27,6 +28,9 @@ from .tasks import LIVE_TASK_STATES, task_labels
 POLL_SECONDS = 0.25
 # How long stop() and remove() wait for Swarm to report a unit's task ended.
 CONFIRM_SECONDS = 20.0
+# A followed log ends this long after Swarm reports its unit ended (its last lines arrive first).
+FOLLOW_CHECK_SECONDS = 0.5
+FOLLOW_DRAIN_SECONDS = 1.0
 # Task states after which a container may still run on its node: "orphaned" is Swarm giving
 # up on a node that stayed down, not the node saying its container ended.
 MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
@@ -56,6 +60,24 @@ def unit_state(service_name: str, service_id: str, labels: Mapping, task: dict |
     return UnitState(service_name, service_id, labels, ENDED, exit_code=code if state != "rejected" else None,
                      message=f"{state}: {status.get('Err') or status.get('Message') or 'no reason given'}",
                      node=node)
+
+
+class _Follow:
+    """A log stream whose close() (by the follower, or once the unit ended) is seen by both."""
+
+    def __init__(self, source):
+        self.source = source
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        return iter(self.source)
+
+    def close(self) -> None:
+        self.closed.set()
+        try:
+            self.source.close()
+        except Exception:
+            pass
 
 
 class SwarmJobEngine(DockerJobEngine):
@@ -239,6 +261,11 @@ class SwarmJobEngine(DockerJobEngine):
             api._raise_for_status(response)
             source = CancellableStream(api._multiplexed_response_stream_helper(response), response)
             _no_read_timeout(source)
+            # Swarm's follow does not end when the task does (nor when its service goes):
+            # end it once Swarm says the unit ended, after a moment for its last output.
+            source = _Follow(source)
+            threading.Thread(target=self._close_when_ended, args=(name, source, timeout), daemon=True,
+                             name="gpu-jobs-follow-end").start()
         except docker.errors.NotFound:
             api.close()
             raise UnitGone(name) from None
@@ -246,6 +273,26 @@ class SwarmJobEngine(DockerJobEngine):
             api.close()
             raise
         return api, source
+
+    def _close_when_ended(self, name: str, source, timeout: float) -> None:
+        from ..docker.jobs import docker_api
+
+        api = docker_api(timeout)
+        reader = SwarmJobEngine(self.settings, api)
+        try:
+            while True:
+                try:
+                    state = reader._read(name)
+                except Exception:
+                    state = UnitState(name, name, phase=UNKNOWN)
+                if state is None or state.phase == ENDED:
+                    break
+                if source.closed.wait(FOLLOW_CHECK_SECONDS):
+                    return  # the follower went away first
+            source.closed.wait(FOLLOW_DRAIN_SECONDS)
+            source.close()
+        finally:
+            api.close()
 
     async def units(self, pool_id: str) -> list[UnitState]:
         return await self._on_thread(self._units, pool_id)
