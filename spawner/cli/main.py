@@ -4,13 +4,13 @@
 
 Commands: status, leases, history, queue, drain UUID, undrain UUID,
 rehome OLD NEW, release LEASE_ID, doctor (checks this GPU host; exit 1
-when a check failed; see spawner/doctor.py), agent (the per-node agent that
+when a check failed; see spawner/cli/doctor.py), agent (the per-node agent that
 reports this node's GPU utilisation to the ledger until SIGTERM; see
-spawner/agent.py), and exec (an action script in
+spawner/inventory/agent.py), and exec (an action script in
 running servers, through the hub's gpu-pool service; exit 3 when it failed
 somewhere).  The ledger is found, first match wins, from --db-url, the
-GPU_POOL_DB_URL environment variable, c.GPUPool.db_url in --config, else by
-the hub's own rule (spawner.settings.hub.ledger_url): GPUHUB_POOL_DB_URL, else
+GPUHUB_POOL_DB_URL environment variable (GPU_POOL_DB_URL, its old name, still works),
+c.GPUPool.db_url in --config, else by the hub's own rule (spawner.settings.hub.ledger_url):
 gpu-pool.sqlite in GPUHUB_DATA_DIR (the current directory when unset).
 --env-file FILE reads the hub's settings file first, as its systemd unit does.
 With --config, a relative SQLite path is read relative to the config file's
@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
-from ..pool import ENV_DB_URL, ENV_DB_URL_FILE, EndReason, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
+from ..pool import ENV_DB_URL, ENV_DB_URL_FILE, EndReason, ledger_env, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
 from ..pool.validation import iso_time
 
 
@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", default="nvml", choices=["nvml", "static", "simulated"],
                    help="where this node's GPUs are read (nvml)")
     p.add_argument("--host", help="this node's name in the ledger: its Swarm node hostname (default: hostname)")
-    p.add_argument("--db-url-file", default=os.environ.get(ENV_DB_URL_FILE),
+    p.add_argument("--db-url-file", default=ledger_env(ENV_DB_URL_FILE) or None,
                    help=f"a file holding the ledger URL, e.g. a Docker secret (or set {ENV_DB_URL_FILE})")
     p.add_argument("--simulated-gpus", type=int, help="simulated inventory: how many GPUs")
     p.add_argument("--utilization-file", help="simulated inventory: the JSON file {uuid: percent}")
@@ -168,7 +168,7 @@ def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPU
     from ..settings.hub import ledger_url
 
     config, base_dir = load_config(config_path)
-    url = db_url or os.environ.get(ENV_DB_URL)
+    url = db_url or ledger_env(ENV_DB_URL)
     found_by = "--db-url" if db_url else ENV_DB_URL
     if url:
         config.GPUPool.db_url = url
@@ -176,10 +176,9 @@ def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPU
     elif config.GPUPool.get("db_url", None):
         found_by = f"c.GPUPool.db_url in {config_path}"
     else:
-        # The hub's own rule: GPUHUB_POOL_DB_URL, else gpu-pool.sqlite in GPUHUB_DATA_DIR.
+        # The hub's own rule: gpu-pool.sqlite in GPUHUB_DATA_DIR.
         config.GPUPool.db_url = ledger_url(os.environ)
-        found_by = ("GPUHUB_POOL_DB_URL" if os.environ.get("GPUHUB_POOL_DB_URL", "").strip() else
-                    "GPUHUB_DATA_DIR" if os.environ.get("GPUHUB_DATA_DIR", "").strip() else
+        found_by = ("GPUHUB_DATA_DIR" if os.environ.get("GPUHUB_DATA_DIR", "").strip() else
                     "GPUHUB_DATA_DIR unset: the current directory")
         base_dir = None
     try:
@@ -354,7 +353,7 @@ def _operator() -> str:
 
 
 def _exec(args, out) -> int:
-    from ..poolpage import client
+    from . import exec_client as client
 
     try:
         script = sys.stdin.read() if args.script == "-" else Path(args.script).read_text()
@@ -386,7 +385,7 @@ def _doctor(args, out) -> int:
             target = doctor.target_from_env(hub_user, env_file_problems=args.env_file_problems)
         except SettingsError as e:
             raise CLIError(f"GPUHUB_* settings: {e}") from None
-    url = getattr(args, "db_url", None) or os.environ.get(ENV_DB_URL)
+    url = getattr(args, "db_url", None) or ledger_env(ENV_DB_URL)
     if url:
         target.config.GPUPool.db_url = url
     results = doctor.Doctor(target).run()

@@ -7,9 +7,9 @@ Three pieces, one job (give idle GPUs back without killing busy work):
   get `gpu_timeout` seconds of inactivity, CPU servers `cpu_timeout`.  An
   optional rule culls a GPU server whose leased GPUs all stayed under
   `gpu_idle_percent` for `gpu_idle_seconds`, whatever its activity says.
-  It and the culler's utilisation reader live in cull_policy.py, which needs
+  It and the culler's utilisation reader live in policy.py, which needs
   neither jupyterhub-idle-culler nor tornado (bench/device_check.py runs it
-  on a bare GPU machine); they are re-exported here.
+  on a bare GPU machine).
 - `GPUIdleCuller` is jupyterhub-idle-culler's own application with the policy
   installed as its `cull_arbiter_hook` (a config-only Callable upstream, so it
   cannot be given on a command line); `python -m spawner.culling` runs it.
@@ -29,19 +29,20 @@ stays as it is.  For images without the extension, `SINGLEUSER_BOOT` wraps
 jupyterhub-singleuser to the same end (busy is busy, prompts included);
 GPUHUB_CULL_KEEP_BUSY=wrapper turns it on.
 
-When the culler stops a server, the hub's stop request comes from the service
-named in `GPUDockerSpawner.cull_services`, so the spawner ends the lease with
-reason `culled`; the GPU is free the moment the lease ends.
+Before the culler stops a GPU server it records its intent in the ledger
+(`record_cull`); the spawner reads it when the stop arrives and ends the lease
+with reason `culled`; the GPU is free the moment the lease ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
-# The policy and the culler's utilisation reader live in cull_policy.py (no culler, no tornado).
+# The policy and the culler's utilisation reader live in policy.py (no culler, no tornado).
 from .policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, Verdict  # noqa: F401
 
 
@@ -165,7 +166,7 @@ class GPUIdleCuller(IdleCuller):
         ["nvml", "static", "simulated", "swarm"],
         default_value="nvml",
         help="Where GPU utilization is read: `nvml` (the NVIDIA driver on this machine), "
-        "`swarm` (the per-node agents' readings in the ledger named by the GPU_POOL_DB_URL "
+        "`swarm` (the per-node agents' readings in the ledger named by the GPUHUB_POOL_DB_URL "
         "environment variable), `simulated` (the file in `utilization_file`), `static` (unknown: "
         "the GPU rule never fires).",
     ).tag(config=True)
@@ -215,7 +216,31 @@ class GPUIdleCuller(IdleCuller):
             gpu_idle_seconds=self.gpu_idle_seconds,
             utilization=utilization,
             log=self.log,
+            on_cull=self.record_cull,
         )
+
+    async def record_cull(self, server: dict) -> None:
+        """Note in the ledger, before the DELETE, that this GPU server is being culled.
+
+        JupyterHub tells a spawner nothing of who stopped it: the spawner reads this intent
+        when the stop arrives and ends the lease `culled` (without it: `stopped`)."""
+        lease_id = (server.get("state") or {}).get("gpu_lease_id")
+        if lease_id is None:
+            return  # a CPU server: no lease to end
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
+
+        url = ledger_env(ENV_DB_URL)
+        if not url:
+            self.log.warning("%s is not set: the cull of GPU lease %s ends it as `stopped`", ENV_DB_URL, lease_id)
+            return
+        try:
+            if self._ledger is None:
+                self._ledger = GPUPool(db_url=url, log=self.log)
+            await asyncio.to_thread(self._ledger.record_end_intent, lease_id, "culled", SERVICE_NAME)
+        except Exception as exc:  # the cull goes ahead; its lease then ends as `stopped`
+            self.log.warning("Could not record the cull of GPU lease %s in the ledger: %s", lease_id, exc)
+
+    _ledger = None
 
 
     def start(self):
@@ -302,12 +327,12 @@ def configure_culler(c, settings) -> None:
     section = c.JupyterHub
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
-    service = {"name": SERVICE_NAME, "command": culler_command(settings)}
-    if settings.inventory == "swarm" and settings.gpu_idle_percent > 0:
-        from ..pool import ENV_DB_URL
+    from ..pool import ENV_DB_URL
 
-        # The agents' readings live in the ledger; in the environment, not argv (ps shows argv).
-        service["environment"] = {ENV_DB_URL: settings.pool_db_url}
+    # The culler records its intent in the ledger before each cull, and on Swarm reads the
+    # agents' readings there; the URL in the environment, not argv (ps shows argv).
+    service = {"name": SERVICE_NAME, "command": culler_command(settings),
+               "environment": {ENV_DB_URL: settings.pool_db_url}}
     section.services = without_named(services, SERVICE_NAME) + [service]
     section.load_roles = without_named(roles, SERVICE_NAME) + [{
         "name": SERVICE_NAME,

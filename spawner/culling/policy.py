@@ -3,7 +3,7 @@
 `GPUCullPolicy` decides, for one server model from the hub's REST API, whether
 to cull it; `CullerUtilization` reads a GPU's utilisation in the culler
 process from the hub's inventory kind (NVML here, or the per-node agents'
-readings in the ledger on Swarm).  spawner/culling.py installs them in
+readings in the ledger on Swarm).  spawner/culling/culler.py installs them in
 jupyterhub-idle-culler.  They live here, free of jupyterhub-idle-culler,
 tornado and JupyterHub, so that whatever judges a GPU without the hub's web
 stack (bench/device_check.py on a bare GPU machine) runs this very code.
@@ -11,11 +11,10 @@ stack (bench/device_check.py on a bare GPU machine) runs this very code.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
 # (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
@@ -52,6 +51,7 @@ class GPUCullPolicy:
         utilization: Callable[[str, str], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         log=None,
+        on_cull: Callable[[dict], Awaitable[None]] | None = None,
     ):
         self.cpu_timeout = cpu_timeout
         self.gpu_timeout = gpu_timeout
@@ -60,6 +60,8 @@ class GPUCullPolicy:
         self.utilization = utilization
         self.clock = clock
         self.log = log
+        # Awaited with the server model before the culler's DELETE (the culler records its intent).
+        self.on_cull = on_cull
         # lease id -> (since when all its GPUs read low, when last seen)
         self._low_since: dict[Any, tuple[float, float]] = {}
         self._warned_no_state = False
@@ -114,15 +116,22 @@ class GPUCullPolicy:
             return Verdict(True, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
         return Verdict(False, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
 
-    def __call__(self, *, inactive: timedelta | None, inactive_limit: int, server: dict, **kwargs) -> bool:
-        """The jupyterhub-idle-culler `cull_arbiter_hook` signature."""
+    def __call__(self, *, inactive: timedelta | None, inactive_limit: int, server: dict, **kwargs):
+        """The jupyterhub-idle-culler `cull_arbiter_hook` signature: True to cull (awaitable with `on_cull`)."""
         verdict = self.decide(inactive, server)
         if self.log:
             if verdict.cull:
                 self.log.info("Culling %s: %s", _user_of(server), verdict.reason)
             else:
                 self.log.debug("Keeping %s: %s", _user_of(server), verdict.reason)
+        if verdict.cull and inactive is not None and self.on_cull is not None:
+            return self._after(self.on_cull(server))
         return verdict.cull
+
+    @staticmethod
+    async def _after(recorded: Awaitable[None]) -> bool:
+        await recorded
+        return True
 
 
 class CullerUtilization:
@@ -137,18 +146,18 @@ class CullerUtilization:
         self.simulated_gpus = simulated_gpus
         self.utilization_file = utilization_file
         self.reading_max_age = reading_max_age
-        self.db_url = db_url  # swarm: the ledger (default: $GPU_POOL_DB_URL)
+        self.db_url = db_url  # swarm: the ledger (default: $GPUHUB_POOL_DB_URL)
         self.log = log
         self._inventories: dict[str, Any] = {}
 
     def _swarm_inventory(self, logging: dict):
-        """Swarm: the per-node agents' readings in the ledger (GPU_POOL_DB_URL), no Docker access."""
-        from ..pool import ENV_DB_URL, GPUPool
+        """Swarm: the per-node agents' readings in the ledger (GPUHUB_POOL_DB_URL), no Docker access."""
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
         from ..inventory.swarm import SwarmInventory
 
         inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
         if self.readings is None:
-            self.readings = GPUPool(db_url=self.db_url or os.environ[ENV_DB_URL], **logging).gpu_readings
+            self.readings = GPUPool(db_url=self.db_url or ledger_env(ENV_DB_URL), **logging).gpu_readings
         inventory.use_readings(self.readings)
         return inventory
 

@@ -26,6 +26,7 @@ from ..lending.spawner import GPULendingSpawner, shared_pool  # noqa: F401 (shar
 from ..pool.models import PoolError
 from ..profiles import Profile
 from ..readiness import wait_for_server
+from .reconcile import reconcile
 
 
 def _deep_merge(base: dict, override: dict) -> dict:
@@ -96,6 +97,9 @@ class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
         from ..reconciler import start_in_hub
 
         start_in_hub()
+
+    # Each reconcile pass judges this host's containers (reconciler.start_in_hub runs it).
+    reconcile_pass = staticmethod(reconcile)
 
     @property
     def container_limits(self) -> ContainerLimits:

@@ -9,7 +9,7 @@ listed as a host whose GPUs are missing, so the ledger lends none of them; a
 node back from down lends a GPU only once the task it was told to stop on it
 meanwhile has stopped.
 Live utilisation (and a node's driver CUDA version without a `gpu.cuda`
-label) comes from the per-node agent's readings in the ledger (spawner/agent.py).
+label) comes from the per-node agent's readings in the ledger (spawner/inventory/agent.py).
 """
 
 from __future__ import annotations

@@ -10,12 +10,11 @@ the engine has removed what held it.  An unknown answer never frees a GPU.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from dataclasses import dataclass
 
 from ..metrics import pool_changed
-from ..pool import EndReason, PoolError
+from ..pool import PoolError
 
 # How long a container Docker is still removing (auto-removal after a stop)
 # may take to go before it counts as stuck.
@@ -31,40 +30,6 @@ class HeldLease:
     host: str
     reason: str
 
-
-
-def stop_requester():
-    """Who asked for the stop now in progress: the hub's request handler's
-    current user (a User or a Service), or None (hub shutdown, poll).
-
-    JupyterHub gives a spawner no such argument, but the stop runs inside the
-    handler's coroutine chain, so its frame is on the stack.
-    """
-    try:
-        from jupyterhub.handlers.base import BaseHandler
-    except ImportError:  # pragma: no cover - the hub is always there
-        return None
-    frame = sys._getframe(1)
-    for _ in range(80):
-        if frame is None:
-            break
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, BaseHandler):
-            return getattr(candidate, "_jupyterhub_user", None)
-        frame = frame.f_back
-    return None
-
-
-
-def stop_reason(requester, user_name: str, cull_services) -> str:
-    """The end reason of a stop asked for by `requester` (see `stop_requester`)."""
-    if requester is None:
-        return EndReason.STOPPED  # hub shutdown or an internal stop
-    if getattr(requester, "kind", "user") == "service":
-        return EndReason.CULLED if requester.name in cull_services else EndReason.ADMIN
-    if requester.name != user_name:
-        return EndReason.ADMIN
-    return EndReason.STOPPED
 
 
 async def settle_lease(held: HeldLease, lease_holders, ledger, pool, log, owner: str) -> bool:

@@ -2,11 +2,11 @@
 
 `GPULendingSpawner` holds profiles and the spawn form, the lease around a
 start (queue, progress, state for the admin panel and REST), the hand-over
-of an ended server's lease to `lease_ending`, and the identity and
-environment rules (start admission: `admission`).  An engine (`dockerspawner.GPUDockerSpawner`; a Swarm one later)
-subclasses it together with its JupyterHub spawner and supplies one thing:
-`lease_holders(lease_id)`, which of its objects that were given the lease
-still run.  The lease invariant lives here: a lease ends only once the
+of an ended server's lease to `ending`, and the identity and
+environment rules (start admission: `admission`).  An engine (`docker.GPUDockerSpawner`,
+`swarm.GPUSwarmSpawner`) subclasses it together with its JupyterHub spawner and supplies
+`start_server`, `lease_holders(lease_id)` (which of its objects that were given the lease
+still run) and `reconcile_pass`.  The lease invariant lives here: a lease ends only once the
 engine confirms that nothing it was given to can still run.
 """
 
@@ -28,7 +28,7 @@ from ..metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from . import admission
 from ..identity import container_identity
 from ..pool import EndReason, GPUPool, Lease, PoolError, ordinal
-from .ending import HeldLease, settle_lease, stop_reason, stop_requester
+from .ending import HeldLease, settle_lease
 from ..profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, options_form_html
 
 # One pool per hub process, shared by every spawner instance.
@@ -144,13 +144,14 @@ class GPULendingSpawner(Spawner):
         help="The gid containers run as when the user's auth_state has no `gid_number`.  Never 0 "
         "(root's group).",
     )
-    cull_services = List(
-        Unicode(),
-        default_value=["idle-culler"],
+    end_intent_max_age = Float(
+        120.0,
         config=True,
-        help="Names of the hub services (the idle culler) whose stop requests end a lease "
-        "with reason `culled`; a stop by any other service or by an admin is `admin`, by the "
-        "user themself `stopped`.",
+        help="Seconds an end intent stays valid: the idle culler (`culled`) and the pool page's "
+        "admin end (`admin`) record one in the ledger just before they ask the hub to stop a "
+        "server; a stop that finds none this fresh is the user's own (`stopped`).  A stop from "
+        "the hub's own admin panel or REST API by someone else is also `stopped`: JupyterHub "
+        "tells a spawner nothing of who asked.",
     )
 
     @validate("fallback_uid", "fallback_gid")
@@ -392,8 +393,19 @@ class GPULendingSpawner(Spawner):
 
     # ------------------------------------------------------ end reasons
 
-    def _stop_reason(self) -> str:
-        return stop_reason(stop_requester(), self.user.name, self.cull_services)
+    async def _stop_reason(self) -> str:
+        """Why this stop ends the lease: the intent the asker recorded in the ledger just before
+        asking (the idle culler: `culled`; the pool page's admin end: `admin`), else the user's own.
+
+        JupyterHub hands a spawner no requester; the askers that are this project's own say so."""
+        if self.lease_id is None:
+            return EndReason.STOPPED
+        try:
+            intent = await self._ledger(self.pool.end_intent, self.lease_id, self.end_intent_max_age)
+        except PoolError as exc:
+            self.log.warning("Could not read who ended GPU lease %s (%s): recorded as stopped", self.lease_id, exc)
+            return EndReason.STOPPED
+        return EndReason(intent[0]) if intent else EndReason.STOPPED
 
     async def poll(self):
         status = await super().poll()
@@ -404,7 +416,7 @@ class GPULendingSpawner(Spawner):
 
     async def stop(self, now=False):
         if self._end_reason is None:
-            self._end_reason = self._stop_reason()
+            self._end_reason = await self._stop_reason()
         # The lease is settled by the post-stop hook, after this returned or raised.
         await super().stop(now=now)
 
@@ -479,6 +491,13 @@ class GPULendingSpawner(Spawner):
                 raise
         finally:
             admission.leave(id(self))
+
+    @staticmethod
+    def reconcile_pass(pool: GPUPool, client, host: str, tracked: set[int], log, min_age: float):
+        """One reconcile pass of this engine: the ledger's leases against what the engine runs.
+
+        Returns a `reconciler.ReconcileReport`; runs in a thread (blocking calls are fine)."""
+        raise NotImplementedError("an engine defines its reconcile pass")
 
     def lease_hosts(self, profile: Profile) -> list[str] | None:
         """The hosts a lease for `profile` may come from; None: the pool's default (engines may narrow)."""

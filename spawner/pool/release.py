@@ -14,7 +14,7 @@ from sqlalchemy import delete, insert, select, update
 from . import statements as sql
 from .models import EndReason, InvalidRequest, Lease, UnknownGPU
 from .queries import load_leases
-from .schema import audit_table, gpus_table, lease_gpus_table, leases_table
+from .schema import audit_table, end_intents_table, gpus_table, lease_gpus_table, leases_table
 from .store import Store
 
 
@@ -25,6 +25,27 @@ def release(store: Store, conn, lease_id: int, reason: str) -> bool:
     if done:
         store.run(conn, sql.END_LEASE_GPUS, {"lid": lease_id, "now": now})
     return bool(done)
+
+
+def record_end_intent(store: Store, conn, lease_id: int, reason: str, actor: str) -> bool:
+    """Note who is about to end an active lease's server, and why; False if it is not active."""
+    active = conn.execute(select(leases_table.c.id).where(
+        leases_table.c.id == lease_id, leases_table.c.ended_at.is_(None))).first()
+    if active is None:
+        return False
+    conn.execute(delete(end_intents_table).where(end_intents_table.c.lease_id == lease_id))
+    conn.execute(insert(end_intents_table).values(lease_id=lease_id, reason=reason, actor=actor,
+                                                  at=store.now(conn)))
+    return True
+
+
+def end_intent(store: Store, conn, lease_id: int, max_age: float) -> tuple[str, str] | None:
+    """(reason, actor) recorded for `lease_id` at most `max_age` seconds ago, else None."""
+    row = conn.execute(select(end_intents_table.c.reason, end_intents_table.c.actor, end_intents_table.c.at)
+                       .where(end_intents_table.c.lease_id == lease_id)).first()
+    if row is None or (store.now(conn) - row.at).total_seconds() > max_age:
+        return None
+    return row.reason, row.actor
 
 
 def remove_waiter(store: Store, conn, waiter_id: int) -> None:

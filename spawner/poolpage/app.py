@@ -24,7 +24,7 @@ from tornado.httpserver import HTTPServer
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..hub_service import stop_when_the_hub_is_gone
-from ..pool import GPUPool
+from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..settings.parsing import env_bool
 from .handlers import actions as actions_api
 from .handlers import history as history_api
@@ -171,7 +171,7 @@ def main() -> None:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-pool/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8091"))
     job_settings = JobSettings.from_env(os.environ)
-    pool = GPUPool(db_url=os.environ["GPUHUB_POOL_DB_URL"], **(job_settings.pool if job_settings else {}))
+    pool = GPUPool(db_url=ledger_env(ENV_DB_URL), **(job_settings.pool if job_settings else {}))
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"),
                    env_bool(os.environ, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
                    jobs=JobRunner(pool, job_settings) if job_settings else None)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 from ..labels import LABEL_LEASE, LABEL_POOL, pool_identity
-from ..reconciler import ReconcileReport, reconcile
+from ..docker.reconcile import reconcile
+from ..reconciler import ReconcileReport
 from .tasks import lease_tasks, node_states, task_holds
 
 # How long one pass waits for a removed service's tasks to stop before it

@@ -86,6 +86,8 @@ async def end_lease(handler, viewer: views.Viewer, raw_id) -> dict:
         raise ActionError(409, f"Lease {lease.id} has no running server in the hub; the reconciler ends it")
     await handler.ledger(handler.pool.record, viewer.name, "end-lease",
                          f"lease {lease.id} of {server.label} ({len(lease.gpu_uuids)} GPU(s))", lease.host)
+    # The spawner reads this when the stop arrives, and ends the lease `admin`.
+    await handler.ledger(handler.pool.record_end_intent, lease.id, EndReason.ADMIN, viewer.name)
     try:
         stopped = await hub_api(handler).stop_server(lease.user, lease.server_name)
     except HubUnavailable as exc:

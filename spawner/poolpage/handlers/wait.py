@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from jupyterhub.utils import url_path_join
 
+from ...pool import ENV_DB_URL, ledger_env
 from ...pool.models import PoolError, iso
 from .. import estimate
 from .. import views
@@ -34,7 +35,7 @@ class Settings:
         self.inventory = env.get("GPUHUB_INVENTORY", "")
         self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
         self.utilization_file = env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "")
-        self.db_url = env.get("GPUHUB_POOL_DB_URL", "")
+        self.db_url = ledger_env(ENV_DB_URL, env)
         self._reader = self._no_reader = None
 
     def utilization_reader(self, pool=None):
