@@ -5,8 +5,9 @@ spawner builds a server's service: restart policy none (a job that exits stays
 exited), a placement constraint on the node whose GPUs the ledger lent, exactly
 those uuids in `NVIDIA_VISIBLE_DEVICES` (`void` without GPUs; the GPU nodes run
 `nvidia` as their default runtime), non-root, no capabilities, pids and log bounds,
-and the user's home as a volume of the `local` driver with the hub's shared-storage
-options.  A unit's exit code is its task's, its output the service's logs; stopping
+the user's home as a volume of the `local` driver with the hub's shared-storage
+options, and a unit without a network an internal overlay of its own (Swarm cannot
+attach a task to no network: it would join its node's bridge, with a route out).  A unit's exit code is its task's, its output the service's logs; stopping
 scales it to 0 replicas (its log stays until it is removed).  A task on a node that
 is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
 Homes are prepared on the manager (the Docker engine's rules, on shared storage).
@@ -34,6 +35,14 @@ FOLLOW_DRAIN_SECONDS = 1.0
 # Task states after which a container may still run on its node: "orphaned" is Swarm giving
 # up on a node that stayed down, not the node saying its container ended.
 MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
+
+
+# The label of a unit's own internal overlay (a unit without a network), naming the unit.
+LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
+
+
+def isolated_network(unit: str) -> str:
+    return f"{unit}-isolated"
 
 
 def newest_task(tasks: list[dict]) -> dict | None:
@@ -116,8 +125,8 @@ class SwarmJobEngine(DockerJobEngine):
                               cpu_limit=int(spec.cpu_limit * 1e9) if spec.cpu_limit else None)
         resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
         constraints = [f"node.hostname=={spec.host}"] if spec.host else list(self.settings.cpu_constraints)
-        networks = ([NetworkAttachmentConfig(spec.network, aliases=list(spec.aliases) or None)]
-                    if spec.network else [])
+        networks = [NetworkAttachmentConfig(spec.network or isolated_network(spec.name),
+                                            aliases=list(spec.aliases) or None)]
         task = TaskTemplate(
             container_spec=container, resources=resources, restart_policy=RestartPolicy(condition="none"),
             placement=Placement(constraints=constraints or None), networks=networks,
@@ -196,14 +205,21 @@ class SwarmJobEngine(DockerJobEngine):
         import docker.errors
 
         try:
-            service_id = self.api.inspect_service(name)["ID"]
+            service = self.api.inspect_service(name)
+            service_id, unit = service["ID"], service["Spec"]["Name"]
         except docker.errors.NotFound:
-            service_id = name  # a removed service's tasks (units() names them by the service id)
+            service_id = unit = name  # a removed service's tasks (units() names them by the service id)
         try:
             self.api.remove_service(service_id)
         except docker.errors.NotFound:
             pass
-        return self._confirm_ended(service_id, CONFIRM_SECONDS)
+        if not self._confirm_ended(service_id, CONFIRM_SECONDS):
+            return False
+        try:
+            self.api.remove_network(isolated_network(unit))
+        except docker.errors.APIError:
+            pass  # none (it had a network), or already gone
+        return True
 
     def _logs(self, name: str, tail: int) -> bytes:
         import docker.errors
@@ -216,6 +232,10 @@ class SwarmJobEngine(DockerJobEngine):
     # ------------------------------------------------------------ JobEngine
 
     async def create(self, spec: UnitSpec) -> None:
+        if spec.network is None:
+            # Swarm cannot attach a task to no network (it would join its node's default bridge,
+            # with a route out): a unit without one gets an internal overlay of its own.
+            await self.create_network(isolated_network(spec.name), {**spec.labels, LABEL_ISOLATED: spec.name})
         await self.docker("create_service", **self.service_args(spec))
 
     async def inspect(self, name: str) -> UnitState | None:

@@ -79,7 +79,8 @@ def test_a_job_is_locked_down_on_its_node_and_a_cpu_job_sees_no_gpu(make_swarm_h
     hub.create_user("kim")
     token = hub.user_token("kim")
     wait_for_page(hub, token)
-    script = "grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status; echo visible=$NVIDIA_VISIBLE_DEVICES"
+    script = ("grep -E '^(NoNewPrivs|CapEff|Uid)' /proc/self/status; echo visible=$NVIDIA_VISIBLE_DEVICES; "
+              "echo routes-out=$(awk '$2 == \"00000000\"' /proc/net/route | wc -l)")
     job = submit(hub, token, {"profile": "tf-cpu", "command": ["sh", "-c", script]})
     done = wait_state(hub, token, job["id"], ("succeeded", "failed"), timeout=90)
     assert done["state"] == "succeeded", done
@@ -88,4 +89,6 @@ def test_a_job_is_locked_down_on_its_node_and_a_cpu_job_sees_no_gpu(make_swarm_h
     assert fields["CapEff"] == ["0000000000000000"] and fields["Uid"][0] != "0", log
     assert fields["NoNewPrivs"] == ["1"], log  # the harness's nodes enforce it in daemon.json
     assert "visible=void" in log
+    # No network for this profile: an internal overlay of its own, with no route out.
+    assert "routes-out=0" in log, log
     assert hub.ledger().leases() == []
