@@ -154,7 +154,18 @@ from jupyter_client import BlockingKernelClient
 kc = BlockingKernelClient(connection_file=sys.argv[1])
 kc.load_connection_file()
 kc.start_channels()
-kc.wait_for_ready(timeout=120)
+# On a loaded builder the kernel's first heartbeat can come after wait_for_ready's first look,
+# which then reads "Kernel died before replying": look again, for as long as the timeout.
+import time
+deadline = time.monotonic() + 120
+while True:
+    try:
+        kc.wait_for_ready(timeout=max(1, deadline - time.monotonic()))
+        break
+    except RuntimeError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(1)
 for cell in sys.argv[2:]:
     code = "try:\n    " + cell + "\nexcept ImportError:\n    pass"
     reply = kc.execute_interactive(code, timeout=300, output_hook=lambda msg: None)

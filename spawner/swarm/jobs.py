@@ -5,8 +5,9 @@ spawner builds a server's service: restart policy none (a job that exits stays
 exited), a placement constraint on the node whose GPUs the ledger lent, exactly
 those uuids in `NVIDIA_VISIBLE_DEVICES` (`void` without GPUs; the GPU nodes run
 `nvidia` as their default runtime), non-root, no capabilities, pids and log bounds,
-and the user's home as a volume of the `local` driver with the hub's shared-storage
-options.  A unit's exit code is its task's, its output the service's logs; stopping
+the user's home as a volume of the `local` driver with the hub's shared-storage
+options, and a unit without a network an internal overlay of its own (Swarm cannot
+attach a task to no network: it would join its node's bridge, with a route out).  A unit's exit code is its task's, its output the service's logs; stopping
 scales it to 0 replicas (its log stays until it is removed).  A task on a node that
 is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
 Homes are prepared on the manager (the Docker engine's rules, on shared storage).
@@ -15,6 +16,7 @@ Homes are prepared on the manager (the Docker engine's rules, on shared storage)
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Mapping
 
@@ -27,9 +29,20 @@ from .tasks import LIVE_TASK_STATES, task_labels
 POLL_SECONDS = 0.25
 # How long stop() and remove() wait for Swarm to report a unit's task ended.
 CONFIRM_SECONDS = 20.0
+# A followed log ends this long after Swarm reports its unit ended (its last lines arrive first).
+FOLLOW_CHECK_SECONDS = 0.5
+FOLLOW_DRAIN_SECONDS = 1.0
 # Task states after which a container may still run on its node: "orphaned" is Swarm giving
 # up on a node that stayed down, not the node saying its container ended.
 MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
+
+
+# The label of a unit's own internal overlay (a unit without a network), naming the unit.
+LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
+
+
+def isolated_network(unit: str) -> str:
+    return f"{unit}-isolated"
 
 
 def newest_task(tasks: list[dict]) -> dict | None:
@@ -56,6 +69,24 @@ def unit_state(service_name: str, service_id: str, labels: Mapping, task: dict |
     return UnitState(service_name, service_id, labels, ENDED, exit_code=code if state != "rejected" else None,
                      message=f"{state}: {status.get('Err') or status.get('Message') or 'no reason given'}",
                      node=node)
+
+
+class _Follow:
+    """A log stream whose close() (by the follower, or once the unit ended) is seen by both."""
+
+    def __init__(self, source):
+        self.source = source
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        return iter(self.source)
+
+    def close(self) -> None:
+        self.closed.set()
+        try:
+            self.source.close()
+        except Exception:
+            pass
 
 
 class SwarmJobEngine(DockerJobEngine):
@@ -94,8 +125,8 @@ class SwarmJobEngine(DockerJobEngine):
                               cpu_limit=int(spec.cpu_limit * 1e9) if spec.cpu_limit else None)
         resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
         constraints = [f"node.hostname=={spec.host}"] if spec.host else list(self.settings.cpu_constraints)
-        networks = ([NetworkAttachmentConfig(spec.network, aliases=list(spec.aliases) or None)]
-                    if spec.network else [])
+        networks = [NetworkAttachmentConfig(spec.network or isolated_network(spec.name),
+                                            aliases=list(spec.aliases) or None)]
         task = TaskTemplate(
             container_spec=container, resources=resources, restart_policy=RestartPolicy(condition="none"),
             placement=Placement(constraints=constraints or None), networks=networks,
@@ -174,14 +205,21 @@ class SwarmJobEngine(DockerJobEngine):
         import docker.errors
 
         try:
-            service_id = self.api.inspect_service(name)["ID"]
+            service = self.api.inspect_service(name)
+            service_id, unit = service["ID"], service["Spec"]["Name"]
         except docker.errors.NotFound:
-            service_id = name  # a removed service's tasks (units() names them by the service id)
+            service_id = unit = name  # a removed service's tasks (units() names them by the service id)
         try:
             self.api.remove_service(service_id)
         except docker.errors.NotFound:
             pass
-        return self._confirm_ended(service_id, CONFIRM_SECONDS)
+        if not self._confirm_ended(service_id, CONFIRM_SECONDS):
+            return False
+        try:
+            self.api.remove_network(isolated_network(unit))
+        except docker.errors.APIError:
+            pass  # none (it had a network), or already gone
+        return True
 
     def _logs(self, name: str, tail: int) -> bytes:
         import docker.errors
@@ -194,6 +232,10 @@ class SwarmJobEngine(DockerJobEngine):
     # ------------------------------------------------------------ JobEngine
 
     async def create(self, spec: UnitSpec) -> None:
+        if spec.network is None:
+            # Swarm cannot attach a task to no network (it would join its node's default bridge,
+            # with a route out): a unit without one gets an internal overlay of its own.
+            await self.create_network(isolated_network(spec.name), {**spec.labels, LABEL_ISOLATED: spec.name})
         await self.docker("create_service", **self.service_args(spec))
 
     async def inspect(self, name: str) -> UnitState | None:
@@ -239,6 +281,11 @@ class SwarmJobEngine(DockerJobEngine):
             api._raise_for_status(response)
             source = CancellableStream(api._multiplexed_response_stream_helper(response), response)
             _no_read_timeout(source)
+            # Swarm's follow does not end when the task does (nor when its service goes):
+            # end it once Swarm says the unit ended, after a moment for its last output.
+            source = _Follow(source)
+            threading.Thread(target=self._close_when_ended, args=(name, source, timeout), daemon=True,
+                             name="gpu-jobs-follow-end").start()
         except docker.errors.NotFound:
             api.close()
             raise UnitGone(name) from None
@@ -246,6 +293,26 @@ class SwarmJobEngine(DockerJobEngine):
             api.close()
             raise
         return api, source
+
+    def _close_when_ended(self, name: str, source, timeout: float) -> None:
+        from ..docker.jobs import docker_api
+
+        api = docker_api(timeout)
+        reader = SwarmJobEngine(self.settings, api)
+        try:
+            while True:
+                try:
+                    state = reader._read(name)
+                except Exception:
+                    state = UnitState(name, name, phase=UNKNOWN)
+                if state is None or state.phase == ENDED:
+                    break
+                if source.closed.wait(FOLLOW_CHECK_SECONDS):
+                    return  # the follower went away first
+            source.closed.wait(FOLLOW_DRAIN_SECONDS)
+            source.close()
+        finally:
+            api.close()
 
     async def units(self, pool_id: str) -> list[UnitState]:
         return await self._on_thread(self._units, pool_id)

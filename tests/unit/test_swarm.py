@@ -30,12 +30,16 @@ def node(host, uuids, state="ready", availability="active", labels=None, node_id
 class Manager:
     """The manager's node list, as data (docker.DockerClient().api.nodes())."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, tasks=()):
         self.nodes_list = nodes
+        self.tasks_list = list(tasks)
         self.api = self
 
     def nodes(self):
         return self.nodes_list
+
+    def tasks(self, filters=None):
+        return self.tasks_list
 
 
 def test_node_gpus_and_whether_a_node_lends():
@@ -92,14 +96,45 @@ def test_pool_lends_any_node_and_marks_a_drained_nodes_gpus_missing(tmp_path):
     pool.close()
 
 
-def test_which_tasks_still_hold_their_gpus():
+def test_which_tasks_still_hold_their_gpus(monkeypatch):
+    from spawner.swarm import tasks
+
+    clock = [1000.0]
+    monkeypatch.setattr(tasks.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tasks, "DOWN_NODES", tasks.DownNodes(grace=300))
     running = {"Status": {"State": "running"}, "NodeID": "n1"}
     assert task_holds(running, {"n1": "ready"})
     assert task_holds({"Status": {"State": "pending"}}, {})
     assert not task_holds({"Status": {"State": "shutdown"}, "NodeID": "n1"}, {"n1": "ready"})
     assert not task_holds({"Status": {"State": "failed"}, "NodeID": "n1"}, {"n1": "ready"})
-    # A node that is down runs nothing the hub can reach; its GPUs are not lent meanwhile.
+    # A node that went quiet may still run its task: it holds for the grace period, from when
+    # this process first saw the node quiet, then counts as gone.
+    tasks.DOWN_NODES.note({"n1": "down"})
+    assert task_holds(running, {"n1": "down"})
+    clock[0] += 299
+    tasks.DOWN_NODES.note({"n1": "unknown"})  # still quiet: the grace counts from the first sight
+    assert task_holds(running, {"n1": "unknown"}) and tasks.DOWN_NODES.quiet_for("n1") == 299
+    clock[0] += 2
     assert not task_holds(running, {"n1": "down"})
+    tasks.DOWN_NODES.note({"n1": "ready"})  # back: a later silence starts a new grace
+    assert tasks.DOWN_NODES.quiet_for("n1") is None
+
+
+def test_a_node_back_from_down_lends_a_gpu_only_once_its_stopped_task_has_stopped():
+    from spawner.labels import LABEL_GPUS
+
+    def task(state, desired, gpus):
+        return {"NodeID": "id-a", "Status": {"State": state}, "DesiredState": desired,
+                "Spec": {"ContainerSpec": {"Labels": {LABEL_GPUS: gpus}}}}
+
+    manager = Manager([node("a", ["GPU-a0", "GPU-a1", "GPU-a2"])],
+                      tasks=[task("running", "shutdown", "GPU-a0"),  # told to stop, not yet stopped
+                             task("running", "running", "GPU-a1"),  # a live server (its lease holds it)
+                             task("complete", "shutdown", "GPU-a2")])  # stopped
+    inv = SwarmInventory(client=manager, cache_seconds=0)
+    assert [g.uuid for g in inv.gpus()] == ["GPU-a1", "GPU-a2"]
+    manager.tasks_list[0]["Status"]["State"] = "shutdown"
+    assert [g.uuid for g in inv.gpus()] == ["GPU-a0", "GPU-a1", "GPU-a2"]
 
 
 def test_task_address_on_the_overlay():
