@@ -154,3 +154,32 @@ def test_after_a_sigkill_a_cluster_with_a_worker_missing_is_ended(make_hub, dock
     assert done["state"] == "failed" and "worker 1" in done["message"], done
     assert not hub.ledger().leases()
     wait_for(lambda: not job_containers(hub, docker_client, j["id"]), hub=hub, what="the half cluster removed")
+
+
+def test_the_pool_page_form_submits_a_cluster_and_the_page_shows_its_workers(make_hub, docker_client):
+    from .test_poolpage import page_api
+
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_SIMULATED_GPUS": "2"})
+    pat = tokens["pat"]
+    page = page_api(hub, "GET", "", pat)
+    assert page.status_code == 200 and 'jobs/new"' in page.text and 'name="workers"' in page.text
+    # Refused in words, nothing recorded.
+    bad = page_api(hub, "POST", "jobs/new", pat, data={"profile": "tf-gpu-1", "command": "sleep 60",
+                                                         "workers": "two"}, allow_redirects=False)
+    assert bad.status_code == 400 and "whole number" in bad.text and "Traceback" not in bad.text
+    assert jobs_api(hub, "GET", "", pat).json() == {"jobs": []}
+    r = page_api(hub, "POST", "jobs/new", pat, data={"profile": "tf-gpu-1", "command": "sh -c 'sleep 60'",
+                                                       "workers": "2", "timeout": "120"}, allow_redirects=False)
+    assert r.status_code == 302, r.text
+    job_id = int(r.headers["Location"].rstrip("/").rsplit("/", 1)[1])
+    j = wait_for(lambda: (x := job(hub, pat, job_id))["started_at"] and x, hub=hub, what="the cluster running")
+    assert j["workers"] == 2 and j["command"] == ["sh", "-c", "sleep 60"] and j["timeout"] == 120
+    # The pool page lists it as one job with its workers; its own page names each worker's GPUs.
+    listed = wait_for(lambda: "cluster of 2" in (t := page_api(hub, "GET", "", pat).text) and t, hub=hub,
+                      what="the page's job list")
+    assert "worker 0:" in listed and "worker 1:" in listed
+    own = page_api(hub, "GET", f"jobs/{job_id}", pat).text
+    for unit in j["units"]:
+        assert f"worker {unit['worker']}" in own and unit["gpus"][0] in own
+    assert jobs_api(hub, "DELETE", f"/{job_id}", pat).json()["state"] == "cancelled"
+    assert not hub.ledger().leases() and not job_containers(hub, docker_client, job_id)
