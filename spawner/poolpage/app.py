@@ -129,6 +129,8 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
     if jobs is not None:  # the page's Jobs section shows only where jobs run
         jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
+        jinja.globals["job_profiles"] = lambda: jobs_api.job_profiles(jobs)
+        jinja.globals["max_workers"] = jobs.limits.max_workers
     api = url_path_join(prefix, "api")
     return web.Application(
         [

@@ -19,7 +19,10 @@ from ..pool.validation import iso_time
 
 # Scopes the service's role holds (read by service.py when it writes the role).
 SERVICE_SCOPES = ("list:users", "read:users:groups", "read:users:activity", "read:servers",
-                  "admin:server_state", "delete:servers")
+                  "admin:server_state", "delete:servers",
+                  # action scripts reach each server's Jupyter server (scripts.py), only for a
+                  # pool admin who holds custom:gpu-pool:exec
+                  "access:servers")
 
 
 class HubUnavailable(RuntimeError):
@@ -38,6 +41,7 @@ class Server:
     last_activity: datetime | None = None
     lease_id: int | None = None
     gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
+    url: str = ""  # its path behind the hub's proxy ("/user/pat/"), from the hub's server model
 
     @property
     def state(self) -> dict:
@@ -59,7 +63,8 @@ def servers_of(user: dict) -> list[Server]:
         out.append(Server(
             user=user["name"], name=name, groups=tuple(user.get("groups") or ()), profile=profile,
             ready=bool(s.get("ready")), last_activity=iso_time(activity) if activity else None,
-            lease_id=state.get("gpu_lease_id"), gpu_uuids=tuple(state.get("gpu_uuids") or ())))
+            lease_id=state.get("gpu_lease_id"), gpu_uuids=tuple(state.get("gpu_uuids") or ()),
+            url=s.get("url") or ""))
     return out
 
 

@@ -161,12 +161,8 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
 
 
 def _jobs_wanted(env: Mapping[str, str], spawner: str) -> bool:
-    """GPUHUB_JOBS: on by default on one host; jobs run on the hub's own Docker, not on Swarm."""
-    wanted = env_bool(env, "GPUHUB_JOBS", spawner != "swarm")
-    if wanted and spawner == "swarm":
-        raise SettingsError("GPUHUB_JOBS=true: batch jobs run on the hub's own Docker host and are not "
-                            "available with GPUHUB_SPAWNER=swarm yet; leave GPUHUB_JOBS unset")
-    return wanted
+    """GPUHUB_JOBS: on by default, on one host (the hub's Docker) and on Swarm (any GPU node)."""
+    return env_bool(env, "GPUHUB_JOBS", True)
 
 
 def data_dir_setting(env: Mapping[str, str]) -> Path:

@@ -56,9 +56,25 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_SIMULATED_GPUS": str(settings.simulated_gpus),
         "GPUHUB_SIMULATED_UTILIZATION_FILE": settings.simulated_utilization_file or "",
     }
-    if os.environ.get("DOCKER_HOST"):  # action scripts reach the hub's Docker as the spawner does
+    if os.environ.get("DOCKER_HOST"):  # the jobs reach the hub's Docker as the spawner does
         env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    env.update(proxy_environment(settings))
     return env
+
+
+def proxy_environment(settings) -> dict[str, str]:
+    """Where the service reaches the hub's proxy on this machine (action scripts go through it
+    to each server): its bind address, a wildcard read as loopback."""
+    from urllib.parse import urlparse
+
+    bound = urlparse(settings.bind_url)
+    host = bound.hostname or "127.0.0.1"
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    shown = f"[{host}]" if ":" in host else host
+    port = bound.port or (443 if bound.scheme == "https" else 80)
+    # A self-signed certificate of the hub's own proxy is the usual case on this hop.
+    return {"GPUHUB_PROXY_URL": f"{bound.scheme}://{shown}:{port}",
+            "GPUHUB_PROXY_VALIDATE_CERT": "false" if bound.scheme == "https" else "true"}
 
 
 def configure_pool_page(c, settings) -> None:

@@ -147,7 +147,6 @@ def test_action_script_targets_and_limits():
         with pytest.raises(scripts.BadScript, match=message):
             scripts.check_script(script, timeout)
     assert scripts.check_script("id", "30") == ("id", 30)
-    assert [scripts.runs_as_root(u) for u in ("", "root", "0:0", "0", "1000:100")] == [True] * 4 + [False]
     text, cut = scripts.cap(b"x" * (scripts.OUTPUT_CAP + 10))
     assert cut and len(text) == scripts.OUTPUT_CAP and scripts.cap(b"ok") == ("ok", False)
 
