@@ -269,12 +269,11 @@ class GPULendingSpawner(Spawner):
             except asyncio.TimeoutError:
                 pass
 
-    def _on_wait(self, position: int, wanted: int, free: int) -> None:
+    def _on_wait(self, position: int, wanted: int, free: int, why: str = "") -> None:
         gpus = "GPU" if wanted == 1 else "GPUs"
-        self._emit(
-            20,
-            f"Waiting for {wanted} {gpus}: {free} free now; you are {ordinal(position)} in the queue.",
-        )
+        # `why` (the pool's, naming nobody) says why the request is where it is.
+        place = f"you are {why}" if why else f"you are {ordinal(position)} in the queue"
+        self._emit(20, f"Waiting for {wanted} {gpus}: {free} free now; {place}.")
 
     # ------------------------------------------------------------------ state
 

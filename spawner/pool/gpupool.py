@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from dataclasses import replace
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -18,17 +19,17 @@ from typing import Any
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine, make_url
 from traitlets import Any as AnyTrait
-from traitlets import Dict, Float, Int, TraitError, Unicode, validate
+from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from ..inventory import Inventory
-from . import admin, grant, inventory_sync, reads, timeline, validation
+from . import admin, fairshare, grant, inventory_sync, reads, rollup, timeline, validation
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
 from .administration import PoolAdministration
 from .placement import Topology
 from .readings import PoolReadings
-from .policy import limit_for
+from .policy import WaiterRow, limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store
 from .validation import Request
@@ -194,11 +195,87 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """,
     )
 
+    queue_order = CaselessStrEnum(
+        [fairshare.FAIRSHARE, fairshare.FIFO],
+        default_value=fairshare.FAIRSHARE,
+        config=True,
+        help="""The order in which waiting requests are served: `fairshare` (the default) or `fifo`.
+
+        fairshare: the request whose user (and groups, see
+        `fairshare_group_shares`) used fewer GPU-hours lately, relative to
+        their share, goes first; equals go in arrival order; a request that
+        has waited `fifo_after` seconds is passed no more.  With no history,
+        or equal use, it is FIFO, so it only changes anything where use
+        differs, and then in favour of those who had less.  fifo: arrival
+        order only.  Either way `backfill_window` lets small requests pass a
+        big one for a while, and every waiter is told why it is where it is.
+        """,
+    )
+
+    fifo_after = Float(
+        120.0,
+        config=True,
+        help="""Seconds after which a waiting request is served in arrival order (fair-share's starvation bound).
+
+        Requests that have waited this long go before all others, oldest
+        first: a heavy user is passed by lighter ones for at most this long.
+        Keep it below the spawner's `lease_wait_timeout` (300 s), or heavy
+        users' spawns may time out while lighter ones pass.
+        """,
+    )
+
+    fairshare_half_life = Float(
+        7 * 86400.0,
+        config=True,
+        help="""Seconds after which a GPU-hour counts half in fair-share (the decay of recent use).
+
+        A user's recent use is their GPU-hours with each hour weighted
+        2^-(its age / half-life): 7 days (the default) means last week's
+        use counts half, the week before a quarter.  The ledger keeps these
+        sums as leases end; changing the half-life rebuilds them from the
+        history once, at the hub's next start.
+        """,
+    )
+
+    fairshare_shares = Dict(
+        config=True,
+        help="""Fair-share shares per user: {user name: share}, default 1 for everyone not listed.
+
+        A user with share 2 may use twice as many GPU-hours as one with share
+        1 before the queue ranks them equal.  Example: `{"alice": 2}`.
+        """,
+    )
+
+    fairshare_group_shares = Dict(
+        config=True,
+        help="""Groups whose recent use counts in fair-share: {JupyterHub group name: share}.
+
+        A waiter's standing is its user's recent GPU-hours / user share, plus,
+        for each of its groups listed here, the group's recent GPU-hours /
+        group share: a heavy group's members wait behind a light group's.
+        Groups not listed do not count (directory groups that everyone is in
+        would only add noise).  Example: `{"course-101": 1, "ml-team": 4}`.
+        """,
+    )
+
     inventory = AnyTrait(
         None,
         allow_none=True,
         help="The Inventory of this hub's host (set by the constructor; not configurable).",
     )
+
+    @validate("fairshare_shares", "fairshare_group_shares")
+    def _check_shares(self, proposal):
+        for name, share in proposal.value.items():
+            if isinstance(share, bool) or not isinstance(share, int | float) or not share > 0:
+                raise TraitError(f"GPUPool.{proposal.trait.name}[{name!r}] must be a number > 0, not {share!r}")
+        return proposal.value
+
+    @validate("fifo_after", "fairshare_half_life")
+    def _check_positive_times(self, proposal):
+        if not proposal.value > 0:
+            raise TraitError(f"GPUPool.{proposal.trait.name} must be > 0 (seconds)")
+        return proposal.value
 
     @validate("db_url")
     def _check_db_url(self, proposal):
@@ -248,6 +325,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._wakeups = Wakeups()
         self._watches: dict[Any, QueueWatch] = {}  # event loop -> its waiters' watch
         self._owner = f"{socket.gethostname()}:{os.getpid()}"[:NAME_MAX]
+        self._use_cache: dict = {}  # rollup.decayed_use's rows between grants
         if hasattr(inventory, "use_readings"):
             # An inventory of other machines' GPUs (Swarm) learns their utilisation from the ledger.
             inventory.use_readings(self.gpu_readings)
@@ -273,6 +351,10 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
     def _on_create(self, store: Store, engine: Engine) -> None:
         store.transact(engine, create_schema, write=True)
+        if self.inventory is not None:
+            # A lending hub's half-life is the ledger's (readers such as the CLI keep the ledger's).
+            store.transact(engine, lambda conn: rollup.ensure_decay(store, conn, self.fairshare_half_life),
+                           write=True)
         if self.inventory is not None:
             store.transact(engine, self._sync_inventory, self.inventory.gpus(), write=True)
 
@@ -333,9 +415,16 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
                         and not getattr(self.inventory, "multi_host", False) else None)
         return validation.make_request(user, server_name, count, groups, host, default_host)
 
+    def _rules(self, groups: Iterable[str] = ()) -> QueueRules:
+        return QueueRules(self.limit_for(groups), self.waiter_stale_after, self.backfill_window, self._owner,
+                          self.queue_order, self.shares(), self._use_cache)
+
+    def shares(self) -> fairshare.Shares:
+        return fairshare.Shares(self.fairshare_shares, self.fairshare_group_shares, self.fifo_after)
+
     def _attempt(self, conn, req: Request, waiter_id: int | None, enqueue: bool) -> Outcome:
-        rules = QueueRules(self.limit_for(req.groups), self.waiter_stale_after, self.backfill_window, self._owner)
-        return grant.attempt(self._store, conn, req, waiter_id, enqueue, rules, self._topology.choose, self.log)
+        return grant.attempt(self._store, conn, req, waiter_id, enqueue, self._rules(req.groups),
+                             self._topology.choose, self.log)
 
     # --- acquiring (grant.py, waiting.py) -----------------------------------------
 
@@ -379,7 +468,9 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
         `on_wait(position, wanted, free)` (a plain or async callable) is called
         whenever the queue position changes, first when the request joins the
-        queue; position 1 is the head.  Raises WaitTimeout (with .position)
+        queue; position 1 is the head.  A callable with a `why` parameter gets
+        it too, and is called when it changes: why the request is where it is
+        (fairshare.why; names nobody).  Raises WaitTimeout (with .position)
         when the time runs out, and the errors of try_acquire.  Cancelling
         the call removes the request from the queue and leaves no lease.
         """
@@ -409,7 +500,8 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
     def _look(self, mine: dict, known: dict | None = None) -> dict:
         return self._read(lambda conn: grant.look(self._store, conn, mine, self.waiter_stale_after,
-                                                  self.backfill_window, self._topology.choose, known))
+                                                  self.backfill_window, self._topology.choose, known,
+                                                  self._rules()))
 
     def _beat(self, ids: list[int]) -> None:
         self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
@@ -474,7 +566,9 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         its user was in when it started.
         """
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
-        return reads.usage(self.history(since=since, until=until), since, until)
+        # From the rolled-up hours (rollup.py): its cost follows the period, not the history.
+        return self._read(lambda conn: rollup.usage(self._store, conn, since, until, self._store.now(conn),
+                                                    lambda where: reads.load_leases(conn, where)))
 
     def gpus(self) -> list[GPUStatus]:
         """Every GPU in the ledger with its drain flag and holding lease, by host and index."""
@@ -490,8 +584,18 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         return reads.counts(self.gpus(), queued)
 
     def queue(self) -> list[Waiter]:
-        """Live waiters, in queue order."""
-        return self._read(lambda conn: reads.queue(conn, self._store.now(conn), self.waiter_stale_after))
+        """Live waiters, in the order they are served (queue_order), each with why it is there."""
+        def read(conn):
+            now = self._store.now(conn)
+            waiters = reads.queue(conn, now, self.waiter_stale_after)
+            rows = [WaiterRow(w.id, w.user, w.count, None, w.since, now, w.groups) for w in waiters]
+            o = grant.ordered(self._store, conn, rows, now, self.queue_order, self.shares(), self._use_cache)
+            by_id = {w.id: w for w in waiters}
+            return [replace(by_id[r.id], position=i + 1,
+                            why=grant.explain(o, i, self.queue_order, self.shares(), now)
+                            if self.queue_order == fairshare.FAIRSHARE else fairshare.fifo_why(i + 1))
+                    for i, r in enumerate(o.rows)]
+        return self._read(read)
 
     def timeline(self, since: datetime, until: datetime | None = None) -> timeline.Timeline:
         """When each GPU was lent or drained, and requests waited, inside [since, until) (until: now)."""
@@ -501,6 +605,37 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
             now = self._store.now(conn)
             return timeline.timeline(conn, since, min(until or now, now), now, self.waiter_stale_after)
         return self._read(read)
+
+    def recent_leases(self, user: str, limit: int = 50) -> list[Lease]:
+        """`user`'s newest `limit` leases (active or ended), newest first."""
+        user = validation.name(user, "The user name")
+        return self._read(lambda conn: reads.recent_leases(conn, user, max(1, int(limit))))
+
+    def recent_use(self) -> rollup.Use:
+        """Every user's and group's GPU-hours decayed with the fair-share half-life, now, and the
+        users' all-time totals (active leases included)."""
+        return self._read(lambda conn: rollup.decayed_use(self._store, conn, self._store.now(conn)))
+
+    def fairshare(self) -> dict:
+        """Every user's and group's recent use, share, standing and priority (`gpu-pool fairshare`)."""
+        use = self.recent_use()
+        shares = self.shares()
+        users = []
+        for user in sorted(set(use.users) | set(self.fairshare_shares)):
+            u = use.users.get(user, 0.0)
+            users.append({"user": user, "recent_gpu_hours": round(u, 3),
+                          "total_gpu_hours": round(use.total_users.get(user, 0.0), 3),
+                          "share": shares.user_share(user), "standing": round(u / shares.user_share(user), 3),
+                          "priority": round(fairshare.priority(u / shares.user_share(user)), 4)})
+        groups = []
+        for group in sorted(set(use.groups) | set(self.fairshare_group_shares)):
+            g = use.groups.get(group, 0.0)
+            share = self.fairshare_group_shares.get(group)
+            groups.append({"group": group, "recent_gpu_hours": round(g, 3), "share": share,
+                           "counts": share is not None,
+                           "standing": round(g / share, 3) if share else None})
+        return {"order": self.queue_order, "half_life_s": use.half_life_s, "fifo_after_s": self.fifo_after,
+                "at": use.at.isoformat(), "users": users, "groups": groups}
 
     def lease_lengths(self, limit: int = 500) -> list[float]:
         """Seconds the newest `limit` ended leases lasted, newest first (for wait estimates)."""

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from sqlalchemy import delete
 
+from . import fairshare, rollup
 from . import statements as sql
 from .models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
@@ -36,6 +37,7 @@ class Outcome:
     position: int
     free: int  # free (unlent, undrained) GPUs on the request's hosts
     total: int  # lendable GPUs on the request's hosts
+    why: str = ""  # where it stands in the queue and why, naming nobody (fairshare.why)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,43 @@ class QueueRules:
     stale_after: float
     backfill_window: float
     owner: str  # host:pid, recorded on queue rows
+    order: str = fairshare.FIFO  # the queue's order (fairshare.order)
+    shares: fairshare.Shares | None = None
+    use_cache: dict | None = None  # rollup.decayed_use's, kept by the pool between grants
+
+
+class Ordered(NamedTuple):
+    """The live queue in serving order, and how each waiter stands (for the explanations)."""
+
+    rows: list  # WaiterRow, in serving order
+    standing_of: Callable
+    use: rollup.Use | None
+
+
+def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: fairshare.Shares | None,
+            cache: dict | None) -> Ordered:
+    """`rows` (arrival order) in serving order (fairshare.order) with the use it was decided by."""
+    if mode != fairshare.FAIRSHARE or shares is None:
+        return Ordered(list(rows), lambda e: 0.0, None)
+    use = rollup.decayed_use(store, conn, now, cache)
+    memo: dict[tuple, float] = {}
+
+    def standing_of(e) -> float:
+        key = (e.user, e.groups)
+        if key not in memo:
+            memo[key] = fairshare.standing(e.user, e.groups, use.users, use.groups, shares)
+        return memo[key]
+
+    return Ordered(fairshare.order(rows, mode, standing_of, now, shares.fifo_after), standing_of, use)
+
+
+def explain(o: Ordered, index: int, mode: str, shares: fairshare.Shares | None, now) -> str:
+    """fairshare.why for the waiter at `index` of the serving order."""
+    me = o.rows[index]
+    return fairshare.why(index + 1, o.rows[:index], me, mode, o.standing_of, now,
+                         shares.fifo_after if shares else 0.0,
+                         o.use.users.get(me.user, 0.0) if o.use else 0.0,
+                         o.use.half_life_s if o.use else rollup.DEFAULT_HALF_LIFE)
 
 
 def snapshot(store: Store, conn) -> Snapshot:
@@ -74,8 +113,10 @@ def attempt(
     snap = check(store, conn, req, rules.limit)
 
     alive_since = now - timedelta(seconds=rules.stale_after)
-    # Only the rows that can change this request's outcome are read (see waiters_that_matter).
-    live, stale = waiters_that_matter(store, conn, snap, alive_since)
+    fair = rules.order == fairshare.FAIRSHARE
+    # Only the rows that can change this request's outcome are read (see waiters_that_matter);
+    # in fair-share order every live row, since any may come before this one.
+    live, stale = waiters_that_matter(store, conn, None if fair else snap, alive_since)
     stale = [i for i in stale if i != waiter_id]
     if stale:
         log.info("Removing %d stale GPU waiter(s) of dead processes", len(stale))
@@ -85,7 +126,20 @@ def attempt(
         # Our row is gone (we missed heartbeats and someone cleaned up):
         # queue again at the end.
         waiter_id, enqueue = None, True
-    ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
+    why = ""
+    if fair:
+        me = next((r for r in live if r.id == waiter_id), None) if waiter_id is not None else None
+        if me is None:  # not queued yet: it would join at the end of the arrival order
+            me = WaiterRow(NO_WAITER, req.user, req.count,
+                           json.dumps(list(req.hosts)) if req.hosts is not None else None, now, now, req.groups)
+            live = live + [me]
+        o = ordered(store, conn, live, now, rules.order, rules.shares, rules.use_cache)
+        index = next(i for i, r in enumerate(o.rows) if r.id == me.id)
+        ahead = o.rows[:index]
+        position = index + 1
+        why = explain(o, index, rules.order, rules.shares, now)
+    else:
+        ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
     avail = available_after(snap, ahead, now, rules.backfill_window, choose)
 
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
@@ -93,9 +147,11 @@ def attempt(
     total = sum(snap.capacity.get(h, 0) for h in hosts)
     pick = choose(avail, req.hosts, req.count)
     if pick is None:
-        # Its place: the rows ahead (all live now: the stale ones went above).
-        behind = waiter_id if waiter_id is not None else NO_WAITER
-        position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
+        if not fair:
+            # Its place: the rows ahead (all live now: the stale ones went above).
+            behind = waiter_id if waiter_id is not None else NO_WAITER
+            position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
+            why = fairshare.fifo_why(position)
         if waiter_id is not None:
             store.run(conn, sql.HEARTBEAT, {"wid": waiter_id, "now": now})
         elif enqueue:
@@ -115,7 +171,7 @@ def attempt(
             )
             store.run(conn, sql.INSERT_QUEUE_LOG,
                       dict(id=waiter_id, user_name=req.user, count=req.count, enqueued_at=now))
-        return Outcome(None, waiter_id, position, free, total)
+        return Outcome(None, waiter_id, position, free, total, why)
 
     host, uuids = pick
     lease_id = store.run(
@@ -149,6 +205,7 @@ class View(NamedTuple):
     free: int
     total: int
     ask: bool  # a write attempt would serve it, or must tell it an error (it became impossible)
+    why: str = ""  # fairshare.why
 
 
 def full_hosts(snap: Snapshot) -> list[str]:
@@ -157,15 +214,28 @@ def full_hosts(snap: Snapshot) -> list[str]:
     return [json.dumps([h]) for h in snap.capacity.keys() | snap.free.keys() if not snap.free.get(h)]
 
 
-def waiters_that_matter(store: Store, conn, snap: Snapshot, alive_since) -> tuple[list[WaiterRow], list[int]]:
+_GROUPS: dict[str, tuple[str, ...]] = {}  # a queue row's groups JSON, parsed once per process
+
+
+def _groups(raw: str | None) -> tuple[str, ...]:
+    found = _GROUPS.get(raw or "[]")
+    if found is None:
+        if len(_GROUPS) > 10000:
+            _GROUPS.clear()
+        found = _GROUPS[raw or "[]"] = tuple(json.loads(raw or "[]"))
+    return found
+
+
+def waiters_that_matter(store: Store, conn, snap: Snapshot | None, alive_since) -> tuple[list[WaiterRow], list[int]]:
     """(the live queue rows, in order, less those that can neither be served nor hold GPUs
     back now: one-host requests on a host without a free GPU (see policy._take_turns);
-    the ids of the stale rows)."""
-    full = full_hosts(snap)
+    the ids of the stale rows).  snap None: every live row."""
+    full = full_hosts(snap) if snap is not None else []
     params = {"alive_since": alive_since, **{f"full{i}": h for i, h in enumerate(full)}}
     live, stale = [], []
-    for id_, user, count, hosts, enqueued, beat in store.rows(conn, sql.waiters_that_matter(len(full)), params):
-        row = WaiterRow(id_, user, count, hosts, as_utc(enqueued), as_utc(beat))
+    for id_, user, count, hosts, enqueued, beat, groups in store.rows(conn, sql.waiters_that_matter(len(full)),
+                                                                      params):
+        row = WaiterRow(id_, user, count, hosts, as_utc(enqueued), as_utc(beat), _groups(groups))
         if row.heartbeat_at < alive_since:
             stale.append(id_)
         elif hosts is None or hosts not in full:
@@ -174,7 +244,7 @@ def waiters_that_matter(store: Store, conn, snap: Snapshot, alive_since) -> tupl
 
 
 def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backfill_window: float,
-         choose: Callable, known: dict | None = None) -> dict[int, View] | None:
+         choose: Callable, known: dict | None = None, rules: QueueRules | None = None) -> dict[int, View] | None:
     """Where each of `mine` ({queue row id: request}) stands; reads only.
 
     `known` (kept by the caller between looks) spares reading every row's id when the
@@ -190,14 +260,28 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
                               enumerate(store.rows(conn, sql.LIVE_WAITER_IDS, {"alive_since": alive_since}), 1)}
         known["signature"] = signature
     positions = known["positions"]
+    fair = rules is not None and rules.order == fairshare.FAIRSHARE
     state = (signature, frozenset(mine), tuple((h, tuple(free)) for h, free in sorted(snap.free.items())),
-             tuple(sorted(snap.capacity.items())))
+             tuple(sorted(snap.capacity.items())),
+             # fair-share: standings move with time (use decays, requests pass fifo_after); the
+             # explanations follow within half a minute, any grant they allow comes with a change above
+             int(now.timestamp() // 30) if fair else 0)
     if known.get("state") == state:
         # Nothing a waiter could learn has changed (time alone only takes grants away, by
         # the backfill window, and a write attempt decides those under the lock).
         return None
     known["state"] = state
-    served = served_now(snap, waiters_that_matter(store, conn, snap, alive_since)[0], now, backfill_window, choose)
+    whys: dict[int, str] = {}
+    if fair:
+        o = ordered(store, conn, waiters_that_matter(store, conn, None, alive_since)[0], now, rules.order,
+                    rules.shares, rules.use_cache)
+        positions = {r.id: n for n, r in enumerate(o.rows, 1)}
+        whys = {r.id: explain(o, n - 1, rules.order, rules.shares, now) for r in o.rows
+                if (n := positions[r.id]) and r.id in mine}
+        served = served_now(snap, o.rows, now, backfill_window, choose)
+    else:
+        served = served_now(snap, waiters_that_matter(store, conn, snap, alive_since)[0], now, backfill_window,
+                            choose)
     views = {}
     alike: dict[tuple, tuple[int, int, bool]] = {}  # (hosts, count) -> (free, total, feasible)
     for wid, req in mine.items():
@@ -212,7 +296,9 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
             alike[key] = (sum(len(snap.free.get(h, ())) for h in hosts), sum(snap.capacity.get(h, 0) for h in hosts),
                           feasible)
         free, total, feasible = alike[key]
-        views[wid] = View(wid in positions, positions.get(wid, 0), free, total, wid in served or not feasible)
+        position = positions.get(wid, 0)
+        views[wid] = View(wid in positions, position, free, total, wid in served or not feasible,
+                          whys.get(wid) or (fairshare.fifo_why(position) if position else ""))
     return views
 
 

@@ -198,10 +198,13 @@ class Waiter:
     position: int
     groups: tuple[str, ...] = ()
     hosts: tuple[str, ...] | None = None
+    why: str = ""
+    """Why it is where it is in the queue (fairshare.why: names nobody, tells its own use)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "position": self.position,
+            "why": self.why,
             "user": self.user,
             "server_name": self.server_name,
             "count": self.count,

@@ -54,6 +54,7 @@ class WaiterRow:
     hosts: str | None  # JSON list, None = any host
     enqueued_at: datetime
     heartbeat_at: datetime
+    groups: tuple[str, ...] = ()  # the user's groups (fair-share counts group use too)
 
 
 def limit_for(

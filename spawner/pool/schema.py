@@ -30,8 +30,9 @@ from sqlalchemy.types import TypeDecorator
 from .models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
-# 6: gpu_pool_readings (the per-node agent's GPU utilisation)
-SCHEMA_VERSION = 6
+# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_lease_hours and
+# gpu_pool_decayed_use (history rolled up, so reads cost what their period holds, not the history)
+SCHEMA_VERSION = 7
 NAME_MAX = 255
 
 
@@ -95,6 +96,8 @@ leases_table = Table(
     Column("problem", Text),
     Index("ix_gpu_pool_leases_user", "user_name"),
     Index("ix_gpu_pool_leases_started", "started_at"),
+    # The newest ended leases (wait estimates) and a period's leases (charts) without a scan.
+    Index("ix_gpu_pool_leases_ended", "ended_at"),
     # ids are never reused, even after the newest lease is undone, because
     # they travel in container labels and spawner state.
     sqlite_autoincrement=True,
@@ -209,6 +212,32 @@ readings_table = Table(
 )
 
 
+# An ended lease's GPU-seconds in each UTC hour it touched (rollup.py writes them as it ends):
+# a period's usage sums the hours inside it and clips only the leases of its two edge hours.
+lease_hours_table = Table(
+    "gpu_pool_lease_hours",
+    metadata,
+    Column("hour", UTCDateTime, primary_key=True),  # the hour's start
+    Column("lease_id", Integer, primary_key=True),
+    Column("user_name", String(NAME_MAX), nullable=False),
+    Column("groups", Text, nullable=False),  # JSON list, as on the lease
+    Column("gpu_seconds", Float, nullable=False),
+)
+
+# Each user's and group's GPU-hours decayed with the fair-share half-life, as of `as_of`
+# (ended leases only; active ones are added when read), and their undecayed total.
+decayed_use_table = Table(
+    "gpu_pool_decayed_use",
+    metadata,
+    Column("kind", String(8), primary_key=True),  # user, group
+    Column("name", String(NAME_MAX), primary_key=True),
+    Column("gpu_hours", Float, nullable=False),
+    Column("as_of", UTCDateTime, nullable=False),
+    Column("half_life_s", Float, nullable=False),
+    Column("total_hours", Float, nullable=False),
+)
+
+
 def create_schema(conn) -> None:
     """Create the tables if missing; refuse a ledger written by newer code."""
     metadata.create_all(conn)
@@ -221,6 +250,13 @@ def create_schema(conn) -> None:
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
         # 5 -> 6: gpu_pool_readings: new tables create_all has just made.
+        if int(version) < 7:
+            # 6 -> 7: the hours of the history so far, once (create_all made the new tables but
+            # adds no index to a table that exists).  The decayed use follows (rollup.ensure_decay).
+            from .rollup import backfill
+
+            conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gpu_pool_leases_ended ON gpu_pool_leases (ended_at)"))
+            backfill(conn)
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:
