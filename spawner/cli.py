@@ -74,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--user")
     p.add_argument("--since", help="start of the period (ISO date or datetime, UTC unless it has a zone)")
     p.add_argument("--until", help="end of the period (default: now)")
-    sub.add_parser("queue", parents=[common], help="requests waiting for GPUs")
+    sub.add_parser("queue", parents=[common], help="requests waiting for GPUs, in the order they are served")
+    sub.add_parser("fairshare", parents=[common],
+                   help="every user's and group's recent (decayed) GPU use, share and priority, like sshare")
     for name, what in (("drain", "stop lending a GPU (its current lease runs on)"), ("undrain", "lend a GPU again")):
         p = sub.add_parser(name, parents=[common], help=what)
         p.add_argument("uuid")
@@ -312,9 +314,11 @@ def _run(args, pool: GPUPool, out) -> int:
         })
     elif args.command == "queue":
         queue = pool.queue()
-        rows = [[w.position, w.user, _server(w.server_name), w.count, _time(w.since)] for w in queue]
-        emit(_table(["POS", "USER", "SERVER", "GPUS", "SINCE"], rows) if rows else "No requests waiting.",
+        rows = [[w.position, w.user, _server(w.server_name), w.count, _time(w.since), w.why] for w in queue]
+        emit(_table(["POS", "USER", "SERVER", "GPUS", "SINCE", "WHY"], rows) if rows else "No requests waiting.",
              [w.to_dict() for w in queue])
+    elif args.command == "fairshare":
+        emit(fairshare_text(pool.fairshare()), pool.fairshare())
     elif args.command in ("drain", "undrain"):
         status = getattr(pool, args.command)(args.uuid, host=args.host, by=_operator())
         if args.command == "drain":
@@ -431,6 +435,24 @@ def _agent(args) -> int:
     finally:
         pool.close()
     return 0
+
+
+def fairshare_text(data: dict) -> str:
+    """`gpu-pool fairshare`'s tables (see GPUPool.fairshare)."""
+    days = data["half_life_s"] / 86400
+    head = (f"Queue order: {data['order']}; recent use = GPU-hours with a half-life of {days:g} days; requests "
+            f"waiting over {data['fifo_after_s']:g} s go in arrival order.")
+    users = [[u["user"], f"{u['recent_gpu_hours']:.2f}", f"{u['total_gpu_hours']:.2f}", f"{u['share']:g}",
+              f"{u['standing']:.2f}", f"{u['priority']:.4f}"] for u in data["users"]]
+    groups = [[g["group"], f"{g['recent_gpu_hours']:.2f}", "-" if g["share"] is None else f"{g['share']:g}",
+               "-" if g["standing"] is None else f"{g['standing']:.2f}"] for g in data["groups"]]
+    parts = [head,
+             _table(["USER", "RECENT GPU-H", "TOTAL GPU-H", "SHARE", "STANDING", "PRIORITY"], users)
+             if users else "No GPU use yet."]
+    if groups:
+        parts.append(_table(["GROUP", "RECENT GPU-H", "SHARE", "STANDING"], groups))
+        parts.append("Groups without a share (GPUPool.fairshare_group_shares) do not count in the order.")
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,10 +83,10 @@ def order(entries: Sequence[Entry], mode: str, standing_of: Callable[[Entry], fl
 def why(position: int, ahead: Sequence[Entry], me: Entry, mode: str, standing_of: Callable[[Entry], float],
         now: datetime, fifo_after: float, my_use: float, half_life_s: float) -> str:
     """Why a waiter is where it is, naming nobody: '2nd in the queue: 1 request from someone
-    with less recent GPU use is ahead of you; your use in the last 7 days: 14.2 GPU-hours'."""
+    with less recent GPU use is ahead of you; your recent GPU use: 14.2 GPU-hours (half-life 7 days)'."""
     head = f"{ordinal(position)} in the queue"
     if not ahead:
-        return f"{head}: first in line"
+        return f"{head}: next to be served"
     if mode != FAIRSHARE:
         return fifo_why(position)
     cutoff = now - timedelta(seconds=fifo_after)
@@ -103,15 +103,15 @@ def why(position: int, ahead: Sequence[Entry], me: Entry, mode: str, standing_of
         parts.append(f"{_requests(overdue)} that waited longer than {_duration(fifo_after)} (then the queue "
                      "goes by arrival)")
     verb = "is" if len(ahead) == 1 else "are"
-    return (f"{head}: {'; '.join(parts)} {verb} ahead of you; your use in the last {_duration(half_life_s)} "
-            f"(half-life): {my_use:.1f} GPU-hours")
+    return (f"{head}: {'; '.join(parts)} {verb} ahead of you; your recent GPU use: {my_use:.1f} GPU-hours "
+            f"(half-life {_duration(half_life_s)})")
 
 
 def fifo_why(position: int) -> str:
     """The FIFO queue's `why`: only arrival counts."""
     head = f"{ordinal(position)} in the queue"
     n = position - 1
-    return f"{head}: first in line" if n <= 0 else f"{head}: {_requests(n)} that came earlier {_are(n)} ahead of you"
+    return f"{head}: next to be served" if n <= 0 else f"{head}: {_requests(n)} that came earlier {_are(n)} ahead of you"
 
 
 def _requests(n: int) -> str:

@@ -49,7 +49,7 @@ ENDED_LEASE = (
 INSERT_HOUR = insert(_h).values({c: bindparam(c) for c in ("hour", "lease_id", "user_name", "groups", "gpu_seconds")})
 DECAYED_ROW = select(_d.c.gpu_hours, _d.c.as_of, _d.c.total_hours).where(
     _d.c.kind == bindparam("kind"), _d.c.name == bindparam("name"))
-UPDATE_DECAYED = update(_d).where(_d.c.kind == bindparam("kind"), _d.c.name == bindparam("name")).values(
+UPDATE_DECAYED = update(_d).where(_d.c.kind == bindparam("w_kind"), _d.c.name == bindparam("w_name")).values(
     gpu_hours=bindparam("gpu_hours"), as_of=bindparam("as_of"), total_hours=bindparam("total_hours"))
 INSERT_DECAYED = insert(_d).values({c: bindparam(c) for c in (
     "kind", "name", "gpu_hours", "as_of", "half_life_s", "total_hours")})
@@ -167,11 +167,11 @@ def _add(store, conn, kind: str, name: str, leases: list[Ended], hl: float) -> N
         value = decay(old, as_of, at, hl)
     value += sum(decayed_hours(e.started, e.ended, e.gpus, at, hl) for e in leases)
     total += sum((e.ended - e.started).total_seconds() * e.gpus / 3600.0 for e in leases)
-    params = {"kind": kind, "name": name, "gpu_hours": value, "as_of": at, "total_hours": total}
+    params = {"gpu_hours": value, "as_of": at, "total_hours": total}
     if row:
-        store.run(conn, UPDATE_DECAYED, params)
+        store.run(conn, UPDATE_DECAYED, {**params, "w_kind": kind, "w_name": name})
     else:
-        store.run(conn, INSERT_DECAYED, {**params, "half_life_s": hl})
+        store.run(conn, INSERT_DECAYED, {**params, "kind": kind, "name": name, "half_life_s": hl})
 
 
 def backfill(conn) -> None:
