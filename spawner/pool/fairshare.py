@@ -67,7 +67,8 @@ def priority(value: float) -> float:
 
 def order(entries: Sequence[Entry], mode: str, standing_of: Callable[[Entry], float], now: datetime,
           fifo_after: float) -> list[Entry]:
-    """The waiters in the order they are served (entries come in arrival order).
+    """The waiters in the order they are served (entries come in arrival order; `standing_of`
+    gives comparable values, rounded so that equal use compares equal).
 
     fifo: arrival order.  fairshare: those that waited `fifo_after` or longer first, in
     arrival order; then the rest by standing, arrival order among equals."""
@@ -76,7 +77,7 @@ def order(entries: Sequence[Entry], mode: str, standing_of: Callable[[Entry], fl
     cutoff = now - timedelta(seconds=fifo_after)
     overdue = [e for e in entries if e.enqueued_at <= cutoff]
     rest = [e for e in entries if e.enqueued_at > cutoff]
-    rest.sort(key=lambda e: (round(standing_of(e), 6), e.id))
+    rest.sort(key=lambda e: (standing_of(e), e.id))
     return sorted(overdue, key=lambda e: e.id) + rest
 
 
@@ -90,9 +91,9 @@ def why(position: int, ahead: Sequence[Entry], me: Entry, mode: str, standing_of
     if mode != FAIRSHARE:
         return fifo_why(position)
     cutoff = now - timedelta(seconds=fifo_after)
-    mine = round(standing_of(me), 6)
+    mine = standing_of(me)
     overdue = sum(1 for e in ahead if e.enqueued_at <= cutoff)
-    lighter = sum(1 for e in ahead if e.enqueued_at > cutoff and round(standing_of(e), 6) < mine)
+    lighter = sum(1 for e in ahead if e.enqueued_at > cutoff and standing_of(e) < mine)
     equal = len(ahead) - overdue - lighter
     parts = []
     if lighter:

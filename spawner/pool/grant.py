@@ -62,18 +62,21 @@ class Ordered(NamedTuple):
 
 
 def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: fairshare.Shares | None,
-            cache: dict | None) -> Ordered:
-    """`rows` (arrival order) in serving order (fairshare.order) with the use it was decided by."""
-    if mode != fairshare.FAIRSHARE or shares is None:
+            cache: dict | None, explained: bool = True) -> Ordered:
+    """`rows` (arrival order) in serving order (fairshare.order) with the use it was decided by
+    (not read for one row that needs no explanation)."""
+    if mode != fairshare.FAIRSHARE or shares is None or (len(rows) < 2 and not explained):
         return Ordered(list(rows), lambda e: 0.0, None)
     use = rollup.decayed_use(store, conn, now, cache)
-    memo: dict[tuple, float] = {}
+    memo: dict = {}
+    by_group = bool(shares.groups)  # without group shares a user's standing is theirs alone
 
     def standing_of(e) -> float:
-        key = (e.user, e.groups)
-        if key not in memo:
-            memo[key] = fairshare.standing(e.user, e.groups, use.users, use.groups, shares)
-        return memo[key]
+        key = (e.user, e.groups) if by_group else e.user
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = round(fairshare.standing(e.user, e.groups, use.users, use.groups, shares), 6)
+        return found
 
     return Ordered(fairshare.order(rows, mode, standing_of, now, shares.fifo_after), standing_of, use)
 
@@ -114,9 +117,9 @@ def attempt(
 
     alive_since = now - timedelta(seconds=rules.stale_after)
     fair = rules.order == fairshare.FAIRSHARE
-    # Only the rows that can change this request's outcome are read (see waiters_that_matter);
-    # in fair-share order every live row, since any may come before this one.
-    live, stale = waiters_that_matter(store, conn, None if fair else snap, alive_since)
+    # Only the rows that can change this request's outcome are read (see waiters_that_matter):
+    # fair-share orders each row by its own standing, so their order is the same in any subset.
+    live, stale = waiters_that_matter(store, conn, snap, alive_since)
     stale = [i for i in stale if i != waiter_id]
     if stale:
         log.info("Removing %d stale GPU waiter(s) of dead processes", len(stale))
@@ -126,18 +129,23 @@ def attempt(
         # Our row is gone (we missed heartbeats and someone cleaned up):
         # queue again at the end.
         waiter_id, enqueue = None, True
-    why = ""
+
+    def me_in(rows: list[WaiterRow]) -> tuple[list[WaiterRow], WaiterRow | None]:
+        """`rows` with this request in them (a new one joins at the end of the arrival order)."""
+        if waiter_id is not None:
+            return rows, next((r for r in rows if r.id == waiter_id), None)
+        new = WaiterRow(NO_WAITER, req.user, req.count,
+                        json.dumps(list(req.hosts)) if req.hosts is not None else None, now, now, req.groups)
+        return rows + [new], new
+
+    o = None
     if fair:
-        me = next((r for r in live if r.id == waiter_id), None) if waiter_id is not None else None
-        if me is None:  # not queued yet: it would join at the end of the arrival order
-            me = WaiterRow(NO_WAITER, req.user, req.count,
-                           json.dumps(list(req.hosts)) if req.hosts is not None else None, now, now, req.groups)
-            live = live + [me]
-        o = ordered(store, conn, live, now, rules.order, rules.shares, rules.use_cache)
-        index = next(i for i, r in enumerate(o.rows) if r.id == me.id)
-        ahead = o.rows[:index]
-        position = index + 1
-        why = explain(o, index, rules.order, rules.shares, now)
+        rows, me = me_in(live)
+        if me is None:  # a one-host request on a full host: nothing can be lent to it now
+            ahead = live
+        else:
+            o = ordered(store, conn, rows, now, rules.order, rules.shares, rules.use_cache, explained=False)
+            ahead = o.rows[:next(i for i, r in enumerate(o.rows) if r.id == me.id)]
     else:
         ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
     avail = available_after(snap, ahead, now, rules.backfill_window, choose)
@@ -147,7 +155,17 @@ def attempt(
     total = sum(snap.capacity.get(h, 0) for h in hosts)
     pick = choose(avail, req.hosts, req.count)
     if pick is None:
-        if not fair:
+        if fair:
+            # Its place among every live row (the stale ones went above): those read above
+            # when they were all of them, else all read now.
+            count = store.rows(conn, sql.LIVE_WAITERS_SIGNATURE, {"alive_since": alive_since})[0][0]
+            if o is None or o.use is None or count != len(live):
+                rows, me = me_in(waiters_that_matter(store, conn, None, alive_since)[0])
+                o = ordered(store, conn, rows, now, rules.order, rules.shares, rules.use_cache)
+            index = next((i for i, r in enumerate(o.rows) if r.id == me.id), len(o.rows)) if me else len(o.rows)
+            position = index + 1
+            why = explain(o, index, rules.order, rules.shares, now) if me else fairshare.fifo_why(position)
+        else:
             # Its place: the rows ahead (all live now: the stale ones went above).
             behind = waiter_id if waiter_id is not None else NO_WAITER
             position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1

@@ -54,7 +54,8 @@ UPDATE_DECAYED = update(_d).where(_d.c.kind == bindparam("w_kind"), _d.c.name ==
 INSERT_DECAYED = insert(_d).values({c: bindparam(c) for c in (
     "kind", "name", "gpu_hours", "as_of", "half_life_s", "total_hours")})
 ALL_DECAYED = select(_d.c.kind, _d.c.name, _d.c.gpu_hours, _d.c.as_of, _d.c.total_hours)
-DECAYED_SIGNATURE = select(func.count(), func.max(_d.c.as_of), func.sum(_d.c.total_hours))
+DECAYED_SINCE = ALL_DECAYED.where(_d.c.as_of >= bindparam("since"))
+DECAYED_SIGNATURE = select(func.count(), func.max(_d.c.as_of))
 # Active leases, for their live part of the use: (user, groups, started, GPUs).
 ACTIVE_USE = (
     select(_l.c.user_name, _l.c.groups, _l.c.started_at, func.count(_lg.c.uuid))
@@ -190,11 +191,11 @@ def backfill(conn) -> None:
         conn.execute(insert(_h), batch)
 
 
-def ensure_decay(store, conn, configured: float) -> None:
+def ensure_decay(store, conn, configured: float, force: bool = False) -> None:
     """Make the decayed rows follow `configured` (a hub's fair-share half-life): rebuilt from
-    every ended lease when the ledger's differ (a changed setting, an upgraded ledger)."""
+    every ended lease when the ledger's differ (a changed setting, an upgraded ledger), or `force`."""
     raw = conn.execute(HALF_LIFE, {"key": HALF_LIFE_KEY}).scalar()
-    if raw is not None and float(raw) == configured:
+    if raw is not None and float(raw) == configured and not force:
         store.half_life = configured
         return
     now = store.now(conn)
@@ -223,9 +224,50 @@ def ensure_decay(store, conn, configured: float) -> None:
 
 # --- reading -------------------------------------------------------------------------------
 
+class _Decayed(Mapping):
+    """name -> GPU-hours at `at`: stored rows decayed on first use (a grant asks for a few of
+    a thousand users), plus the live part of active leases."""
+
+    def __init__(self, rows: dict, live: dict, at: datetime, hl: float, at_ref: dict):
+        # at_ref (kept with the rows): each row decayed to one reference time, so that a read at
+        # `at` costs one multiplication by the factor all rows share.
+        self._rows, self._live, self._hl, self._done, self._ref = rows, live, hl, {}, at_ref
+        ref = at_ref.setdefault("", at)
+        self._factor = 2.0 ** (-(at - ref).total_seconds() / hl)
+
+    def __getitem__(self, name: str) -> float:
+        found = self._done.get(name)
+        if found is None:
+            row = self._rows.get(name)
+            if row is None and name not in self._live:
+                raise KeyError(name)
+            stored = 0.0
+            if row is not None:
+                stored = self._ref.get(name)
+                if stored is None:
+                    stored = self._ref[name] = decay(row[0], row[1], self._ref[""], self._hl) if row[1] <= \
+                        self._ref[""] else row[0] * 2.0 ** ((row[1] - self._ref[""]).total_seconds() / self._hl)
+            found = stored * self._factor + self._live.get(name, 0.0)
+            self._done[name] = found
+        return found
+
+    def get(self, name: str, default=None):
+        if name in self._done:
+            return self._done[name]
+        if name not in self._rows and name not in self._live:
+            return default
+        return self[name]
+
+    def __iter__(self):
+        return iter(set(self._rows) | set(self._live))
+
+    def __len__(self) -> int:
+        return len(set(self._rows) | set(self._live))
+
+
 @dataclass(frozen=True)
 class Use:
-    """Decayed GPU-hours per user and per group at one moment, and undecayed totals."""
+    """Decayed GPU-hours per user and per group at one moment, and the users' undecayed totals."""
 
     users: Mapping[str, float]
     groups: Mapping[str, float]
@@ -234,33 +276,74 @@ class Use:
     at: datetime
 
 
+def _all_rows(store, conn) -> dict:
+    out: dict[str, dict] = {"user": {}, "group": {}}
+    for k, n, v, a, t in store.rows(conn, ALL_DECAYED):
+        out.setdefault(k, {})[n] = (v, as_utc(a), t)
+    return out
+
+
 def decayed_use(store, conn, now: datetime, cache: dict | None = None) -> Use:
     """Every user's and group's decayed GPU-hours at `now`, active leases included.
 
-    `cache` (kept by the caller) spares re-reading the rows while no lease has ended since."""
+    `cache` (kept by the caller) keeps the rows between reads: only those changed since (as
+    leases end) are read again, so a grant costs the same with a thousand users' history."""
     hl = half_life(store, conn)
-    signature = tuple(store.rows(conn, DECAYED_SIGNATURE)[0])
-    if cache is not None and cache.get("signature") == signature:
-        rows = cache["rows"]
-    else:
-        rows = [(k, n, v, as_utc(a), t) for k, n, v, a, t in store.rows(conn, ALL_DECAYED)]
-        if cache is not None:
-            cache["signature"], cache["rows"] = signature, rows
-    users: dict[str, float] = {}
-    groups: dict[str, float] = {}
-    totals: dict[str, float] = {}
-    for kind, name, value, as_of, total in rows:
-        (users if kind == "user" else groups)[name] = decay(value, as_of, now, hl)
-        if kind == "user":
-            totals[name] = total
+    count, newest = store.rows(conn, DECAYED_SIGNATURE)[0]
+    newest = as_utc(newest)
+    cache = {} if cache is None else cache
+    known = cache.get("rows")
+    if known is None or cache.get("newest") is None or newest is None:
+        known = _all_rows(store, conn)
+    elif (count, newest) != cache.get("signature"):
+        # Rows change only as leases end, to as_of = the end: read those changed since (a few).
+        changed = store.rows(conn, DECAYED_SINCE, {"since": cache["newest"]})
+        # Copied, not changed in place: other threads may be reading the old ones.
+        known = {kind: dict(rows) if any(k == kind for k, *_ in changed) else rows for kind, rows in known.items()}
+        ref = {kind: dict(values) for kind, values in cache.get("ref", {}).items()}
+        for k, n, v, a, t in changed:
+            known.setdefault(k, {})[n] = (v, as_utc(a), t)
+            ref.get(k, {}).pop(n, None)
+        if sum(len(rows) for rows in known.values()) != count:  # rows went (a rebuild): read them all
+            known = _all_rows(store, conn)
+        else:
+            cache["ref"], cache["rows"] = ref, known
+    if cache.get("rows") is not known or "ref" not in cache:
+        # Rows read anew: their values at the reference time are made again as asked for.
+        cache["ref"] = {"user": {}, "group": {}}
+    cache["rows"], cache["signature"], cache["newest"] = known, (count, newest), newest
+    users_rows, groups_rows = known.get("user", {}), known.get("group", {})
+    live_users: dict[str, float] = {}
+    live_groups: dict[str, float] = {}
+    live_totals: dict[str, float] = {}
     for user, groups_json, started, gpus in store.rows(conn, ACTIVE_USE):
         started = as_utc(started)
         live = decayed_hours(started, now, gpus, now, hl)
-        users[user] = users.get(user, 0.0) + live
-        totals[user] = totals.get(user, 0.0) + max(0.0, (now - started).total_seconds()) * gpus / 3600.0
+        live_users[user] = live_users.get(user, 0.0) + live
+        live_totals[user] = live_totals.get(user, 0.0) + max(0.0, (now - started).total_seconds()) * gpus / 3600.0
         for g in json.loads(groups_json):
-            groups[g] = groups.get(g, 0.0) + live
-    return Use(users, groups, totals, hl, now)
+            live_groups[g] = live_groups.get(g, 0.0) + live
+    return Use(_Decayed(users_rows, live_users, now, hl, cache["ref"]["user"]),
+               _Decayed(groups_rows, live_groups, now, hl, cache["ref"]["group"]),
+               _LazyTotals(users_rows, live_totals), hl, now)
+
+
+class _LazyTotals(Mapping):
+    """name -> all-time GPU-hours (stored + active), computed when asked."""
+
+    def __init__(self, rows: dict, live: dict):
+        self._rows, self._live = rows, live
+
+    def __getitem__(self, name: str) -> float:
+        if name not in self._rows and name not in self._live:
+            raise KeyError(name)
+        return (self._rows[name][2] if name in self._rows else 0.0) + self._live.get(name, 0.0)
+
+    def __iter__(self):
+        return iter(set(self._rows) | set(self._live))
+
+    def __len__(self) -> int:
+        return len(set(self._rows) | set(self._live))
 
 
 def usage(store, conn, since: datetime | None, until: datetime | None, now: datetime,

@@ -111,6 +111,8 @@ lease_gpus_table = Table(
     Column("host", String(NAME_MAX), nullable=False),
     Column("position", Integer, nullable=False),
     Column("ended_at", UTCDateTime),
+    # A period's lent intervals (charts) without a scan of the whole history.
+    Index("ix_gpu_pool_lease_gpus_ended", "ended_at"),
     # THE exclusivity guarantee: at most one active lease row per GPU.
     Index(
         "uq_gpu_pool_one_active_lease_per_gpu",
@@ -163,6 +165,7 @@ queue_log_table = Table(
     Column("left_at", UTCDateTime),  # NULL while it waits
     Column("outcome", String(16)),  # served, left (gave up or cancelled), stale (its process died)
     Index("ix_gpu_pool_queue_log_enqueued", "enqueued_at"),
+    Index("ix_gpu_pool_queue_log_left", "left_at"),
 )
 
 
@@ -255,7 +258,10 @@ def create_schema(conn) -> None:
             # adds no index to a table that exists).  The decayed use follows (rollup.ensure_decay).
             from .rollup import backfill
 
-            conn.execute(text("CREATE INDEX IF NOT EXISTS ix_gpu_pool_leases_ended ON gpu_pool_leases (ended_at)"))
+            for index, table, column in (("ix_gpu_pool_leases_ended", "gpu_pool_leases", "ended_at"),
+                                         ("ix_gpu_pool_lease_gpus_ended", "gpu_pool_lease_gpus", "ended_at"),
+                                         ("ix_gpu_pool_queue_log_left", "gpu_pool_queue_log", "left_at")):
+                conn.execute(text(f"CREATE INDEX IF NOT EXISTS {index} ON {table} ({column})"))
             backfill(conn)
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
