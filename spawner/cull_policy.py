@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Callable
+
+from .cull_deadline import CullRules, idle_limit
 
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
 # (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
@@ -52,9 +54,15 @@ class GPUCullPolicy:
         utilization: Callable[[str, str], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         log=None,
+        rules: CullRules | None = None,
+        contention: Callable[[str], bool] | None = None,
     ):
         self.cpu_timeout = cpu_timeout
         self.gpu_timeout = gpu_timeout
+        # The idle limits (cull_deadline: the pages show the same); contention(host): whether a
+        # request waits for GPUs on that host now.
+        self.rules = rules or CullRules(cpu_timeout, gpu_timeout)
+        self.contention = contention
         self.gpu_idle_percent = gpu_idle_percent
         self.gpu_idle_seconds = gpu_idle_seconds
         self.utilization = utilization
@@ -106,13 +114,20 @@ class GPUCullPolicy:
                 return Verdict(True, f"its GPUs stayed under {self.gpu_idle_percent:g}% for "
                                      f"{low_for:.1f} s (limit {self.gpu_idle_seconds:g} s)")
 
-        limit = self.gpu_timeout if is_gpu else self.cpu_timeout
+        profile = state.get("profile") or (server.get("user_options") or {}).get("profile")
+        if not isinstance(profile, str):
+            profile = None
+        max_age = self.rules.profile_max_age.get(profile or "", 0.0)
+        age = _age(server.get("started"))
+        if max_age > 0 and age is not None and age >= max_age:
+            return Verdict(True, f"running for {age:.1f} s, profile {profile}'s maximum age {max_age:g} s")
+        contended = bool(is_gpu and self.contention is not None and self.contention(state.get("gpu_host", "")))
+        limit, source = idle_limit(self.rules, is_gpu, profile, contended)
         kind = "GPU" if is_gpu else "CPU"
         if idle is None:
             return Verdict(False, "no activity recorded yet")
-        if idle >= limit:
-            return Verdict(True, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
-        return Verdict(False, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
+        why = f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s: {source})"
+        return Verdict(limit > 0 and idle >= limit, why)
 
     def __call__(self, *, inactive: timedelta | None, inactive_limit: int, server: dict, **kwargs) -> bool:
         """The jupyterhub-idle-culler `cull_arbiter_hook` signature."""
@@ -123,6 +138,49 @@ class GPUCullPolicy:
             else:
                 self.log.debug("Keeping %s: %s", _user_of(server), verdict.reason)
         return verdict.cull
+
+
+def _age(started: str | None) -> float | None:
+    """Seconds since a server model's `started` (ISO 8601), or None."""
+    if not started:
+        return None
+    try:
+        at = datetime.fromisoformat(started.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (datetime.now(UTC) - (at if at.tzinfo else at.replace(tzinfo=UTC))).total_seconds()
+
+
+class LedgerContention:
+    """Whether a request waits for GPUs on a host, read from the ledger's queue in the culler.
+
+    One read serves a cull pass (kept `max_age` seconds); a ledger that cannot be read
+    counts as nobody waiting: the usual, longer timeout holds."""
+
+    def __init__(self, queue: Callable[[], list], log=None, max_age: float = 5.0, clock=time.monotonic):
+        self.queue = queue
+        self.log = log
+        self.max_age = max_age
+        self.clock = clock
+        self._read_at: float | None = None
+        self._hosts: list = []
+
+    def waiting_hosts(self) -> list:
+        now = self.clock()
+        if self._read_at is None or now - self._read_at >= self.max_age:
+            try:
+                self._hosts = [w.hosts for w in self.queue()]
+            except Exception as exc:  # the ledger is away: nobody counts as waiting
+                if self.log is not None:
+                    self.log.warning("Cannot read the GPU queue (using the usual idle limit): %s", exc)
+                self._hosts = []
+            self._read_at = now
+        return self._hosts
+
+    def __call__(self, host: str) -> bool:
+        from .cull_deadline import contended
+
+        return contended(host, self.waiting_hosts())
 
 
 class CullerUtilization:

@@ -42,7 +42,8 @@ import sys
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
 # The policy and the culler's utilisation reader live in cull_policy.py (no culler, no tornado).
-from .cull_policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, Verdict  # noqa: F401
+from .cull_deadline import CullRules, rules_from_settings
+from .cull_policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, LedgerContention, Verdict  # noqa: F401
 
 _Utilization = CullerUtilization  # its name before it moved
 
@@ -144,6 +145,19 @@ class GPUIdleCuller(IdleCuller):
         "culled.  Usually shorter than `cpu_timeout`: an idle GPU blocks a colleague.",
     ).tag(config=True)
 
+    gpu_contended_timeout = Int(
+        0,
+        help="Seconds a GPU server may stay inactive while a request waits for GPUs on its host (read "
+        "from the ledger named by GPU_POOL_DB_URL).  Shorter than `gpu_timeout`: an idle GPU then keeps "
+        "someone waiting.  0 turns it off; when nobody waits, `gpu_timeout` holds.",
+    ).tag(config=True)
+
+    profile_limits = Unicode(
+        "",
+        help="Per-profile idle limits and maximum ages as JSON (cull_deadline.CullRules.to_json), written "
+        "by the hub from its profiles' `idle_timeout` and `max_age`.",
+    ).tag(config=True)
+
     gpu_idle_percent = Float(
         5.0,
         help="Cull a GPU server whose leased GPUs all read under this utilization (percent) for "
@@ -189,6 +203,8 @@ class GPUIdleCuller(IdleCuller):
         **IdleCuller.aliases,
         "cpu-timeout": "GPUIdleCuller.cpu_timeout",
         "gpu-timeout": "GPUIdleCuller.gpu_timeout",
+        "gpu-contended-timeout": "GPUIdleCuller.gpu_contended_timeout",
+        "profile-limits": "GPUIdleCuller.profile_limits",
         "gpu-idle-percent": "GPUIdleCuller.gpu_idle_percent",
         "gpu-idle-seconds": "GPUIdleCuller.gpu_idle_seconds",
         "inventory": "GPUIdleCuller.inventory",
@@ -199,9 +215,15 @@ class GPUIdleCuller(IdleCuller):
 
     @default("timeout")
     def _default_timeout(self):
-        # The culler only asks the arbiter about servers it sees; the arbiter
-        # then holds CPU servers to their longer limit.
-        return min(self.cpu_timeout, self.gpu_timeout)
+        # The arbiter decides with the rules (cull_deadline); this is the shortest of them.
+        return int(self.rules().shortest)
+
+    def rules(self) -> CullRules:
+        if self.profile_limits:
+            rules = CullRules.from_json(self.profile_limits)
+            return CullRules(self.cpu_timeout, self.gpu_timeout, self.gpu_contended_timeout, rules.profile_idle,
+                             rules.profile_max_age)
+        return CullRules(self.cpu_timeout, self.gpu_timeout, self.gpu_contended_timeout)
 
     @default("cull_arbiter_hook")
     def _default_arbiter(self):
@@ -209,7 +231,19 @@ class GPUIdleCuller(IdleCuller):
         if self.gpu_idle_percent > 0 and self.inventory != "static":
             utilization = CullerUtilization(self.inventory, self.simulated_gpus, self.utilization_file, self.log,
                                        self.reading_max_age)
+        contention = None
+        if self.gpu_contended_timeout > 0:
+            import os
+
+            from .pool import ENV_DB_URL, GPUPool
+
+            if os.environ.get(ENV_DB_URL):
+                contention = LedgerContention(GPUPool(db_url=os.environ[ENV_DB_URL], log=self.log).queue, self.log)
+            else:
+                self.log.warning("gpu_contended_timeout is set but %s is not: the usual idle limits hold", ENV_DB_URL)
         return GPUCullPolicy(
+            rules=self.rules(),
+            contention=contention,
             cpu_timeout=self.cpu_timeout,
             gpu_timeout=self.gpu_timeout,
             gpu_idle_percent=self.gpu_idle_percent,
@@ -265,7 +299,7 @@ def activity_interval(settings) -> int:
     configured = getattr(settings, "activity_interval", 0)
     if configured:
         return configured
-    shortest = min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)
+    shortest = int(rules_from_settings(settings).shortest)
     return max(1, min(300, shortest // 3))
 
 
@@ -274,7 +308,8 @@ def culler_command(settings, python: str | None = None) -> list[str]:
         python or sys.executable, "-m", "spawner.culling",
         f"--cpu-timeout={settings.cull_timeout_cpu}",
         f"--gpu-timeout={settings.cull_timeout_gpu}",
-        f"--timeout={min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)}",
+        f"--gpu-contended-timeout={settings.cull_timeout_gpu_contended}",
+        f"--timeout={int(rules_from_settings(settings).shortest)}",
         f"--cull-every={settings.cull_every}",
         f"--inventory={settings.inventory}",
     ]
@@ -286,6 +321,9 @@ def culler_command(settings, python: str | None = None) -> list[str]:
             cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
             if settings.simulated_utilization_file:
                 cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
+    rules = rules_from_settings(settings)
+    if rules.profile_idle or rules.profile_max_age:
+        cmd.append(f"--profile-limits={rules.to_json()}")
     return cmd
 
 
@@ -304,10 +342,11 @@ def configure_culler(c, settings) -> None:
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
     service = {"name": SERVICE_NAME, "command": culler_command(settings)}
-    if settings.inventory == "swarm" and settings.gpu_idle_percent > 0:
+    if (settings.inventory == "swarm" and settings.gpu_idle_percent > 0) or settings.cull_timeout_gpu_contended:
         from .pool import ENV_DB_URL
 
-        # The agents' readings live in the ledger; in the environment, not argv (ps shows argv).
+        # The agents' readings and the queue live in the ledger; in the environment, not argv
+        # (ps shows argv).
         service["environment"] = {ENV_DB_URL: settings.pool_db_url}
     section.services = without_named(services, SERVICE_NAME) + [service]
     section.load_roles = without_named(roles, SERVICE_NAME) + [{

@@ -38,6 +38,8 @@ class Server:
     last_activity: datetime | None = None
     lease_id: int | None = None
     gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
+    started: datetime | None = None
+    host: str = ""  # the GPU lease's host
 
     @property
     def label(self) -> str:
@@ -51,7 +53,9 @@ def servers_of(user: dict) -> list[Server]:
         state = s.get("state") or {}
         profile = state.get("profile") or (s.get("user_options") or {}).get("profile") or ""
         activity = s.get("last_activity")
+        started = s.get("started")
         out.append(Server(
+            started=iso_time(started) if started else None, host=state.get("gpu_host") or "",
             user=user["name"], name=name, groups=tuple(user.get("groups") or ()), profile=profile,
             ready=bool(s.get("ready")), last_activity=iso_time(activity) if activity else None,
             lease_id=state.get("gpu_lease_id"), gpu_uuids=tuple(state.get("gpu_uuids") or ())))

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from jupyterhub.utils import url_path_join
 
+from ..cull_deadline import CullRules, contended, deadline
 from ..pool.models import PoolError, iso
 from . import estimate, views
 from .actions_api import hub_api
@@ -29,6 +30,10 @@ class Settings:
 
     def __init__(self, env=os.environ):
         self.cull_timeout = int(env.get("GPUHUB_CULL_TIMEOUT_GPU", "0") or 0)
+        # The culler's rules (cull_deadline): None when the hub does not cull.
+        raw_rules = env.get("GPUHUB_CULL_RULES", "")
+        self.cull_rules = CullRules.from_json(raw_rules) if raw_rules else (
+            CullRules(0, self.cull_timeout) if self.cull_timeout > 0 else None)
         self.idle_after = int(env.get("GPUHUB_POOL_IDLE_AFTER", "600") or 600)
         self.inventory = env.get("GPUHUB_INVENTORY", "")
         self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
@@ -82,18 +87,28 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
             g["utilization"] = value
     running = await servers(handler)
     if running is None:
-        return {"cull": {}, "estimated": False}
-    cull = {}
-    for srv in running:
-        if srv.lease_id is not None and s.cull_timeout > 0:
-            cull[(srv.user, srv.name)] = estimate.cull_deadline(srv.last_activity, s.cull_timeout)
+        return {"cull": {}, "why": {}, "estimated": False}
+    cull, why = {}, {}
+    if s.cull_rules is not None and any(srv.lease_id is not None for srv in running):
+        try:
+            waiting = [w.hosts for w in await handler.ledger(handler.pool.queue)]
+        except PoolError as exc:
+            log.warning("Cull deadlines without the queue: %s", exc)
+            waiting = []
+        for srv in running:
+            if srv.lease_id is not None:
+                # The culler's own rule (cull_deadline): it moves as requests start or stop waiting.
+                d = deadline(s.cull_rules, last_activity=srv.last_activity, started=srv.started, is_gpu=True,
+                             profile=srv.profile or None, contended=contended(srv.host, waiting))
+                if d.at is not None:
+                    cull[(srv.user, srv.name)], why[(srv.user, srv.name)] = d.at, d.reason
     if queue:
         try:
             lengths = await handler.ledger(handler.pool.lease_lengths, LENGTHS)
             leases = await handler.ledger(handler.pool.leases)
         except PoolError as exc:
             log.warning("No wait estimates: %s", exc)
-            return {"cull": cull, "estimated": False}
+            return {"cull": cull, "why": why, "estimated": False}
         activity = {(srv.user, srv.name): srv.last_activity for srv in running}
         holdings = []
         for lease in leases:
@@ -105,14 +120,15 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
         for row, seconds in zip(queue, estimate.waits([w["count"] for w in queue], free, holdings, now, lengths)):
             row["estimate_s"] = None if seconds is None else round(seconds)
             row["estimate"] = estimate.say(seconds)
-    return {"cull": cull, "estimated": bool(queue)}
+    return {"cull": cull, "why": why, "estimated": bool(queue)}
 
 
-def cull_text(deadline: datetime | None, now: datetime) -> str:
-    if deadline is None:
+def cull_text(at: datetime | None, now: datetime, reason: str = "") -> str:
+    if at is None:
         return ""
-    minutes = max(0, round((deadline - now).total_seconds() / 60))
-    return (f"If it stays idle, it is culled at {deadline.strftime('%H:%M')} UTC (in {minutes} min); "
+    minutes = max(0, round((at - now).total_seconds() / 60))
+    because = f" ({reason})" if reason else ""
+    return (f"If it stays idle, it is culled at {at.strftime('%H:%M')} UTC (in {minutes} min){because}; "
             "any activity in it moves this on.")
 
 
@@ -120,7 +136,8 @@ async def page_context(handler, viewer: views.Viewer, gpus: list[dict], queue: l
     info = await live(handler, gpus, queue, viewer)
     now = datetime.now(UTC)
     for lease in active:
-        lease["cull"] = cull_text(info["cull"].get((viewer.name, lease["server_name"])), now)
+        key = (viewer.name, lease["server_name"])
+        lease["cull"] = cull_text(info["cull"].get(key), now, info["why"].get(key, ""))
     return {"estimate_note": estimate.NOTE if info["estimated"] else None}
 
 
@@ -133,9 +150,10 @@ class WaitAPI(APIHandler):
         queue = views.queue_rows(await self.call(self.pool.queue), viewer)
         info = await live(self, gpus, queue, viewer)
         mine = {f"{u}/{n}" if n else u: iso(t) for (u, n), t in info["cull"].items() if u == viewer.name}
+        reasons = {f"{u}/{n}" if n else u: r for (u, n), r in info["why"].items() if u == viewer.name}
         self.write_json({"queue": queue, "note": estimate.NOTE,
                          "utilization": {g["uuid"]: g["utilization"] for g in gpus},
-                         "cull_at": mine})
+                         "cull_at": mine, "cull_reason": reasons})
 
 
 def routes(prefix: str) -> list:

@@ -60,6 +60,8 @@ class Settings:
     cull: bool = True
     cull_timeout_cpu: int = 3600
     cull_timeout_gpu: int = 900
+    # While a request waits for GPUs, idle GPU servers get this much instead (0: off).
+    cull_timeout_gpu_contended: int = 300
     cull_every: int = 60
     gpu_idle_percent: float = 0.0
     gpu_idle_minutes: float = 30.0
@@ -272,6 +274,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cull=env_bool(env, "GPUHUB_CULL", True),
         cull_timeout_cpu=cull_cpu,
         cull_timeout_gpu=cull_gpu,
+        cull_timeout_gpu_contended=env_int(env, "GPUHUB_CULL_TIMEOUT_GPU_CONTENDED",
+                                           Settings.cull_timeout_gpu_contended, minimum=0),
         cull_every=env_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
         gpu_idle_percent=gpu_idle_percent,
         gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),

@@ -11,6 +11,7 @@ import pytest
 from spawner.inventory import SimulatedInventory
 from spawner.pool import EndReason, GPUPool
 from spawner.pool.timeline import Timeline
+from spawner.cull_deadline import CullRules, deadline
 from spawner.poolpage import charts, occupancy
 
 pytestmark = pytest.mark.unit
@@ -115,8 +116,11 @@ def test_wait_estimates_follow_lease_lengths_and_cull_deadlines():
     assert estimate.waits([1], 0, [estimate.Holding(now - 9 * H, 1)], now, lengths) == [None]  # longer than any
     assert [estimate.say(s) for s in (None, 30, 1500, 5400 * 2)] == [
         "unknown", "soon (estimate)", "about 25 min (estimate)", "about 3.0 h (estimate)"]
-    assert estimate.cull_deadline(now, 900) == now + timedelta(seconds=900)
-    assert estimate.cull_deadline(now, 0) is None
+    rules = CullRules(3600, 900)
+    assert deadline(rules, last_activity=now, started=now, is_gpu=True, profile=None,
+                    contended=False).at == now + timedelta(seconds=900)
+    assert deadline(CullRules(0, 0), last_activity=now, started=now, is_gpu=True, profile=None,
+                    contended=False).at is None
 
 
 def test_action_script_targets_and_limits():
