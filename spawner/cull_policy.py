@@ -56,6 +56,7 @@ class GPUCullPolicy:
         log=None,
         rules: CullRules | None = None,
         contention: Callable[[str], bool] | None = None,
+        over_budget: Callable[[int], str | None] | None = None,
     ):
         self.cpu_timeout = cpu_timeout
         self.gpu_timeout = gpu_timeout
@@ -63,6 +64,9 @@ class GPUCullPolicy:
         # request waits for GPUs on that host now.
         self.rules = rules or CullRules(cpu_timeout, gpu_timeout)
         self.contention = contention
+        # over_budget(lease id): why the lease's GPU-hour budget is used up (it is then marked to
+        # end with reason `budget`), or None.
+        self.over_budget = over_budget
         self.gpu_idle_percent = gpu_idle_percent
         self.gpu_idle_seconds = gpu_idle_seconds
         self.utilization = utilization
@@ -114,6 +118,11 @@ class GPUCullPolicy:
                 return Verdict(True, f"its GPUs stayed under {self.gpu_idle_percent:g}% for "
                                      f"{low_for:.1f} s (limit {self.gpu_idle_seconds:g} s)")
 
+        lease_id = state.get("gpu_lease_id")
+        if is_gpu and self.over_budget is not None and isinstance(lease_id, int):
+            used_up = self.over_budget(lease_id)
+            if used_up:
+                return Verdict(True, f"its GPU-hour budget is used up ({used_up})")
         profile = state.get("profile") or (server.get("user_options") or {}).get("profile")
         if not isinstance(profile, str):
             profile = None
@@ -181,6 +190,23 @@ class LedgerContention:
         from .cull_deadline import contended
 
         return contended(host, self.waiting_hosts())
+
+
+class LedgerBudgets:
+    """The culler's budget check: the ledger's `end_if_over_budget`, a failing ledger read as 'not over'."""
+
+    def __init__(self, pool, log=None):
+        self.pool = pool
+        self.log = log
+
+    def __call__(self, lease_id: int) -> str | None:
+        try:
+            found = self.pool.end_if_over_budget(lease_id)
+        except Exception as exc:  # never cull on a ledger that cannot be read
+            if self.log is not None:
+                self.log.warning("Cannot check the GPU-hour budget of lease %s: %s", lease_id, exc)
+            return None
+        return None if found is None else found.message(self.pool.budgets().period_s)
 
 
 class CullerUtilization:

@@ -43,7 +43,14 @@ from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
 # The policy and the culler's utilisation reader live in cull_policy.py (no culler, no tornado).
 from .cull_deadline import CullRules, rules_from_settings
-from .cull_policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, LedgerContention, Verdict  # noqa: F401
+from .cull_policy import (  # noqa: F401
+    DEFAULT_GPU_IDLE_PERCENT,
+    CullerUtilization,
+    GPUCullPolicy,
+    LedgerBudgets,
+    LedgerContention,
+    Verdict,
+)
 
 _Utilization = CullerUtilization  # its name before it moved
 
@@ -231,19 +238,23 @@ class GPUIdleCuller(IdleCuller):
         if self.gpu_idle_percent > 0 and self.inventory != "static":
             utilization = CullerUtilization(self.inventory, self.simulated_gpus, self.utilization_file, self.log,
                                        self.reading_max_age)
-        contention = None
-        if self.gpu_contended_timeout > 0:
-            import os
+        import os
 
-            from .pool import ENV_DB_URL, GPUPool
+        from .pool import ENV_DB_URL, GPUPool
 
-            if os.environ.get(ENV_DB_URL):
-                contention = LedgerContention(GPUPool(db_url=os.environ[ENV_DB_URL], log=self.log).queue, self.log)
-            else:
-                self.log.warning("gpu_contended_timeout is set but %s is not: the usual idle limits hold", ENV_DB_URL)
+        contention = over_budget = None
+        if os.environ.get(ENV_DB_URL):
+            # The ledger: who waits (the contended timeout) and the budgets (its lending hub's).
+            pool = GPUPool(db_url=os.environ[ENV_DB_URL], log=self.log)
+            if self.gpu_contended_timeout > 0:
+                contention = LedgerContention(pool.queue, self.log)
+            over_budget = LedgerBudgets(pool, self.log)
+        elif self.gpu_contended_timeout > 0:
+            self.log.warning("gpu_contended_timeout is set but %s is not: the usual idle limits hold", ENV_DB_URL)
         return GPUCullPolicy(
             rules=self.rules(),
             contention=contention,
+            over_budget=over_budget,
             cpu_timeout=self.cpu_timeout,
             gpu_timeout=self.gpu_timeout,
             gpu_idle_percent=self.gpu_idle_percent,
@@ -342,12 +353,11 @@ def configure_culler(c, settings) -> None:
     services = section.services if "services" in section else []
     roles = section.load_roles if "load_roles" in section else []
     service = {"name": SERVICE_NAME, "command": culler_command(settings)}
-    if (settings.inventory == "swarm" and settings.gpu_idle_percent > 0) or settings.cull_timeout_gpu_contended:
-        from .pool import ENV_DB_URL
+    from .pool import ENV_DB_URL
 
-        # The agents' readings and the queue live in the ledger; in the environment, not argv
-        # (ps shows argv).
-        service["environment"] = {ENV_DB_URL: settings.pool_db_url}
+    # The culler reads the ledger: who waits (the contended timeout), the budgets and, on Swarm,
+    # the agents' readings.  In the environment, not argv (ps shows argv).
+    service["environment"] = {ENV_DB_URL: settings.pool_db_url}
     section.services = without_named(services, SERVICE_NAME) + [service]
     section.load_roles = without_named(roles, SERVICE_NAME) + [{
         "name": SERVICE_NAME,

@@ -43,6 +43,14 @@ def set_problem(conn, lease_id: int, problem: str) -> bool:
     return bool(done.rowcount)
 
 
+def mark_ending(conn, lease_id: int, reason: str) -> bool:
+    """The reason this active lease's end will record, whoever stops its server (budget, booking)."""
+    done = conn.execute(update(leases_table)
+                        .where(leases_table.c.id == lease_id, leases_table.c.ended_at.is_(None))
+                        .values(ending_reason=reason))
+    return bool(done.rowcount)
+
+
 def undo_lease(conn, lease_id: int) -> None:
     """Erase a lease nobody ever saw (its acquire was cancelled)."""
     conn.execute(delete(lease_gpus_table).where(lease_gpus_table.c.lease_id == lease_id))

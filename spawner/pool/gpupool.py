@@ -23,7 +23,7 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, va
 from traitlets.config import LoggingConfigurable
 
 from ..inventory import Inventory
-from . import admin, fairshare, grant, inventory_sync, reads, rollup, timeline, validation
+from . import admin, budget, fairshare, grant, inventory_sync, reads, rollup, timeline, validation
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
 from .administration import PoolAdministration
@@ -258,11 +258,54 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """,
     )
 
+    gpu_hour_budget = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="""GPU-hours each user may use in any `budget_period` (a rolling budget); None (the default): no budget.
+
+        Beside `max_gpus_per_user` (how many at once), this bounds how much
+        over time.  A request over it is refused ("you have used 40.0 of your
+        40 GPU-hours in the last 7 days; the next hour frees on Tue 14:00");
+        a server that runs past it is shown when it will run out (pool page,
+        api/wait) and is then stopped by the idle culler with reason
+        `budget`, its home kept.
+        """,
+    )
+
+    group_gpu_hour_budgets = Dict(
+        config=True,
+        help="""Rolling GPU-hour budgets of groups: {JupyterHub group name: GPU-hours per `budget_period`}.
+
+        A group's members share it (a course's allowance for the week);
+        each member's own `gpu_hour_budget` applies too.
+        """,
+    )
+
+    budget_period = Float(
+        7 * 86400.0,
+        config=True,
+        help="Seconds of the budgets' rolling window (default 7 days).",
+    )
+
     inventory = AnyTrait(
         None,
         allow_none=True,
         help="The Inventory of this hub's host (set by the constructor; not configurable).",
     )
+
+    @validate("group_gpu_hour_budgets")
+    def _check_budgets(self, proposal):
+        for name, hours in proposal.value.items():
+            if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
+                raise TraitError(f"GPUPool.group_gpu_hour_budgets[{name!r}] must be a number of GPU-hours >= 0")
+        return proposal.value
+
+    @validate("gpu_hour_budget")
+    def _check_budget(self, proposal):
+        if proposal.value is not None and proposal.value < 0:
+            raise TraitError("GPUPool.gpu_hour_budget must be >= 0 or None")
+        return proposal.value
 
     @validate("fairshare_shares", "fairshare_group_shares")
     def _check_shares(self, proposal):
@@ -271,7 +314,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
                 raise TraitError(f"GPUPool.{proposal.trait.name}[{name!r}] must be a number > 0, not {share!r}")
         return proposal.value
 
-    @validate("fifo_after", "fairshare_half_life")
+    @validate("fifo_after", "fairshare_half_life", "budget_period")
     def _check_positive_times(self, proposal):
         if not proposal.value > 0:
             raise TraitError(f"GPUPool.{proposal.trait.name} must be > 0 (seconds)")
@@ -352,9 +395,11 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
     def _on_create(self, store: Store, engine: Engine) -> None:
         store.transact(engine, create_schema, write=True)
         if self.inventory is not None:
-            # A lending hub's half-life is the ledger's (readers such as the CLI keep the ledger's).
+            # A lending hub's half-life and budgets are the ledger's (readers such as the CLI and
+            # the culler read them from there).
             store.transact(engine, lambda conn: rollup.ensure_decay(store, conn, self.fairshare_half_life),
                            write=True)
+            store.transact(engine, lambda conn: budget.publish(conn, self._own_budgets()), write=True)
         if self.inventory is not None:
             store.transact(engine, self._sync_inventory, self.inventory.gpus(), write=True)
 
@@ -417,7 +462,40 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
     def _rules(self, groups: Iterable[str] = ()) -> QueueRules:
         return QueueRules(self.limit_for(groups), self.waiter_stale_after, self.backfill_window, self._owner,
-                          self.queue_order, self.shares(), self._use_cache)
+                          self.queue_order, self.shares(), self._use_cache, self.budgets())
+
+    def _own_budgets(self) -> budget.Budgets:
+        return budget.Budgets(self.gpu_hour_budget, dict(self.group_gpu_hour_budgets), self.budget_period)
+
+    def budgets(self) -> budget.Budgets:
+        """The budgets in force: this hub's (a lender), else those the lending hub wrote in the ledger."""
+        if self.inventory is not None:
+            return self._own_budgets()
+        found = getattr(self, "_ledger_budgets", None)
+        if found is None:
+            found = self._ledger_budgets = self._read(budget.published)
+        return found
+
+    def budget_standings(self, user: str, groups: Iterable[str] = ()) -> list[budget.Standing]:
+        """The GPU-hour budgets that apply to `user`, as they stand now (empty: none)."""
+        user = validation.name(user, "The user name")
+        groups = tuple(validation.name(g, "A group name") for g in groups)
+        b = self.budgets()
+        return self._read(lambda conn: budget.standings(self._store, conn, user, groups, b, self._store.now(conn)))
+
+    def end_if_over_budget(self, lease_id: int) -> budget.Standing | None:
+        """For the culler: when the active lease's user or group has used up a budget, mark the
+        lease so that its end says `budget`, and return that budget; else None."""
+        lease_id = validation.lease_id(lease_id)
+        b = self.budgets()
+        if not b.any:
+            return None
+
+        found = self._read(lambda conn: budget.lease_over_budget(self._store, conn, lease_id, b,
+                                                                  self._store.now(conn)))
+        if found is not None:  # a write only then: the culler asks about every GPU server each pass
+            self._write(lambda conn: admin.mark_ending(conn, lease_id, EndReason.BUDGET.value))
+        return found
 
     def shares(self) -> fairshare.Shares:
         return fairshare.Shares(self.fairshare_shares, self.fairshare_group_shares, self.fifo_after)
@@ -438,7 +516,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         request could be met now or after a wait.
         """
         req = self._make_request(user, server_name, count, groups, host)
-        self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups)))
+        self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets()))
 
     def try_acquire(
         self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: str | None = None

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from sqlalchemy import delete
 
-from . import fairshare, rollup
+from . import budget, fairshare, rollup
 from . import statements as sql
 from .models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
@@ -51,6 +51,7 @@ class QueueRules:
     order: str = fairshare.FIFO  # the queue's order (fairshare.order)
     shares: fairshare.Shares | None = None
     use_cache: dict | None = None  # rollup.decayed_use's, kept by the pool between grants
+    budgets: budget.Budgets | None = None
 
 
 class Ordered(NamedTuple):
@@ -100,11 +101,14 @@ def held(store: Store, conn, user: str) -> tuple[int, list[str]]:
     return sum(n for _, n in rows), sorted(s for s, _ in rows)
 
 
-def check(store: Store, conn, req: Request, limit: tuple[int | None, str]) -> Snapshot:
-    """Refuse a request that can never be met (too big, over quota); the snapshot read."""
+def check(store: Store, conn, req: Request, limit: tuple[int | None, str],
+          budgets: budget.Budgets | None = None) -> Snapshot:
+    """Refuse a request that can never be met (too big, over quota, over budget); the snapshot read."""
     snap = snapshot(store, conn)
     check_feasible(snap, req)
     check_quota(req, *limit, held=lambda: held(store, conn, req.user))
+    if budgets is not None and budgets.any:
+        budget.check(store, conn, req.user, req.groups, budgets, store.now(conn))
     return snap
 
 
@@ -113,7 +117,7 @@ def attempt(
 ) -> Outcome:
     """Lend now if the queue lets this request through; else queue it (enqueue) or refresh its row."""
     now = store.now(conn)  # taken under the lock: lease times are ordered
-    snap = check(store, conn, req, rules.limit)
+    snap = check(store, conn, req, rules.limit, rules.budgets)
 
     alive_since = now - timedelta(seconds=rules.stale_after)
     fair = rules.order == fairshare.FAIRSHARE

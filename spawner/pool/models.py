@@ -99,6 +99,10 @@ class EndReason(str, Enum):
     JOB_TIMEOUT = "job-timeout"
     # `gpu-pool doctor`'s one-GPU probe: a lease of seconds, never a user's.
     DOCTOR = "doctor"
+    # Ended by the culler because its user (or group) ran out of GPU-hour budget (budget.py).
+    BUDGET = "budget"
+    # Ended at the start of a booking of its GPUs (bookings.py).
+    BOOKING = "booking"
 
     def __str__(self) -> str:
         return self.value

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     insert,
+    inspect,
     select,
     text,
     update,
@@ -94,6 +95,9 @@ leases_table = Table(
     # Why a lease whose server ended is still lent (a container that would
     # not stop); the reconciler ends it once the container is gone.
     Column("problem", Text),
+    # The reason the next end of this lease gets, whoever stops its server: set by the
+    # culler just before it stops a server for a budget or a booking.
+    Column("ending_reason", String(32)),
     Index("ix_gpu_pool_leases_user", "user_name"),
     Index("ix_gpu_pool_leases_started", "started_at"),
     # The newest ended leases (wait estimates) and a period's leases (charts) without a scan.
@@ -225,6 +229,8 @@ lease_hours_table = Table(
     Column("user_name", String(NAME_MAX), nullable=False),
     Column("groups", Text, nullable=False),  # JSON list, as on the lease
     Column("gpu_seconds", Float, nullable=False),
+    # One user's hours in a period (the budget check at each grant).
+    Index("ix_gpu_pool_lease_hours_user", "user_name", "hour"),
 )
 
 # Each user's and group's GPU-hours decayed with the fair-share half-life, as of `as_of`
@@ -258,6 +264,8 @@ def create_schema(conn) -> None:
             # adds no index to a table that exists).  The decayed use follows (rollup.ensure_decay).
             from .rollup import backfill
 
+            if "ending_reason" not in {c["name"] for c in inspect(conn).get_columns("gpu_pool_leases")}:
+                conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN ending_reason VARCHAR(32)"))
             for index, table, column in (("ix_gpu_pool_leases_ended", "gpu_pool_leases", "ended_at"),
                                          ("ix_gpu_pool_lease_gpus_ended", "gpu_pool_lease_gpus", "ended_at"),
                                          ("ix_gpu_pool_queue_log_left", "gpu_pool_queue_log", "left_at")):

@@ -132,13 +132,34 @@ def cull_text(at: datetime | None, now: datetime, reason: str = "") -> str:
             "any activity in it moves this on.")
 
 
+async def budget_rows(handler, viewer: views.Viewer) -> list[dict]:
+    """The viewer's GPU-hour budgets: used, limit, when the next hour frees, when what they hold
+    uses it up (the warning before the culler stops it with reason `budget`)."""
+    user = handler.current_user if isinstance(handler.current_user, dict) else {}
+    groups = tuple(user.get("groups") or ())  # the hub's user model (read:users:groups)
+    if not handler.pool.budgets().any:
+        return []
+    try:
+        found = await handler.ledger(handler.pool.budget_standings, viewer.name, groups)
+    except PoolError as exc:
+        log.warning("No budgets: %s", exc)
+        return []
+    period = handler.pool.budgets().period_s
+    return [{"who": s.who, "used_gpu_hours": round(s.used, 2), "limit_gpu_hours": s.limit,
+             "exhausted": s.exhausted, "frees_at": iso(s.frees_at), "runs_out_at": iso(s.runs_out_at),
+             "message": s.message(period) + (f"; what you hold now uses it up at "
+                                             f"{s.runs_out_at.strftime('%a %H:%M')} UTC, when it is stopped"
+                                             if s.runs_out_at and not s.exhausted else "")} for s in found]
+
+
 async def page_context(handler, viewer: views.Viewer, gpus: list[dict], queue: list[dict], active: list[dict]) -> dict:
     info = await live(handler, gpus, queue, viewer)
     now = datetime.now(UTC)
     for lease in active:
         key = (viewer.name, lease["server_name"])
         lease["cull"] = cull_text(info["cull"].get(key), now, info["why"].get(key, ""))
-    return {"estimate_note": estimate.NOTE if info["estimated"] else None}
+    return {"estimate_note": estimate.NOTE if info["estimated"] else None,
+            "budgets": await budget_rows(handler, viewer)}
 
 
 class WaitAPI(APIHandler):
@@ -153,7 +174,8 @@ class WaitAPI(APIHandler):
         reasons = {f"{u}/{n}" if n else u: r for (u, n), r in info["why"].items() if u == viewer.name}
         self.write_json({"queue": queue, "note": estimate.NOTE,
                          "utilization": {g["uuid"]: g["utilization"] for g in gpus},
-                         "cull_at": mine, "cull_reason": reasons})
+                         "cull_at": mine, "cull_reason": reasons,
+                         "budgets": await budget_rows(self, viewer)})
 
 
 def routes(prefix: str) -> list:

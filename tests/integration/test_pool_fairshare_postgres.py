@@ -17,3 +17,9 @@ def test_postgres_serves_the_lighter_user_first(postgres_database):
 def test_postgres_serves_the_heavier_user_after_fifo_after(postgres_database):
     winner, _ = lighter_user_first(postgres_database, fifo_after=1.0)
     assert winner == "heavy"
+
+
+def test_postgres_budget_refuses_and_ends(postgres_database):
+    from tests.unit.test_pool_fairshare import budget_refuses_and_ends
+
+    budget_refuses_and_ends(postgres_database)

@@ -37,7 +37,7 @@ def make_pool(url: str, gpus: int = 1, **kwargs) -> GPUPool:
 def past_lease(pool: GPUPool, user: str, start: datetime, end: datetime | None, gpus: int = 1,
                groups: tuple[str, ...] = ()) -> int:
     """A lease that ran at a past time (ended at `end`, or still active), as the ledger records it."""
-    uuids = [s.gpu.uuid for s in pool.gpus()][:gpus]
+    uuids = [s.gpu.uuid for s in pool.gpus() if end is not None or s.lease is None][:gpus]
 
     def write(conn):
         lid = conn.execute(insert(leases_table).values(
@@ -135,7 +135,9 @@ def test_an_upgraded_ledger_rolls_up_its_history_once(tmp_path):
     with engine.begin() as conn:  # the ledger as 0.x (schema 6) left it: no rollups
         conn.execute(text("DROP TABLE gpu_pool_lease_hours"))
         conn.execute(text("DROP TABLE gpu_pool_decayed_use"))
-        conn.execute(text("DROP INDEX ix_gpu_pool_leases_ended"))
+        for index in ("ix_gpu_pool_leases_ended", "ix_gpu_pool_lease_gpus_ended", "ix_gpu_pool_queue_log_left"):
+            conn.execute(text(f"DROP INDEX {index}"))
+        conn.execute(text("ALTER TABLE gpu_pool_leases DROP COLUMN ending_reason"))
         conn.execute(text("DELETE FROM gpu_pool_meta WHERE key = 'decayed_use_half_life_s'"))
         conn.execute(text("UPDATE gpu_pool_meta SET value = '6' WHERE key = 'schema_version'"))
     pool.close()
@@ -238,3 +240,46 @@ def test_gpu_pool_fairshare_prints_use_share_and_priority(tmp_path, capsys):
     assert {u["user"] for u in data["users"]} == {"heavy", "light"}
     assert data["groups"] == [{"group": "lab", "recent_gpu_hours": data["groups"][0]["recent_gpu_hours"],
                                "share": None, "counts": False, "standing": None}]
+
+
+# --- GPU-hour budgets ---------------------------------------------------------------------
+
+
+def budget_refuses_and_ends(url: str) -> None:
+    from spawner.cull_policy import GPUCullPolicy, LedgerBudgets
+    from spawner.pool import QuotaExceeded
+
+    pool = make_pool(url, gpus=4, gpu_hour_budget=40)
+    now = datetime.now(UTC)
+    past_lease(pool, "alice", now - timedelta(days=3), now - timedelta(days=3) + 20 * H, gpus=2)  # 40 GPU-h
+    with pytest.raises(QuotaExceeded) as refused:
+        pool.try_acquire("alice", "", 1)
+    assert str(refused.value).startswith("You have used 40.0 of your 40 GPU-hours in the last 7 days; "
+                                         "the next hour frees on ")
+    assert refused.value.status_code == 403
+    assert pool.try_acquire("bob", "", 1) is not None  # others are not held back
+    # A lease that runs past its budget: the culler's check marks it, and its end says `budget`.
+    lid = past_lease(pool, "carol", now - 41 * H, None, gpus=1)
+    (standing,) = pool.budget_standings("carol")
+    assert standing.exhausted and standing.used > 40
+    server = {"name": "", "url": "/user/carol/", "state": {"gpu_lease_id": lid, "gpu_uuids": ["x"]}}
+    verdict = GPUCullPolicy(3600, 900, over_budget=LedgerBudgets(pool)).decide(timedelta(seconds=5), server)
+    assert verdict.cull and "You have used 41.0 of your 40 GPU-hours in the last 7 days" in verdict.reason
+    pool.release(lid, "culled")  # the culler's stop, as the spawner ends it
+    assert pool.lease(lid).end_reason == "budget"
+    # Within budget: a running server is shown when it would run out, and is not culled for it.
+    dave = past_lease(pool, "dave", now - 10 * H, None, gpus=1)
+    (standing,) = pool.budget_standings("dave")
+    assert not standing.exhausted and standing.runs_out_at is not None
+    assert abs((standing.runs_out_at - now).total_seconds() / 3600 - 30) < 0.1
+    dave_server = {"name": "", "url": "/user/dave/", "state": {"gpu_lease_id": dave, "gpu_uuids": ["x"]}}
+    assert not GPUCullPolicy(3600, 900, over_budget=LedgerBudgets(pool)).decide(timedelta(seconds=5), dave_server).cull
+    # A reader of the ledger (the culler's own pool, no config) sees the lending hub's budgets.
+    reader = GPUPool(db_url=url)
+    assert reader.budgets().user == 40 and reader.budget_standings("alice")[0].exhausted
+    reader.close()
+    pool.close()
+
+
+def test_a_budget_refuses_with_its_numbers_and_ends_a_lease_that_runs_past_it(tmp_path):
+    budget_refuses_and_ends(sqlite_url(tmp_path))
