@@ -244,7 +244,7 @@ def inactive_for(hub, user: str) -> float:
 
 
 def test_an_idle_gpu_server_is_culled_sooner_while_someone_waits_and_the_deadline_shown_moves(make_hub):
-    contended = 8
+    contended = 15
     hub = culling_hub(make_hub, GPUHUB_SIMULATED_GPUS=1, GPUHUB_CULL_TIMEOUT_GPU=600,
                       GPUHUB_CULL_TIMEOUT_GPU_CONTENDED=contended, GPUHUB_LEASE_WAIT_TIMEOUT=120)
     for user in ("alice", "bob"):
@@ -261,10 +261,13 @@ def test_an_idle_gpu_server_is_culled_sooner_while_someone_waits_and_the_deadlin
     (lease,) = leases_of(hub, "alice")
     assert lease.ended_at is None
 
-    # Bob waits for the only GPU: the deadline shown moves to the contended one ...
+    # Alice touches her server (the hub hears of it within an activity report) ...
+    contents(hub, "alice", token, "note.txt", "still here\n")
+    wait_for(lambda: inactive_for(hub, "alice") < contended / 2, 30, "alice's activity reaching the hub", hub)
+    # ... then Bob waits for the only GPU: the deadline shown moves to the contended one ...
     r = hub.api("POST", "/users/bob/server", json={"profile": "tf-gpu-1"}, timeout=60)
     assert r.status_code in (201, 202), r.text
-    wait_for(lambda: "while requests wait for GPUs" in cull_at(hub, "alice", token)[1], 30,
+    wait_for(lambda: "while requests wait for GPUs, 15 s" in cull_at(hub, "alice", token)[1], 30,
              "the contended deadline on api/wait", hub)
     # ... and the culler applies it: alice's idle server goes, bob gets its GPU.
     hub.wait_stopped("alice", timeout=60)
