@@ -171,7 +171,7 @@ def main() -> None:
                 from devservices.postgres import create_database, start_postgres
 
                 server = start_postgres()
-                make_url = lambda label: create_database(server, f"bench_{label}")  # noqa: E731
+                make_url = lambda label, server=server: create_database(server, f"bench_{label}")  # noqa: E731
             results[db] = (part_history(make_url, args.leases, args.rounds),
                            part_order(make_url("order"), args.rounds * 5))
             if server is not None:

@@ -64,7 +64,7 @@ class Profile:
     job_network: bool = False
     node_labels: tuple[tuple[str, str], ...] = ()
     """Swarm node labels the GPUs must come from, e.g. (("gpu.model", "a100"),)."""
-    # Culling (spawner/cull_deadline.py): seconds of inactivity before this profile's servers
+    # Culling (spawner/culling/deadline.py): seconds of inactivity before this profile's servers
     # are culled (None: the hub's GPU or CPU timeout), and the most seconds one may run at all.
     idle_timeout: int | None = None
     max_age: int | None = None

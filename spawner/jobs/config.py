@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 
 from ..containers import ContainerLimits
-from ..culling import without_named
+from ..culling.culler import without_named
 from ..hub_service import write_when_config_loaded
 from ..poolpage import SERVICE_NAME
 from ..poolpage.service import ACCESS_SCOPE, SERVICE_ROLE

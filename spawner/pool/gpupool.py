@@ -3,7 +3,7 @@
 It holds the options (traitlets) and composes the store, placement, policy,
 grant, waiting, admin and reads modules; it adds no logic of its own.  What
 admins do to the ledger (drain, audit, reconcile, rehome) is its mixin in
-administration.py.
+admin_actions.py.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from traitlets import Any as AnyTrait
 from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from ..inventory import Inventory
-from . import admin, budget, fairshare, grant, inventory_sync, reads, rollup, timeline, validation
+from ..inventory.machine import Inventory
+from . import budget, fairshare, grant, inventory_sync, queries, release, rollup, timeline, validation
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
-from .administration import PoolAdministration
+from .admin_actions import PoolAdministration
 from .placement import Topology
-from .readings import PoolReadings
+from .gpu_readings import PoolReadings
 from .policy import WaiterRow, limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store
@@ -483,19 +483,17 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         b = self.budgets()
         return self._read(lambda conn: budget.standings(self._store, conn, user, groups, b, self._store.now(conn)))
 
-    def end_if_over_budget(self, lease_id: int) -> budget.Standing | None:
-        """For the culler: when the active lease's user or group has used up a budget, mark the
-        lease so that its end says `budget`, and return that budget; else None."""
+    def lease_over_budget(self, lease_id: int) -> budget.Standing | None:
+        """For the culler: the used-up budget of an active lease's user or group, else None.
+
+        The culler then records its intent `budget` in the ledger before it stops the server,
+        and the lease's end says so."""
         lease_id = validation.lease_id(lease_id)
         b = self.budgets()
         if not b.any:
             return None
-
-        found = self._read(lambda conn: budget.lease_over_budget(self._store, conn, lease_id, b,
-                                                                  self._store.now(conn)))
-        if found is not None:  # a write only then: the culler asks about every GPU server each pass
-            self._write(lambda conn: admin.mark_ending(conn, lease_id, EndReason.BUDGET.value))
-        return found
+        return self._read(lambda conn: budget.lease_over_budget(self._store, conn, lease_id, b,
+                                                                self._store.now(conn)))
 
     def shares(self) -> fairshare.Shares:
         return fairshare.Shares(self.fairshare_shares, self.fairshare_group_shares, self.fifo_after)
@@ -585,20 +583,20 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
 
     def _remove_waiter(self, waiter_id: int) -> None:
-        self._write(lambda conn: admin.remove_waiter(self._store, conn, waiter_id), durable=False)
+        self._write(lambda conn: release.remove_waiter(self._store, conn, waiter_id), durable=False)
         self._notify()  # the queue moved
 
     def _undo_lease(self, lease_id: int) -> None:
-        self._write(admin.undo_lease, lease_id)
+        self._write(release.undo_lease, lease_id)
         self._notify()
 
-    # --- releasing and admin (admin.py) ---------------------------------------------
+    # --- releasing and admin (release.py) -------------------------------------------
 
     def release(self, lease_id: int, reason: EndReason | str = EndReason.STOPPED) -> bool:
         """End a lease.  Idempotent: False if it had already ended (or never existed)."""
         lease_id = validation.lease_id(lease_id)
         reason = validation.reason(reason)
-        ended = self._write(lambda conn: admin.release(self._store, conn, lease_id, reason), durable=False)
+        ended = self._write(lambda conn: release.release(self._store, conn, lease_id, reason), durable=False)
         if ended:
             self._notify()
         return ended
@@ -608,14 +606,14 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         not stop); `gpu-pool status` shows it.  False if the lease is not active."""
         lease_id = validation.lease_id(lease_id)
         problem = str(problem)[:500]
-        return self._write(lambda conn: admin.set_problem(conn, lease_id, problem), durable=False)
+        return self._write(lambda conn: release.set_problem(conn, lease_id, problem), durable=False)
 
-    # --- reading (reads.py) ---------------------------------------------------------
+    # --- reading (queries.py) ---------------------------------------------------------
 
     def lease(self, lease_id: int) -> Lease | None:
         """The lease with this id (active or ended), or None."""
         lease_id = validation.lease_id(lease_id)
-        found = self._read(lambda conn: reads.load_leases(conn, leases_table.c.id == lease_id))
+        found = self._read(lambda conn: queries.load_leases(conn, leases_table.c.id == lease_id))
         return found[0] if found else None
 
     def leases(self, user: str | None = None, host: str | None = None) -> list[Lease]:
@@ -625,7 +623,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
             where &= leases_table.c.user_name == validation.name(user, "The user name")
         if host is not None:
             where &= leases_table.c.host == validation.name(host, "The host name")
-        return self._read(lambda conn: reads.load_leases(conn, where))
+        return self._read(lambda conn: queries.load_leases(conn, where))
 
     def history(
         self, user: str | None = None, since: datetime | None = None, until: datetime | None = None
@@ -633,9 +631,9 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """Leases (ended or active) that overlap [since, until), by start time."""
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
         user = validation.name(user, "The user name") if user is not None else None
-        where = reads.history_where(user, since, until)
+        where = queries.history_where(user, since, until)
         order = (leases_table.c.started_at, leases_table.c.id)
-        return self._read(lambda conn: reads.load_leases(conn, where, order=order))
+        return self._read(lambda conn: queries.load_leases(conn, where, order=order))
 
     def usage(self, since: datetime | None = None, until: datetime | None = None) -> dict:
         """GPU-hours inside [since, until): {"users": {user: h}, "groups": {group: h}}.
@@ -646,11 +644,11 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
         # From the rolled-up hours (rollup.py): its cost follows the period, not the history.
         return self._read(lambda conn: rollup.usage(self._store, conn, since, until, self._store.now(conn),
-                                                    lambda where: reads.load_leases(conn, where)))
+                                                    lambda where: queries.load_leases(conn, where)))
 
     def gpus(self) -> list[GPUStatus]:
         """Every GPU in the ledger with its drain flag and holding lease, by host and index."""
-        return self._read(reads.gpus)
+        return self._read(queries.gpus)
 
     def counts(self) -> dict[str, int]:
         """{"free", "lent", "drained", "queued"} for metrics.
@@ -658,14 +656,14 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         free: lendable now; lent: in an active lease (drained or not);
         drained: drained and not lent; queued: live waiters.
         """
-        queued = self._read(lambda conn: reads.queued_count(conn, self._store.now(conn), self.waiter_stale_after))
-        return reads.counts(self.gpus(), queued)
+        queued = self._read(lambda conn: queries.queued_count(conn, self._store.now(conn), self.waiter_stale_after))
+        return queries.counts(self.gpus(), queued)
 
     def queue(self) -> list[Waiter]:
         """Live waiters, in the order they are served (queue_order), each with why it is there."""
         def read(conn):
             now = self._store.now(conn)
-            waiters = reads.queue(conn, now, self.waiter_stale_after)
+            waiters = queries.queue(conn, now, self.waiter_stale_after)
             rows = [WaiterRow(w.id, w.user, w.count, None, w.since, now, w.groups) for w in waiters]
             o = grant.ordered(self._store, conn, rows, now, self.queue_order, self.shares(), self._use_cache)
             by_id = {w.id: w for w in waiters}
@@ -687,7 +685,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
     def recent_leases(self, user: str, limit: int = 50) -> list[Lease]:
         """`user`'s newest `limit` leases (active or ended), newest first."""
         user = validation.name(user, "The user name")
-        return self._read(lambda conn: reads.recent_leases(conn, user, max(1, int(limit))))
+        return self._read(lambda conn: queries.recent_leases(conn, user, max(1, int(limit))))
 
     def recent_use(self) -> rollup.Use:
         """Every user's and group's GPU-hours decayed with the fair-share half-life, now, and the

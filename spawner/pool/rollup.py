@@ -350,7 +350,7 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
           load_leases) -> dict:
     """GPU-hours inside [since, until) per user and group, from the hours (see the module docstring).
 
-    `load_leases(where)` loads whole leases (reads.load_leases) for the edges and the active ones."""
+    `load_leases(where)` loads whole leases (queries.load_leases) for the edges and the active ones."""
     end = min(until, now) if until is not None else now
     users: dict[str, float] = {}
     groups: dict[str, float] = {}

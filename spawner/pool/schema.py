@@ -21,7 +21,6 @@ from sqlalchemy import (
     Table,
     Text,
     insert,
-    inspect,
     select,
     text,
     update,
@@ -31,9 +30,10 @@ from sqlalchemy.types import TypeDecorator
 from .models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
-# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_lease_hours and
-# gpu_pool_decayed_use (history rolled up, so reads cost what their period holds, not the history)
-SCHEMA_VERSION = 7
+# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;
+# 8: gpu_pool_lease_hours and gpu_pool_decayed_use (history rolled up, so reads cost what their
+# period holds, not the history)
+SCHEMA_VERSION = 8
 NAME_MAX = 255
 
 
@@ -95,9 +95,6 @@ leases_table = Table(
     # Why a lease whose server ended is still lent (a container that would
     # not stop); the reconciler ends it once the container is gone.
     Column("problem", Text),
-    # The reason the next end of this lease gets, whoever stops its server: set by the
-    # culler just before it stops a server for a budget or a booking.
-    Column("ending_reason", String(32)),
     Index("ix_gpu_pool_leases_user", "user_name"),
     Index("ix_gpu_pool_leases_started", "started_at"),
     # The newest ended leases (wait estimates) and a period's leases (charts) without a scan.
@@ -206,7 +203,7 @@ jobs_table = Table(
 
 
 # The newest reading of each GPU by the per-node agent (`gpu-pool agent`, see
-# spawner/agent.py): one row per GPU, overwritten, stamped with the database's
+# spawner/inventory/agent.py): one row per GPU, overwritten, stamped with the database's
 # clock so readers on other machines judge its age by one clock.
 readings_table = Table(
     "gpu_pool_readings",
@@ -215,6 +212,19 @@ readings_table = Table(
     Column("uuid", String(128), primary_key=True),
     Column("utilization", Float),  # percent; NULL: the agent could not read it
     Column("cuda_version", String(16)),  # the driver's, MAJOR.MINOR; NULL if unknown
+    Column("at", UTCDateTime, nullable=False),
+)
+
+
+# Who asked a server to end, recorded by the asker before it asks the hub (the idle
+# culler before its DELETE: `culled`; the pool page's admin end: `admin`).  The spawner
+# reads it when the stop arrives; without a fresh one the stop is the user's own.
+end_intents_table = Table(
+    "gpu_pool_end_intents",
+    metadata,
+    Column("lease_id", Integer, ForeignKey("gpu_pool_leases.id", ondelete="CASCADE"), primary_key=True),
+    Column("reason", String(32), nullable=False),
+    Column("actor", String(NAME_MAX), nullable=False),
     Column("at", UTCDateTime, nullable=False),
 )
 
@@ -258,14 +268,12 @@ def create_schema(conn) -> None:
             # 1 -> 2: the column ledgers made by 0.1 lack.
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
-        # 5 -> 6: gpu_pool_readings: new tables create_all has just made.
-        if int(version) < 7:
-            # 6 -> 7: the hours of the history so far, once (create_all made the new tables but
+        # 5 -> 6: gpu_pool_readings; 6 -> 7: gpu_pool_end_intents: new tables create_all has just made.
+        if int(version) < 8:
+            # 7 -> 8: the hours of the history so far, once (create_all made the new tables but
             # adds no index to a table that exists).  The decayed use follows (rollup.ensure_decay).
             from .rollup import backfill
 
-            if "ending_reason" not in {c["name"] for c in inspect(conn).get_columns("gpu_pool_leases")}:
-                conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN ending_reason VARCHAR(32)"))
             for index, table, column in (("ix_gpu_pool_leases_ended", "gpu_pool_leases", "ended_at"),
                                          ("ix_gpu_pool_lease_gpus_ended", "gpu_pool_lease_gpus", "ended_at"),
                                          ("ix_gpu_pool_queue_log_left", "gpu_pool_queue_log", "left_at")):

@@ -87,8 +87,7 @@ INSERT_LEASE_GPU = _insert(_lg, "lease_id", "uuid", "host", "position")
 END_LEASE = (
     update(_l)
     .where(_l.c.id == bindparam("lid"), _l.c.ended_at.is_(None))
-    # A reason the culler set for this lease (budget, booking) wins over the stop's own.
-    .values(ended_at=bindparam("now"), end_reason=func.coalesce(_l.c.ending_reason, bindparam("reason")))
+    .values(ended_at=bindparam("now"), end_reason=bindparam("reason"))
 )
 
 END_LEASE_GPUS = (

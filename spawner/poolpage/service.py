@@ -11,8 +11,8 @@ from pathlib import Path
 
 from jupyterhub.utils import url_path_join
 
-from ..cull_deadline import rules_from_settings
-from ..culling import activity_interval, without_named
+from ..culling.culler import activity_interval, without_named
+from ..culling.deadline import rules_from_settings
 from . import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from .hubapi import SERVICE_SCOPES
 from .limits import hand_over
@@ -44,7 +44,7 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
         # For the culling deadlines and wait estimates (0: the hub does not cull).
         "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
-        # The culler's rules (cull_deadline.CullRules), so that the deadlines shown are those applied.
+        # The culler's rules (deadline.CullRules), so that the deadlines shown are those applied.
         "GPUHUB_CULL_RULES": rules_from_settings(settings).to_json() if settings.cull else "",
         # A server whose last activity is older than two activity reports is idle now.
         "GPUHUB_POOL_IDLE_AFTER": str(2 * activity_interval(settings)),

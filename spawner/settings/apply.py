@@ -123,7 +123,7 @@ def apply_settings(c, settings: Settings) -> None:
         c.Authenticator.admin_users = set(settings.admin_users)
 
     if settings.cull:
-        from ..culling import configure_culler
+        from ..culling.culler import configure_culler
 
         configure_culler(c, settings)
 
@@ -136,6 +136,6 @@ def apply_settings(c, settings: Settings) -> None:
 
         configure_jobs(c, settings)
 
-    from ..reconcile import start_in_hub
+    from ..reconciler import start_in_hub
 
     start_in_hub()

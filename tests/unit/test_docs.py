@@ -100,10 +100,10 @@ def test_every_python_snippet_imports_what_it_names():
 
 
 def test_the_import_check_catches_a_moved_name():
-    # The README's old Python API line: inventory_from_config left spawner.inventory.
-    statements = snippets.python_imports("from spawner.inventory import inventory_from_config\n"
+    # An old Python API line: the module inventory_kinds became the package spawner.inventory.
+    statements = snippets.python_imports("from spawner.inventory_kinds import inventory_from_config\n"
                                          "pool = await make_pool()\n")
-    assert statements == ["from spawner.inventory import inventory_from_config"]
+    assert statements == ["from spawner.inventory_kinds import inventory_from_config"]
     assert statements[0] in _failing_imports(statements)
 
 

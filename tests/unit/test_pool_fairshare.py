@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import insert, text
 
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, lease_gpus_table, leases_table, reads, rollup
+from spawner.pool import GPUPool, lease_gpus_table, leases_table, queries, rollup
 from spawner.pool.fairshare import FIFO, Shares, order, standing
 
 HOST = "node-1"
@@ -112,7 +112,7 @@ def usage_matches_the_exact_sum(url: str) -> None:
                (now - timedelta(minutes=50), now - timedelta(minutes=10)), (now - timedelta(days=30), now - 40 * H)]
     for since, until_ in windows:
         got = pool.usage(since, until_)
-        want = reads.usage(pool.history(since=since, until=until_), since, until_)
+        want = queries.usage(pool.history(since=since, until=until_), since, until_)
         for kind in ("users", "groups"):
             assert set(k for k, v in got[kind].items() if v > 1e-9) == set(k for k, v in want[kind].items() if v > 1e-9)
             for k, v in want[kind].items():
@@ -132,14 +132,13 @@ def test_an_upgraded_ledger_rolls_up_its_history_once(tmp_path):
     past_lease(pool, "alice", now - 30 * H, now - 10 * H, gpus=2, groups=("lab",))
     want = pool.usage()
     engine = pool._engine_ready()
-    with engine.begin() as conn:  # the ledger as 0.x (schema 6) left it: no rollups
+    with engine.begin() as conn:  # the ledger as the release before left it (schema 7): no rollups
         conn.execute(text("DROP TABLE gpu_pool_lease_hours"))
         conn.execute(text("DROP TABLE gpu_pool_decayed_use"))
         for index in ("ix_gpu_pool_leases_ended", "ix_gpu_pool_lease_gpus_ended", "ix_gpu_pool_queue_log_left"):
             conn.execute(text(f"DROP INDEX {index}"))
-        conn.execute(text("ALTER TABLE gpu_pool_leases DROP COLUMN ending_reason"))
         conn.execute(text("DELETE FROM gpu_pool_meta WHERE key = 'decayed_use_half_life_s'"))
-        conn.execute(text("UPDATE gpu_pool_meta SET value = '6' WHERE key = 'schema_version'"))
+        conn.execute(text("UPDATE gpu_pool_meta SET value = '7' WHERE key = 'schema_version'"))
     pool.close()
     again = make_pool(url, gpus=2)
     assert again.usage() == want and abs(want["users"]["alice"] - 40.0) < 1e-6
@@ -246,7 +245,7 @@ def test_gpu_pool_fairshare_prints_use_share_and_priority(tmp_path, capsys):
 
 
 def budget_refuses_and_ends(url: str) -> None:
-    from spawner.cull_policy import GPUCullPolicy, LedgerBudgets
+    from spawner.culling.policy import GPUCullPolicy, LedgerBudgets
     from spawner.pool import QuotaExceeded
 
     pool = make_pool(url, gpus=4, gpu_hour_budget=40)
@@ -265,7 +264,12 @@ def budget_refuses_and_ends(url: str) -> None:
     server = {"name": "", "url": "/user/carol/", "state": {"gpu_lease_id": lid, "gpu_uuids": ["x"]}}
     verdict = GPUCullPolicy(3600, 900, over_budget=LedgerBudgets(pool)).decide(timedelta(seconds=5), server)
     assert verdict.cull and "You have used 41.0 of your 40 GPU-hours in the last 7 days" in verdict.reason
-    pool.release(lid, "culled")  # the culler's stop, as the spawner ends it
+    assert verdict.end_reason == "budget"
+    # The culler records its intent before its DELETE; the spawner reads it at the stop and ends
+    # the lease with it (spawner/lending/spawner.py), as here.
+    assert pool.record_end_intent(lid, verdict.end_reason, "idle-culler")
+    reason, _ = pool.end_intent(lid)
+    pool.release(lid, reason)
     assert pool.lease(lid).end_reason == "budget"
     # Within budget: a running server is shown when it would run out, and is not culled for it.
     dave = past_lease(pool, "dave", now - 10 * H, None, gpus=1)

@@ -11,7 +11,7 @@ import pytest
 from spawner.inventory import SimulatedInventory
 from spawner.pool import EndReason, GPUPool
 from spawner.pool.timeline import Timeline
-from spawner.cull_deadline import CullRules, deadline
+from spawner.culling.deadline import CullRules, deadline
 from spawner.poolpage import charts, occupancy
 
 pytestmark = pytest.mark.unit

@@ -1,0 +1,411 @@
+"""GPU-aware idle culling: jupyterhub-idle-culler with a cull arbiter that knows leases.
+
+Three pieces, one job (give idle GPUs back without killing busy work):
+
+- `GPUCullPolicy` decides, for one server model from the hub's REST API,
+  whether to cull it.  GPU servers (their state carries a `gpu_lease_id`)
+  get `gpu_timeout` seconds of inactivity, CPU servers `cpu_timeout`.  An
+  optional rule culls a GPU server whose leased GPUs all stayed under
+  `gpu_idle_percent` for `gpu_idle_seconds`, whatever its activity says.
+  It and the culler's utilisation reader live in policy.py, which needs
+  neither jupyterhub-idle-culler nor tornado (bench/device_check.py runs it
+  on a bare GPU machine).
+- `GPUIdleCuller` is jupyterhub-idle-culler's own application with the policy
+  installed as its `cull_arbiter_hook` (a config-only Callable upstream, so it
+  cannot be given on a command line); `python -m spawner.culling` runs it.
+- `configure_culler(c, settings)` adds it to the hub as the managed service
+  `idle-culler` with a role of only the scopes it uses, and makes the
+  single-user servers report a busy kernel as activity (see below).
+
+Why the single-user side needs help: jupyter-server counts kernel *messages*
+as activity, not a kernel being busy, so a cell that sleeps or computes
+without printing looks idle and the stock culler kills it (upstream
+jupyterhub-idle-culler#55).  The notebook images carry a jupyter-server
+extension, `gpuhub_activity` (images/jupyter/), that counts a working kernel
+as activity through jupyter-server's documented `*_last_activity` settings
+hook, but not a kernel that only waits for a person (an `input()` or pdb
+prompt, a debugger stopped at a breakpoint).  The image's own start command
+stays as it is.  For images without the extension, `SINGLEUSER_BOOT` wraps
+jupyterhub-singleuser to the same end (busy is busy, prompts included);
+GPUHUB_CULL_KEEP_BUSY=wrapper turns it on.
+
+Before the culler stops a GPU server it records its intent in the ledger
+(`record_cull`); the spawner reads it when the stop arrives and ends the lease
+with reason `culled`; the GPU is free the moment the lease ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from traitlets import CaselessStrEnum, Float, Int, Unicode, default
+
+# The policy and the culler's utilisation reader live in policy.py (no culler, no tornado);
+# the deadline rule the pages share with it in deadline.py.
+from .deadline import CullRules, rules_from_settings
+from .policy import (  # noqa: F401
+    DEFAULT_GPU_IDLE_PERCENT,
+    CullerUtilization,
+    GPUCullPolicy,
+    LedgerBudgets,
+    LedgerContention,
+    Verdict,
+)
+
+
+SERVICE_NAME = "idle-culler"
+
+# Exactly what the culler reads or does, nothing more:
+#   list:users            GET /users (with ?state=ready)
+#   read:users:activity   last_activity of users and their servers
+#   read:servers          the servers in each user model
+#   delete:servers        DELETE /users/:name/server(s/:server)
+#   admin:server_state    the spawner state in the server model: is it a GPU server?
+CULLER_SCOPES = [
+    "list:users",
+    "read:users:activity",
+    "read:servers",
+    "delete:servers",
+    "admin:server_state",
+]
+
+# The name under which busy kernels show up in jupyter-server's activity
+# (any web_app setting ending in `_last_activity` counts); the same in the
+# images' extension (images/jupyter/gpuhub_activity) and the wrapper below.
+BUSY_ACTIVITY_SETTING = "gpuhub_busy_kernels_last_activity"
+# The container environment variable that turns the extension off.
+BUSY_SWITCH_ENV = "GPUHUB_BUSY_KERNELS_ACTIVITY"
+
+# For images without the gpuhub_activity extension (GPUHUB_CULL_KEEP_BUSY=
+# wrapper): runs inside the notebook container as `python3 -c SINGLEUSER_BOOT
+# [args]` in place of `jupyterhub-singleuser [args]`.  Kept free of any import
+# from this package: the container has only jupyterhub-singleuser and
+# jupyter-server.  Unlike the extension it cannot tell a kernel waiting for
+# input from a working one.  In an image that has the extension it steps aside.
+SINGLEUSER_BOOT = f"""
+import sys
+import importlib.util
+sys.argv[0] = "jupyterhub-singleuser"
+try:
+    if importlib.util.find_spec("gpuhub_activity") is not None:
+        raise ImportError("the image's gpuhub_activity extension does it")
+    from datetime import datetime, timezone
+    from jupyterhub.singleuser.extension import JupyterHubSingleUser
+
+    _notify_activity = JupyterHubSingleUser.notify_activity
+
+    async def notify_activity(self):
+        # A busy kernel is activity: a long cell must not look idle because
+        # it prints nothing.  Checked at each report to the hub.
+        app = self.serverapp
+        km = app.kernel_manager
+        for kernel_id in list(km.list_kernel_ids()):
+            try:
+                state = getattr(km.get_kernel(kernel_id), "execution_state", None)
+            except KeyError:
+                continue
+            if state == "busy":
+                app.web_app.settings[{BUSY_ACTIVITY_SETTING!r}] = datetime.now(timezone.utc)
+                break
+        return await _notify_activity(self)
+
+    JupyterHubSingleUser.notify_activity = notify_activity
+except ImportError as exc:
+    # The extension is there, or Jupyter Server < 2: run unchanged.
+    print("gpuhub: the wrapper leaves busy kernels alone:", exc, file=sys.stderr)
+from jupyterhub.singleuser import main
+sys.exit(main())
+"""
+
+
+def singleuser_command(python: str = "python3") -> list[str]:
+    """The container command that starts jupyterhub-singleuser with busy-kernel activity."""
+    return [python, "-c", SINGLEUSER_BOOT]
+
+
+# ------------------------------------------------------------ the culler app
+
+
+def _load_idle_culler():
+    from jupyterhub_idle_culler import IdleCuller
+
+    return IdleCuller
+
+
+IdleCuller = _load_idle_culler()
+
+
+class GPUIdleCuller(IdleCuller):
+    """jupyterhub-idle-culler, with GPU servers on a shorter leash than CPU servers."""
+
+    name = "gpuhub-idle-culler"
+
+    cpu_timeout = Int(
+        3600,
+        help="Seconds a CPU server (no GPU lease) may stay inactive before it is culled.",
+    ).tag(config=True)
+
+    gpu_timeout = Int(
+        900,
+        help="Seconds a GPU server (its state holds a GPU lease) may stay inactive before it is "
+        "culled.  Usually shorter than `cpu_timeout`: an idle GPU blocks a colleague.",
+    ).tag(config=True)
+
+    gpu_contended_timeout = Int(
+        0,
+        help="Seconds a GPU server may stay inactive while a request waits for GPUs on its host (read "
+        "from the ledger named by GPU_POOL_DB_URL).  Shorter than `gpu_timeout`: an idle GPU then keeps "
+        "someone waiting.  0 turns it off; when nobody waits, `gpu_timeout` holds.",
+    ).tag(config=True)
+
+    profile_limits = Unicode(
+        "",
+        help="Per-profile idle limits and maximum ages as JSON (deadline.CullRules.to_json), written "
+        "by the hub from its profiles' `idle_timeout` and `max_age`.",
+    ).tag(config=True)
+
+    gpu_idle_percent = Float(
+        5.0,
+        help="Cull a GPU server whose leased GPUs all read under this utilization (percent) for "
+        "`gpu_idle_seconds`, even when it shows activity (an open browser tab, a kernel blocked on "
+        "a prompt).  0 turns the rule off.  Default: 5 with the `nvml` and `swarm` inventories (real "
+        "GPUs), 0 (off) with `simulated` and `static`.",
+    ).tag(config=True)
+
+    @default("gpu_idle_percent")
+    def _default_gpu_idle_percent(self):
+        return DEFAULT_GPU_IDLE_PERCENT if self.inventory in ("nvml", "swarm") else 0.0
+
+    gpu_idle_seconds = Float(
+        1800.0,
+        help="How long the GPUs must stay under `gpu_idle_percent` before the server is culled.  "
+        "Utilization is sampled once per `cull_every`, which bounds the precision.",
+    ).tag(config=True)
+
+    inventory = CaselessStrEnum(
+        ["nvml", "static", "simulated", "swarm"],
+        default_value="nvml",
+        help="Where GPU utilization is read: `nvml` (the NVIDIA driver on this machine), "
+        "`swarm` (the per-node agents' readings in the ledger named by the GPUHUB_POOL_DB_URL "
+        "environment variable), `simulated` (the file in `utilization_file`), `static` (unknown: "
+        "the GPU rule never fires).",
+    ).tag(config=True)
+
+    reading_max_age = Float(
+        60.0,
+        help="With the `swarm` inventory: seconds an agent's reading counts as live (as "
+        "SwarmInventory.reading_max_age in the hub); older readings are unknown and never cull.",
+    ).tag(config=True)
+
+    simulated_gpus = Int(4, help="Number of simulated GPUs (as SimulatedInventory.count in the hub).").tag(
+        config=True)
+
+    utilization_file = Unicode(
+        "",
+        help="For the simulated inventory: the JSON file {uuid: percent} holding each GPU's utilization.",
+    ).tag(config=True)
+
+    aliases = {
+        **IdleCuller.aliases,
+        "cpu-timeout": "GPUIdleCuller.cpu_timeout",
+        "gpu-timeout": "GPUIdleCuller.gpu_timeout",
+        "gpu-contended-timeout": "GPUIdleCuller.gpu_contended_timeout",
+        "profile-limits": "GPUIdleCuller.profile_limits",
+        "gpu-idle-percent": "GPUIdleCuller.gpu_idle_percent",
+        "gpu-idle-seconds": "GPUIdleCuller.gpu_idle_seconds",
+        "inventory": "GPUIdleCuller.inventory",
+        "simulated-gpus": "GPUIdleCuller.simulated_gpus",
+        "utilization-file": "GPUIdleCuller.utilization_file",
+        "reading-max-age": "GPUIdleCuller.reading_max_age",
+    }
+
+    @default("timeout")
+    def _default_timeout(self):
+        # The arbiter decides with the rules (culling/deadline.py); this is the shortest of them.
+        return int(self.rules().shortest)
+
+    def rules(self) -> CullRules:
+        if self.profile_limits:
+            rules = CullRules.from_json(self.profile_limits)
+            return CullRules(self.cpu_timeout, self.gpu_timeout, self.gpu_contended_timeout, rules.profile_idle,
+                             rules.profile_max_age)
+        return CullRules(self.cpu_timeout, self.gpu_timeout, self.gpu_contended_timeout)
+
+    @default("cull_arbiter_hook")
+    def _default_arbiter(self):
+        utilization = None
+        if self.gpu_idle_percent > 0 and self.inventory != "static":
+            utilization = CullerUtilization(self.inventory, self.simulated_gpus, self.utilization_file, self.log,
+                                       self.reading_max_age)
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
+
+        contention = over_budget = None
+        url = ledger_env(ENV_DB_URL)
+        if url:
+            # The ledger: who waits (the contended timeout) and the budgets (its lending hub's).
+            if self._ledger is None:
+                self._ledger = GPUPool(db_url=url, log=self.log)
+            if self.gpu_contended_timeout > 0:
+                contention = LedgerContention(self._ledger.queue, self.log)
+            over_budget = LedgerBudgets(self._ledger, self.log)
+        elif self.gpu_contended_timeout > 0:
+            self.log.warning("gpu_contended_timeout is set but %s is not: the usual idle limits hold", ENV_DB_URL)
+        return GPUCullPolicy(
+            rules=self.rules(),
+            contention=contention,
+            over_budget=over_budget,
+            cpu_timeout=self.cpu_timeout,
+            gpu_timeout=self.gpu_timeout,
+            gpu_idle_percent=self.gpu_idle_percent,
+            gpu_idle_seconds=self.gpu_idle_seconds,
+            utilization=utilization,
+            log=self.log,
+            on_cull=self.record_cull,
+        )
+
+    async def record_cull(self, server: dict, reason: str = "culled") -> None:
+        """Note in the ledger, before the DELETE, that this GPU server is being culled, and why.
+
+        JupyterHub tells a spawner nothing of who stopped it: the spawner reads this intent
+        when the stop arrives and ends the lease `culled` (or `budget`, when its user's GPU-hours
+        ran out; without an intent: `stopped`)."""
+        lease_id = (server.get("state") or {}).get("gpu_lease_id")
+        if lease_id is None:
+            return  # a CPU server: no lease to end
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
+
+        url = ledger_env(ENV_DB_URL)
+        if not url:
+            self.log.warning("%s is not set: the cull of GPU lease %s ends it as `stopped`", ENV_DB_URL, lease_id)
+            return
+        try:
+            if self._ledger is None:
+                self._ledger = GPUPool(db_url=url, log=self.log)
+            await asyncio.to_thread(self._ledger.record_end_intent, lease_id, reason, SERVICE_NAME)
+        except Exception as exc:  # the cull goes ahead; its lease then ends as `stopped`
+            self.log.warning("Could not record the cull of GPU lease %s in the ledger: %s", lease_id, exc)
+
+    _ledger = None
+
+
+    def start(self):
+        self._stop_on_signals()
+        super().start()
+
+    def _stop_on_signals(self) -> None:
+        """Exit promptly on SIGINT and SIGTERM.
+
+        JupyterHub stops its services with SIGINT and waits 30 s before it
+        sends SIGTERM.  A hub started with SIGINT ignored (from a background
+        job of a shell script, by some process managers) passes that on to
+        its services, and Python then never raises KeyboardInterrupt: the hub
+        waited out the culler at every shutdown.  Handlers installed here
+        replace an inherited "ignore" and stop the event loop cleanly.
+        """
+        from tornado.ioloop import IOLoop
+
+        loop = IOLoop.current().asyncio_loop
+
+        def stop(sig: signal.Signals) -> None:
+            self.log.info("Received %s: the culler stops", sig.name)
+            loop.stop()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop, sig)
+        from ..hub_service import stop_when_the_hub_is_gone
+
+        self._watchdog = loop.create_task(stop_when_the_hub_is_gone("idle-culler", self.log))
+
+
+def main(argv: list[str] | None = None) -> None:
+    GPUIdleCuller.launch_instance(argv)
+
+
+# ------------------------------------------------------------ hub wiring
+
+
+def activity_interval(settings) -> int:
+    """Seconds between a single-user server's activity reports to the hub.
+
+    A busy kernel is seen only at these reports, so they must come well
+    inside the shortest idle timeout: a third of it, at most 300 s
+    (JupyterHub's default).
+    """
+    configured = getattr(settings, "activity_interval", 0)
+    if configured:
+        return configured
+    shortest = int(rules_from_settings(settings).shortest)
+    return max(1, min(300, shortest // 3))
+
+
+def culler_command(settings, python: str | None = None) -> list[str]:
+    cmd = [
+        python or sys.executable, "-m", "spawner.culling",
+        f"--cpu-timeout={settings.cull_timeout_cpu}",
+        f"--gpu-timeout={settings.cull_timeout_gpu}",
+        f"--gpu-contended-timeout={settings.cull_timeout_gpu_contended}",
+        f"--timeout={int(rules_from_settings(settings).shortest)}",
+        f"--cull-every={settings.cull_every}",
+        f"--inventory={settings.inventory}",
+    ]
+    # Always explicit: the culler's own default depends on its inventory.
+    cmd.append(f"--gpu-idle-percent={settings.gpu_idle_percent:g}")
+    if settings.gpu_idle_percent > 0:
+        cmd.append(f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}")
+        if settings.inventory == "simulated":
+            cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
+            if settings.simulated_utilization_file:
+                cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
+    rules = rules_from_settings(settings)
+    if rules.profile_idle or rules.profile_max_age:
+        cmd.append(f"--profile-limits={rules.to_json()}")
+    return cmd
+
+
+def without_named(entries, name: str) -> list:
+    """`entries` (services or roles in the hub's config) without the one called `name`."""
+    return [e for e in list(entries or []) if e.get("name") != name]
+
+
+def configure_culler(c, settings) -> None:
+    """Add the GPU-aware idle culler to a hub config `c` (called by apply_settings).
+
+    Safe to call twice: it replaces its own service and role, and keeps any
+    others already configured.
+    """
+    section = c.JupyterHub
+    services = section.services if "services" in section else []
+    roles = section.load_roles if "load_roles" in section else []
+    from ..pool import ENV_DB_URL
+
+    # The culler records its intent in the ledger before each cull, reads who waits (the
+    # contended timeout) and the budgets there, and on Swarm the agents' readings; the URL in the environment, not argv (ps shows argv).
+    service = {"name": SERVICE_NAME, "command": culler_command(settings),
+               "environment": {ENV_DB_URL: settings.pool_db_url}}
+    section.services = without_named(services, SERVICE_NAME) + [service]
+    section.load_roles = without_named(roles, SERVICE_NAME) + [{
+        "name": SERVICE_NAME,
+        "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
+        "scopes": list(CULLER_SCOPES),
+        "services": [SERVICE_NAME],
+    }]
+
+    interval = activity_interval(settings)
+    # The hub drops activity reports closer than activity_resolution to the
+    # last one; keep it finer than the reports, or busy kernels stop counting.
+    section.activity_resolution = max(1, min(30, interval))
+    keep_busy = getattr(settings, "cull_keep_busy", "extension")
+    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
+           # Read by the images' gpuhub_activity extension.
+           BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
+    c.GPUDockerSpawner.environment.update(env)
+    if keep_busy == "wrapper":
+        # Images without the extension: start jupyterhub-singleuser through
+        # the wrapper instead of the image's own command.
+        c.GPUDockerSpawner.cmd = singleuser_command()
+
+
+if __name__ == "__main__":
+    main()
