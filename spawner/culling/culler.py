@@ -49,6 +49,7 @@ from .policy import (  # noqa: F401
     DEFAULT_GPU_IDLE_PERCENT,
     CullerUtilization,
     GPUCullPolicy,
+    LedgerBookings,
     LedgerBudgets,
     LedgerContention,
     Verdict,
@@ -241,7 +242,7 @@ class GPUIdleCuller(IdleCuller):
                                        self.reading_max_age)
         from ..pool import ENV_DB_URL, GPUPool, ledger_env
 
-        contention = over_budget = None
+        contention = over_budget = booked_out = None
         url = ledger_env(ENV_DB_URL)
         if url:
             # The ledger: who waits (the contended timeout) and the budgets (its lending hub's).
@@ -250,12 +251,14 @@ class GPUIdleCuller(IdleCuller):
             if self.gpu_contended_timeout > 0:
                 contention = LedgerContention(self._ledger.queue, self.log)
             over_budget = LedgerBudgets(self._ledger, self.log)
+            booked_out = LedgerBookings(self._ledger, self.log)
         elif self.gpu_contended_timeout > 0:
             self.log.warning("gpu_contended_timeout is set but %s is not: the usual idle limits hold", ENV_DB_URL)
         return GPUCullPolicy(
             rules=self.rules(),
             contention=contention,
             over_budget=over_budget,
+            booked_out=booked_out,
             cpu_timeout=self.cpu_timeout,
             gpu_timeout=self.gpu_timeout,
             gpu_idle_percent=self.gpu_idle_percent,

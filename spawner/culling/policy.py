@@ -57,6 +57,7 @@ class GPUCullPolicy:
         rules: CullRules | None = None,
         contention: Callable[[str], bool] | None = None,
         over_budget: Callable[[int], str | None] | None = None,
+        booked_out: Callable[[int], str | None] | None = None,
         on_cull: Callable[..., Awaitable[None]] | None = None,
     ):
         self.cpu_timeout = cpu_timeout
@@ -68,6 +69,8 @@ class GPUCullPolicy:
         # over_budget(lease id): why the lease's GPU-hour budget is used up (it is then marked to
         # end with reason `budget`), or None.
         self.over_budget = over_budget
+        # booked_out(lease id): why its GPU is booked by someone else now (it then ends `booking`).
+        self.booked_out = booked_out
         self.gpu_idle_percent = gpu_idle_percent
         self.gpu_idle_seconds = gpu_idle_seconds
         self.utilization = utilization
@@ -122,6 +125,10 @@ class GPUCullPolicy:
                                      f"{low_for:.1f} s (limit {self.gpu_idle_seconds:g} s)")
 
         lease_id = state.get("gpu_lease_id")
+        if is_gpu and self.booked_out is not None and isinstance(lease_id, int):
+            booked = self.booked_out(lease_id)
+            if booked:
+                return Verdict(True, booked, "booking")
         if is_gpu and self.over_budget is not None and isinstance(lease_id, int):
             used_up = self.over_budget(lease_id)
             if used_up:
@@ -217,6 +224,26 @@ class LedgerBudgets:
                 self.log.warning("Cannot check the GPU-hour budget of lease %s: %s", lease_id, exc)
             return None
         return None if found is None else found.message(self.pool.budgets().period_s)
+
+
+class LedgerBookings:
+    """The culler's booking check: the ledger's `lease_booked_out`; a failing ledger reads as 'not booked'."""
+
+    def __init__(self, pool, log=None):
+        self.pool = pool
+        self.log = log
+
+    def __call__(self, lease_id: int) -> str | None:
+        try:
+            found = self.pool.lease_booked_out(lease_id)
+        except Exception as exc:
+            if self.log is not None:
+                self.log.warning("Cannot check the bookings of lease %s: %s", lease_id, exc)
+            return None
+        if found is None:
+            return None
+        return (f"its GPU is booked by someone else from {found.starts_at.strftime('%H:%M')} UTC "
+                f"(booking {found.id})")
 
 
 class CullerUtilization:

@@ -460,6 +460,9 @@ class GPULendingSpawner(Spawner):
         pool_changed()
         self._set_lease(lease)
         self._emit(40, f"Leased {len(lease.gpu_uuids)} {gpus}: {', '.join(lease.gpu_uuids)}")
+        if lease.notice:  # one of its GPUs is booked by someone else later (the culler stops it then)
+            self._emit(41, lease.notice)
+            self.log.info("GPU lease %d of %s: %s", lease.id, self.user.name, lease.notice)
 
     async def start(self):
         """Admission, the lease, then the engine's `start_server()`."""

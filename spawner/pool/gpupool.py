@@ -23,7 +23,7 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, va
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from . import budget, fairshare, grant, inventory_sync, queries, release, rollup, timeline, validation
+from . import bookings, budget, fairshare, grant, inventory_sync, queries, release, rollup, timeline, validation
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
 from .admin_actions import PoolAdministration
@@ -288,6 +288,43 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         help="Seconds of the budgets' rolling window (default 7 days).",
     )
 
+    booking_max_hours = Float(
+        8.0,
+        config=True,
+        help="The longest window one booking may hold GPUs for, in hours.",
+    )
+
+    booking_max_days_ahead = Float(
+        14.0,
+        config=True,
+        help="How far ahead a booking may start, in days.",
+    )
+
+    booking_max_gpu_hours_per_week = Float(
+        40.0,
+        config=True,
+        help="""GPU-hours one user may book within any 7 days (counted around each booking's start).
+
+        Admins booking for a group count against the group's booker, not this.
+        """,
+    )
+
+    booking_max_per_user = Int(
+        10,
+        config=True,
+        help="Bookings not yet over that one user may hold at once.",
+    )
+
+    booking_grace = Float(
+        900.0,
+        config=True,
+        help="""Seconds after its start when a booking nobody has used is released back to the pool.
+
+        Used means: a lease of the booker (or, for a group's booking, of a
+        member) on its GPUs since the window started.
+        """,
+    )
+
     inventory = AnyTrait(
         None,
         allow_none=True,
@@ -314,7 +351,8 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
                 raise TraitError(f"GPUPool.{proposal.trait.name}[{name!r}] must be a number > 0, not {share!r}")
         return proposal.value
 
-    @validate("fifo_after", "fairshare_half_life", "budget_period")
+    @validate("fifo_after", "fairshare_half_life", "budget_period", "booking_max_hours", "booking_max_days_ahead",
+              "booking_grace", "booking_max_gpu_hours_per_week")
     def _check_positive_times(self, proposal):
         if not proposal.value > 0:
             raise TraitError(f"GPUPool.{proposal.trait.name} must be > 0 (seconds)")
@@ -462,7 +500,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
     def _rules(self, groups: Iterable[str] = ()) -> QueueRules:
         return QueueRules(self.limit_for(groups), self.waiter_stale_after, self.backfill_window, self._owner,
-                          self.queue_order, self.shares(), self._use_cache, self.budgets())
+                          self.queue_order, self.shares(), self._use_cache, self.budgets(), self.booking_grace)
 
     def _own_budgets(self) -> budget.Budgets:
         return budget.Budgets(self.gpu_hour_budget, dict(self.group_gpu_hour_budgets), self.budget_period)
@@ -482,6 +520,57 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         groups = tuple(validation.name(g, "A group name") for g in groups)
         b = self.budgets()
         return self._read(lambda conn: budget.standings(self._store, conn, user, groups, b, self._store.now(conn)))
+
+    # --- bookings (bookings.py) -------------------------------------------------------
+
+    def booking_limits(self) -> bookings.Limits:
+        return bookings.Limits(self.booking_max_hours, self.booking_max_days_ahead,
+                               self.booking_max_gpu_hours_per_week, self.booking_max_per_user, self.booking_grace)
+
+    def book(self, user: str, count: int, starts_at: datetime, ends_at: datetime, *, group: str | None = None,
+             host: str | None = None, by: str | None = None) -> bookings.Booking:
+        """Book `count` GPUs of one host for `user` (or `group`'s members) over [starts_at, ends_at).
+
+        Who may book for whom (a user for themself; an admin for anyone or a group) is
+        the caller's to check.  Raises BookingRefused (400, with the reason: past, too
+        long, too far ahead, too big, over the weekly limit, overlapping: with the next
+        free window) or InvalidRequest."""
+        user = validation.name(user, "The user name")
+        group = validation.name(group, "The group name") if group is not None else None
+        host = validation.name(host, "The host name") if host is not None else None
+        by = validation.name(by or user, "The booker's name")
+        starts_at = validation.aware(starts_at, "starts_at")
+        ends_at = validation.aware(ends_at, "ends_at")
+        if starts_at is None or ends_at is None:
+            raise InvalidRequest("A booking needs a start and an end")
+        limits = self.booking_limits()
+        made = self._write(lambda conn: bookings.make(
+            conn, self._store.now(conn), user=user, group=group, count=count, starts_at=starts_at, ends_at=ends_at,
+            host=host, created_by=by, limits=limits))
+        self.log.info("Booked %d GPU(s) on %s for %s from %s to %s (booking %d, by %s)", len(made.gpu_uuids),
+                      made.host, f"group {group}" if group else user, made.starts_at, made.ends_at, made.id, by)
+        return made
+
+    def bookings(self) -> list[bookings.Booking]:
+        """Bookings not yet over, by start (no-shows past their grace released first)."""
+        def write(conn):
+            now = self._store.now(conn)
+            bookings.release_no_shows(conn, now, self.booking_grace)
+            return bookings.live(conn, now)
+        return self._write(write, durable=False)
+
+    def cancel_booking(self, booking_id: int, by: str, admin: bool = False) -> bookings.Booking:
+        """Cancel a live booking (its booker, or an admin)."""
+        booking_id = validation.lease_id(booking_id)
+        by = validation.name(by, "The user name")
+        done = self._write(lambda conn: bookings.cancel(conn, booking_id, by, admin, self._store.now(conn)))
+        self._notify()  # its GPUs may be lent now
+        return done
+
+    def lease_booked_out(self, lease_id: int) -> bookings.Booking | None:
+        """For the culler: the booking for someone else that holds this active lease's GPU now."""
+        lease_id = validation.lease_id(lease_id)
+        return self._read(lambda conn: bookings.lease_booked_out(conn, lease_id, self._store.now(conn)))
 
     def lease_over_budget(self, lease_id: int) -> budget.Standing | None:
         """For the culler: the used-up budget of an active lease's user or group, else None.

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from sqlalchemy import delete
 
-from . import budget, fairshare, rollup
+from . import bookings, budget, fairshare, rollup
 from . import statements as sql
 from .models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
@@ -52,6 +52,7 @@ class QueueRules:
     shares: fairshare.Shares | None = None
     use_cache: dict | None = None  # rollup.decayed_use's, kept by the pool between grants
     budgets: budget.Budgets | None = None
+    booking_grace: float = 900.0
 
 
 class Ordered(NamedTuple):
@@ -118,6 +119,14 @@ def attempt(
     """Lend now if the queue lets this request through; else queue it (enqueue) or refresh its row."""
     now = store.now(conn)  # taken under the lock: lease times are ordered
     snap = check(store, conn, req, rules.limit, rules.budgets)
+    # (One indexed probe first: most grants meet no booking at all.)
+    booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
+    if booked:
+        # Bookings unused past their grace go back to the pool; the GPUs booked now for
+        # others are not this request's to take.
+        if bookings.release_no_shows(conn, now, rules.booking_grace):
+            booked = bookings.live(conn, now)
+        snap = Snapshot(bookings.exclude(snap.free, booked, req.user, req.groups, now), snap.capacity, snap.drained)
 
     alive_since = now - timedelta(seconds=rules.stale_after)
     fair = rules.order == fairshare.FAIRSHARE
@@ -215,7 +224,9 @@ def attempt(
     if waiter_id is not None:
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
         store.run(conn, sql.CLOSE_QUEUE_LOG, {"wid": waiter_id, "now": now, "outcome": "served"})
-    lease = Lease(lease_id, req.user, req.server_name, host, tuple(uuids), req.groups, now)
+    later = bookings.soon(host, uuids, booked, req.user, req.groups, now) if booked else None
+    lease = Lease(lease_id, req.user, req.server_name, host, tuple(uuids), req.groups, now,
+                  notice=bookings.notice(later) if later else None)
     return Outcome(lease, None, 0, free - len(uuids), total)
 
 

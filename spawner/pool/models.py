@@ -123,6 +123,8 @@ class Lease:
     end_reason: str | None = None
     problem: str | None = None
     """Set while the lease's server has ended but its container would not stop."""
+    notice: str | None = None
+    """Told at grant: one of its GPUs is booked by someone else later (bookings.notice)."""
 
     @property
     def active(self) -> bool:

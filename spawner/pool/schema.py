@@ -32,7 +32,7 @@ from .models import PoolUnavailable
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
 # 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;
 # 8: gpu_pool_lease_hours and gpu_pool_decayed_use (history rolled up, so reads cost what their
-# period holds, not the history)
+# period holds, not the history), gpu_pool_bookings
 SCHEMA_VERSION = 8
 NAME_MAX = 255
 
@@ -254,6 +254,27 @@ decayed_use_table = Table(
     Column("as_of", UTCDateTime, nullable=False),
     Column("half_life_s", Float, nullable=False),
     Column("total_hours", Float, nullable=False),
+)
+
+
+# Bookings (bookings.py): N GPUs of one host for a user or a group over [starts_at, ends_at).
+bookings_table = Table(
+    "gpu_pool_bookings",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(NAME_MAX), nullable=False),  # the booker
+    Column("group_name", String(NAME_MAX)),  # NULL: for the booker alone
+    Column("host", String(NAME_MAX), nullable=False),
+    Column("gpu_uuids", Text, nullable=False),  # JSON list, chosen when booked
+    Column("count", Integer, nullable=False),
+    Column("starts_at", UTCDateTime, nullable=False),
+    Column("ends_at", UTCDateTime, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(NAME_MAX), nullable=False),
+    Column("state", String(16), nullable=False),  # booked, cancelled, released (unused: a no-show)
+    Column("released_at", UTCDateTime),
+    Index("ix_gpu_pool_bookings_live", "state", "ends_at"),
+    sqlite_autoincrement=True,
 )
 
 

@@ -27,6 +27,7 @@ from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..settings.parsing import env_bool
 from .handlers import actions as actions_api
+from .handlers import bookings as bookings_api
 from .handlers import history as history_api
 from .handlers import wait as insight
 from .handlers import jobs as jobs_api
@@ -115,12 +116,14 @@ class PageHandler(BaseHandler):
             done=self.done_message(), xsrf=actions_api.xsrf_of(self))
         context.update(await insight.page_context(self, viewer, gpus, queue, context["active"]))
         context.update(await history_api.page_context(self, viewer))
+        context.update(await bookings_api.page_context(self, viewer, gpus))
         self.finish(self.settings["jinja"].get_template("page.html").render(**context))
 
 
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one."""
-    return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
+    return (history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
+            + bookings_api.routes(prefix))
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,

@@ -134,6 +134,17 @@ def cull_text(at: datetime | None, now: datetime, reason: str = "") -> str:
             "any activity in it moves this on.")
 
 
+async def booking_notices(handler, viewer: views.Viewer) -> dict[str, str]:
+    """{server: warning} where someone else booked the viewer's GPU later (bookings.notices)."""
+    from .bookings import notices
+
+    try:
+        return {(f"{viewer.name}/{n}" if n else viewer.name): t for n, t in (await notices(handler, viewer)).items()}
+    except PoolError as exc:
+        log.warning("No booking notices: %s", exc)
+        return {}
+
+
 async def budget_rows(handler, viewer: views.Viewer) -> list[dict]:
     """The viewer's GPU-hour budgets: used, limit, when the next hour frees, when what they hold
     uses it up (the warning before the culler stops it with reason `budget`)."""
@@ -177,7 +188,8 @@ class WaitAPI(APIHandler):
         self.write_json({"queue": queue, "note": estimate.NOTE,
                          "utilization": {g["uuid"]: g["utilization"] for g in gpus},
                          "cull_at": mine, "cull_reason": reasons,
-                         "budgets": await budget_rows(self, viewer)})
+                         "budgets": await budget_rows(self, viewer),
+                         "booked": await booking_notices(self, viewer)})
 
 
 def routes(prefix: str) -> list:
