@@ -431,7 +431,11 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._store.fast_sqlite = value
 
     def _on_create(self, store: Store, engine: Engine) -> None:
-        store.transact(engine, create_schema, write=True)
+        def create(conn):
+            found = create_schema(conn)
+            if found is not None and found < 8:  # the history before rollups, rolled up once
+                rollup.backfill(conn)
+        store.transact(engine, create, write=True)
         if self.inventory is not None:
             # A lending hub's half-life and budgets are the ledger's (readers such as the CLI and
             # the culler read them from there).

@@ -278,8 +278,9 @@ bookings_table = Table(
 )
 
 
-def create_schema(conn) -> None:
-    """Create the tables if missing; refuse a ledger written by newer code."""
+def create_schema(conn) -> int | None:
+    """Create the tables if missing; refuse a ledger written by newer code.  Returns the
+    version the ledger had (None: a new ledger)."""
     metadata.create_all(conn)
     version = conn.execute(select(meta_table.c.value).where(meta_table.c.key == "schema_version")).scalar()
     if version is None:
@@ -291,15 +292,13 @@ def create_schema(conn) -> None:
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
         # 5 -> 6: gpu_pool_readings; 6 -> 7: gpu_pool_end_intents: new tables create_all has just made.
         if int(version) < 8:
-            # 7 -> 8: the hours of the history so far, once (create_all made the new tables but
-            # adds no index to a table that exists).  The decayed use follows (rollup.ensure_decay).
-            from .rollup import backfill
-
+            # 7 -> 8: create_all made the new tables but adds no index to a table that exists.
+            # The caller rolls up the history so far in this transaction (rollup.backfill: the
+            # returned version says so), and the decayed use follows (rollup.ensure_decay).
             for index, table, column in (("ix_gpu_pool_leases_ended", "gpu_pool_leases", "ended_at"),
                                          ("ix_gpu_pool_lease_gpus_ended", "gpu_pool_lease_gpus", "ended_at"),
                                          ("ix_gpu_pool_queue_log_left", "gpu_pool_queue_log", "left_at")):
                 conn.execute(text(f"CREATE INDEX IF NOT EXISTS {index} ON {table} ({column})"))
-            backfill(conn)
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:
@@ -308,3 +307,4 @@ def create_schema(conn) -> None:
             f"({SCHEMA_VERSION}); upgrade jupyterhub-gpuspawner",
             transient=False,
         )
+    return None if version is None else int(version)
