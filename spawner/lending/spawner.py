@@ -71,7 +71,10 @@ class GPULendingSpawner(Spawner):
         to use it; empty for everyone).  For batch jobs also `job_max_seconds`
         (the longest timeout a job may ask; default GPUHUB_JOB_MAX_SECONDS) and
         `job_network` (true: the job's container joins the hub's Docker network;
-        default false: no network).  Users can choose nothing else: no image,
+        default false: no network).  For culling, `idle_timeout` (seconds of
+        inactivity before its servers are culled, instead of the hub's GPU or CPU
+        timeout) and `max_age` (seconds after which its servers are stopped
+        whatever their activity).  Users can choose nothing else: no image,
         environment, mount or GPU beyond what their profile grants.
         """,
     )

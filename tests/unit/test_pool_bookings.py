@@ -14,7 +14,7 @@ import requests
 
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, bookings
+from spawner.pool import GPUPool, WaitTimeout, bookings
 from spawner.pool.bookings import BookingRefused
 from tests.fixtures.services import free_port
 
@@ -98,7 +98,7 @@ def test_a_waiter_does_not_get_a_booked_gpu_but_the_booker_does(tmp_path):
             await asyncio.sleep(0.02)
         pool.release(held.id)
         got = await bob  # though dave waited first
-        with pytest.raises(Exception):
+        with pytest.raises(WaitTimeout):
             await dave
         return got
     assert asyncio.run(main()).user == "bob"
