@@ -114,14 +114,24 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
         activity = {(srv.user, srv.name): srv.last_activity for srv in running}
         holdings = []
         for lease in leases:
-            last = activity.get((lease.user, lease.server_name))
+            key = (lease.user, lease.server_name)
+            last = activity.get(key)
             idle = last is not None and (now - last).total_seconds() > s.idle_after
+            at = cull.get(key)
+            aged = at is not None and "maximum age" in why.get(key, "")
+            whose = f"{lease.user}'s" if viewer.may_see(lease.user) else "an"
+            reason = ""
+            if at is not None:
+                reason = (f"{whose} server reaches its maximum age at {at.strftime('%H:%M')} UTC" if aged else
+                          f"{whose} idle server is culled at {at.strftime('%H:%M')} UTC if it stays idle")
             holdings.append(estimate.Holding(lease.started_at, len(lease.gpu_uuids),
-                                             cull.get((lease.user, lease.server_name)) if idle else None))
+                                             at if idle or aged else None, reason))
         free = sum(1 for g in gpus if g["state"] == "free")
-        for row, seconds in zip(queue, estimate.waits([w["count"] for w in queue], free, holdings, now, lengths)):
+        for row, (seconds, reason) in zip(queue, estimate.waits_explained([w["count"] for w in queue], free,
+                                                                          holdings, now, lengths)):
             row["estimate_s"] = None if seconds is None else round(seconds)
             row["estimate"] = estimate.say(seconds)
+            row["estimate_why"] = reason if seconds is not None else ""
     return {"cull": cull, "why": why, "estimated": bool(queue)}
 
 
