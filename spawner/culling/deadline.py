@@ -58,18 +58,6 @@ class Deadline:
     by_max_age: bool = False
 
 
-def rules_from_settings(settings) -> CullRules:
-    """The hub's rules from its settings (spawner/settings) and profiles."""
-    from ..profiles import load_profiles
-    from ..settings.hub import default_profiles
-
-    profiles = load_profiles(getattr(settings, "profiles", None) or default_profiles(settings))
-    return CullRules(settings.cull_timeout_cpu, settings.cull_timeout_gpu,
-                     getattr(settings, "cull_timeout_gpu_contended", 0),
-                     {p.slug: float(p.idle_timeout) for p in profiles if p.idle_timeout},
-                     {p.slug: float(p.max_age) for p in profiles if p.max_age})
-
-
 def idle_limit(rules: CullRules, is_gpu: bool, profile: str | None, contended: bool) -> tuple[float, str]:
     """(seconds of inactivity allowed, what sets it) for one server."""
     if profile and profile in rules.profile_idle:

@@ -11,14 +11,13 @@ import socket
 from pathlib import Path
 
 from ..containers import ContainerLimits
-from ..culling.culler import without_named
-from ..hub_service import write_when_config_loaded
+from ..hub_service import without_named, write_when_config_loaded
+from ..jobs import JOBS_SCOPE
+from ..jobs.limits import JobLimits
+from ..jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 from ..poolpage import SERVICE_NAME
-from ..poolpage.service import ACCESS_SCOPE, SERVICE_ROLE
 from ..profiles import DEFAULT_PROFILES
-from . import JOBS_SCOPE
-from .limits import JobLimits
-from .settings import ENV_NAME, FILE_ENV_NAME, JobSettings
+from .pool_service import ACCESS_SCOPE, SERVICE_ROLE
 
 # What the service's own token needs besides the pool page's: users' groups and directory identity.
 JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
