@@ -435,12 +435,13 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
             found = create_schema(conn)
             if found is not None and found < 8:  # the history before rollups, rolled up once
                 rollup.backfill(conn)
-        store.transact(engine, create, write=True)
+        # Without time limits: an upgrade rolls up the whole history once, which may take long.
+        store.transact(engine, create, write=True, long=True)
         if self.inventory is not None:
             # A lending hub's half-life and budgets are the ledger's (readers such as the CLI and
             # the culler read them from there).
             store.transact(engine, lambda conn: rollup.ensure_decay(store, conn, self.fairshare_half_life),
-                           write=True)
+                           write=True, long=True)
             store.transact(engine, lambda conn: budget.publish(conn, self._own_budgets()), write=True)
         if self.inventory is not None:
             store.transact(engine, self._sync_inventory, self.inventory.gpus(), write=True)

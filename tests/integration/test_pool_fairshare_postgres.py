@@ -23,3 +23,9 @@ def test_postgres_budget_refuses_and_ends(postgres_database):
     from tests.unit.test_pool_fairshare import budget_refuses_and_ends
 
     budget_refuses_and_ends(postgres_database)
+
+
+def test_postgres_booking_holds_warns_stops_and_frees_on_no_show(postgres_database):
+    from tests.unit.test_pool_bookings import guarantee_warning_stop_and_no_show
+
+    guarantee_warning_stop_and_no_show(postgres_database)
