@@ -34,7 +34,7 @@ from datetime import UTC, datetime, timedelta
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import requests  # noqa: E402
-from sqlalchemy import insert  # noqa: E402
+from sqlalchemy import insert, text  # noqa: E402
 
 from bench.bench_poolpage import serve  # noqa: E402
 from bench.common import median, percentile  # noqa: E402
@@ -65,6 +65,9 @@ def bulk_history(pool: GPUPool, leases: int, users: int, days: float, seed: int 
                 next_id += 1
             conn.execute(insert(leases_table), rows)
             conn.execute(insert(lease_gpus_table), gpu_rows)
+        if conn.dialect.name == "postgresql":  # the ids were given: move the sequence past them
+            conn.execute(text("SELECT setval(pg_get_serial_sequence('gpu_pool_leases', 'id'), "
+                              "(SELECT COALESCE(MAX(id), 0) + 1 FROM gpu_pool_leases), false)"))
         rollup.backfill(conn)
     pool._write(lambda conn: rollup.ensure_decay(pool._store, conn, pool.fairshare_half_life, force=True))
 

@@ -32,6 +32,8 @@ from .schema import lease_gpus_table as _lg
 from .schema import lease_hours_table as _h
 from .schema import leases_table as _l
 from .schema import meta_table as _m
+from .schema import usage_days_table as _ud
+from .schema import usage_hours_table as _uh
 from .store import as_utc
 
 HOUR = timedelta(hours=1)
@@ -63,16 +65,29 @@ ACTIVE_USE = (
     .where(_l.c.ended_at.is_(None))
     .group_by(_l.c.id, _l.c.user_name, _l.c.groups, _l.c.started_at)
 )
-HOURS_INSIDE = (
-    select(_h.c.user_name, _h.c.groups, func.sum(_h.c.gpu_seconds))
-    .where(_h.c.hour >= bindparam("first"), _h.c.hour < bindparam("end"))
-    .group_by(_h.c.user_name, _h.c.groups)
-)
-HOURS_BEFORE = (
-    select(_h.c.user_name, _h.c.groups, func.sum(_h.c.gpu_seconds))
-    .where(_h.c.hour < bindparam("end"))
-    .group_by(_h.c.user_name, _h.c.groups)
-)
+def _sums(table, column, lower: bool):
+    where = table.c[column] < bindparam("end")
+    if lower:
+        where = (table.c[column] >= bindparam("first")) & where
+    return (select(table.c.user_name, table.c.groups, func.sum(table.c.gpu_seconds)).where(where)
+            .group_by(table.c.user_name, table.c.groups))
+
+
+HOURS_INSIDE, DAYS_INSIDE, DAYS_BEFORE = _sums(_uh, "hour", True), _sums(_ud, "day", True), _sums(_ud, "day", False)
+
+
+def _adder(table, column):
+    """(UPDATE adding to a row, INSERT of a new one) of a per-user sum table."""
+    add = (update(table).where(table.c[column] == bindparam("w_at"), table.c.user_name == bindparam("w_user"),
+                               table.c.groups == bindparam("w_groups"))
+           .values(gpu_seconds=table.c.gpu_seconds + bindparam("add")))
+    new = insert(table).values({column: bindparam("w_at"), "user_name": bindparam("w_user"),
+                                "groups": bindparam("w_groups"), "gpu_seconds": bindparam("add")})
+    return add, new
+
+
+ADD_HOUR, NEW_HOUR = _adder(_uh, "hour")
+ADD_DAY, NEW_DAY = _adder(_ud, "day")
 LEASES_OF_HOUR = select(_h.c.lease_id).where(_h.c.hour == bindparam("hour"))
 HALF_LIFE = select(_m.c.value).where(_m.c.key == bindparam("key"))
 
@@ -81,6 +96,15 @@ HALF_LIFE = select(_m.c.value).where(_m.c.key == bindparam("key"))
 
 def floor_hour(t: datetime) -> datetime:
     return t.replace(minute=0, second=0, microsecond=0)
+
+
+def floor_day(t: datetime) -> datetime:
+    return t.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def ceil_day(t: datetime) -> datetime:
+    f = floor_day(t)
+    return f if f == t else f + timedelta(days=1)
 
 
 def ceil_hour(t: datetime) -> datetime:
@@ -154,6 +178,17 @@ def record_ended(store, conn, lease_ids: Iterable[int]) -> None:
             adds.setdefault(key, []).append(Ended(lid, user, groups, started, ended, gpus))
     if hour_rows:
         store.run(conn, INSERT_HOUR, hour_rows)
+        hours: dict[tuple, float] = {}
+        days: dict[tuple, float] = {}
+        for r in hour_rows:
+            key = (r["user_name"], r["groups"])
+            hours[(r["hour"], *key)] = hours.get((r["hour"], *key), 0.0) + r["gpu_seconds"]
+            days[(floor_day(r["hour"]), *key)] = days.get((floor_day(r["hour"]), *key), 0.0) + r["gpu_seconds"]
+        for sums, (add, new) in ((hours, (ADD_HOUR, NEW_HOUR)), (days, (ADD_DAY, NEW_DAY))):
+            for (at, user, groups), seconds in sums.items():
+                params = {"w_at": at, "w_user": user, "w_groups": groups, "add": seconds}
+                if not store.run(conn, add, params):
+                    store.run(conn, new, params)
     for (kind, name), ended_leases in adds.items():
         _add(store, conn, kind, name, ended_leases, hl)
 
@@ -180,15 +215,24 @@ def backfill(conn) -> None:
     lg = _lg
     counts = dict(conn.execute(select(lg.c.lease_id, func.count()).group_by(lg.c.lease_id)).all())
     batch = []
+    hours: dict[tuple, float] = {}
+    days: dict[tuple, float] = {}
     for r in conn.execute(select(_l.c.id, _l.c.user_name, _l.c.groups, _l.c.started_at, _l.c.ended_at)
                           .where(_l.c.ended_at.is_not(None))):
-        batch += [{"hour": h, "lease_id": r.id, "user_name": r.user_name, "groups": r.groups, "gpu_seconds": s}
-                  for h, s in hours_of(r.started_at, r.ended_at, counts.get(r.id, 0))]
+        for h, s in hours_of(r.started_at, r.ended_at, counts.get(r.id, 0)):
+            batch.append({"hour": h, "lease_id": r.id, "user_name": r.user_name, "groups": r.groups, "gpu_seconds": s})
+            hours[(h, r.user_name, r.groups)] = hours.get((h, r.user_name, r.groups), 0.0) + s
+            day = floor_day(h)
+            days[(day, r.user_name, r.groups)] = days.get((day, r.user_name, r.groups), 0.0) + s
         if len(batch) >= 5000:
             conn.execute(insert(_h), batch)
             batch = []
     if batch:
         conn.execute(insert(_h), batch)
+    for table, column, sums in ((_uh, "hour", hours), (_ud, "day", days)):
+        rows = [{column: at, "user_name": u, "groups": g, "gpu_seconds": s} for (at, u, g), s in sums.items()]
+        for i in range(0, len(rows), 5000):
+            conn.execute(insert(table), rows[i:i + 5000])
 
 
 def ensure_decay(store, conn, configured: float, force: bool = False) -> None:
@@ -346,6 +390,22 @@ class _LazyTotals(Mapping):
         return len(set(self._rows) | set(self._live))
 
 
+def whole_hours(store, conn, first: datetime | None, end: datetime) -> list:
+    """(user, groups, GPU-seconds) rows of the whole hours [first, end) (first None: since the
+    start): the whole days from the daily sums, the hours around them from the hourly ones."""
+    day0 = ceil_day(first) if first is not None else None
+    day1 = floor_day(end)
+    if first is not None and day0 >= day1:
+        return store.rows(conn, HOURS_INSIDE, {"first": first, "end": end}) if first < end else []
+    rows = list(store.rows(conn, DAYS_INSIDE, {"first": day0, "end": day1}) if day0 is not None
+                else store.rows(conn, DAYS_BEFORE, {"end": day1}))
+    if first is not None and first < day0:
+        rows += store.rows(conn, HOURS_INSIDE, {"first": first, "end": day0})
+    if day1 < end:
+        rows += store.rows(conn, HOURS_INSIDE, {"first": day1, "end": end})
+    return rows
+
+
 def usage(store, conn, since: datetime | None, until: datetime | None, now: datetime,
           load_leases) -> dict:
     """GPU-hours inside [since, until) per user and group, from the hours (see the module docstring).
@@ -372,11 +432,7 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
             edge_hours.add(floor_hour(since))
         if last != end:
             edge_hours.add(last)
-        if first is None:
-            rows = store.rows(conn, HOURS_BEFORE, {"end": last})
-        else:
-            rows = store.rows(conn, HOURS_INSIDE, {"first": first, "end": last}) if first < last else []
-        for user, groups_json, seconds in rows:
+        for user, groups_json, seconds in whole_hours(store, conn, first, last):
             add(user, groups_json, seconds / 3600.0)
     ids: set[int] = set()
     for hour in edge_hours:

@@ -243,6 +243,25 @@ lease_hours_table = Table(
     Index("ix_gpu_pool_lease_hours_user", "user_name", "hour"),
 )
 
+# The same summed per user (and groups) and hour, and per day: a period's whole days and hours
+# are a few rows per user, whatever the number of leases in them.
+usage_hours_table = Table(
+    "gpu_pool_usage_hours",
+    metadata,
+    Column("hour", UTCDateTime, primary_key=True),
+    Column("user_name", String(NAME_MAX), primary_key=True),
+    Column("groups", Text, primary_key=True),
+    Column("gpu_seconds", Float, nullable=False),
+)
+usage_days_table = Table(
+    "gpu_pool_usage_days",
+    metadata,
+    Column("day", UTCDateTime, primary_key=True),  # midnight UTC
+    Column("user_name", String(NAME_MAX), primary_key=True),
+    Column("groups", Text, primary_key=True),
+    Column("gpu_seconds", Float, nullable=False),
+)
+
 # Each user's and group's GPU-hours decayed with the fair-share half-life, as of `as_of`
 # (ended leases only; active ones are added when read), and their undecayed total.
 decayed_use_table = Table(

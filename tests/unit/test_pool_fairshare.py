@@ -109,6 +109,7 @@ def usage_matches_the_exact_sum(url: str) -> None:
         past_lease(pool, f"u{i % 7}", start, end, gpus=rng.choice([1, 2]), groups=(f"g{i % 3}",))
     past_lease(pool, "active", now - 3 * H, None, gpus=1, groups=("g0",))
     windows = [(None, None), (now - timedelta(days=2), None), (now - timedelta(days=4, minutes=17), now - 5 * H),
+               (now - timedelta(days=3), now - timedelta(days=1)), (None, now - timedelta(days=2, minutes=3)),
                (now - timedelta(minutes=50), now - timedelta(minutes=10)), (now - timedelta(days=30), now - 40 * H)]
     for since, until_ in windows:
         got = pool.usage(since, until_)
@@ -133,7 +134,8 @@ def test_an_upgraded_ledger_rolls_up_its_history_once(tmp_path):
     want = pool.usage()
     engine = pool._engine_ready()
     with engine.begin() as conn:  # the ledger as the release before left it (schema 7): no rollups
-        conn.execute(text("DROP TABLE gpu_pool_lease_hours"))
+        for table in ("gpu_pool_lease_hours", "gpu_pool_usage_hours", "gpu_pool_usage_days"):
+            conn.execute(text(f"DROP TABLE {table}"))
         conn.execute(text("DROP TABLE gpu_pool_decayed_use"))
         for index in ("ix_gpu_pool_leases_ended", "ix_gpu_pool_lease_gpus_ended", "ix_gpu_pool_queue_log_left"):
             conn.execute(text(f"DROP INDEX {index}"))
