@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import TYPE_CHECKING, Any
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
@@ -52,6 +53,9 @@ from .policy import (  # noqa: F401
     LedgerContention,
     Verdict,
 )
+
+if TYPE_CHECKING:
+    from ..pool import GPUPool
 
 
 SERVICE_NAME = "idle-culler"
@@ -79,7 +83,7 @@ def _load_idle_culler():
     return IdleCuller
 
 
-IdleCuller = _load_idle_culler()
+IdleCuller: Any = _load_idle_culler()  # jupyterhub-idle-culler ships no type information
 
 
 class GPUIdleCuller(IdleCuller):
@@ -234,7 +238,7 @@ class GPUIdleCuller(IdleCuller):
         except Exception as exc:  # the cull goes ahead; its lease then ends as `stopped`
             self.log.warning("Could not record the cull of GPU lease %s in the ledger: %s", lease_id, exc)
 
-    _ledger = None
+    _ledger: GPUPool | None = None
 
 
     def start(self):
@@ -252,8 +256,12 @@ class GPUIdleCuller(IdleCuller):
         replace an inherited "ignore" and stop the event loop cleanly.
         """
         from tornado.ioloop import IOLoop
+        from tornado.platform.asyncio import BaseAsyncIOLoop
 
-        loop = IOLoop.current().asyncio_loop
+        current = IOLoop.current()
+        if not isinstance(current, BaseAsyncIOLoop):  # tornado >= 5 runs every IOLoop on asyncio
+            raise RuntimeError(f"The culler needs tornado's asyncio IOLoop, not {type(current).__name__}")
+        loop = current.asyncio_loop
 
         def stop(sig: signal.Signals) -> None:
             self.log.info("Received %s: the culler stops", sig.name)
