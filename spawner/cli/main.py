@@ -330,6 +330,8 @@ def _run(args, pool: GPUPool, out) -> int:
         emit(fairshare_text(pool.fairshare()), pool.fairshare())
     elif args.command == "book":
         start, end = _parse_time(args.start, "start"), _parse_time(args.end, "end")
+        if start is None or end is None:
+            raise CLIError("--start and --end are required")
         b = pool.book(args.user or _operator(), args.count, start, end, group=args.group, host=args.host,
                       by=_operator())
         emit(f"Booked {len(b.gpu_uuids)} GPU(s) on {b.host} ({', '.join(b.gpu_uuids)}) for "

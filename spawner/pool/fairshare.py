@@ -28,13 +28,18 @@ FIFO = "fifo"
 
 
 class Entry(Protocol):
-    """What the order needs of a waiter (policy.WaiterRow has it)."""
+    """What the order needs of a waiter (policy.WaiterRow has it), read-only."""
 
-    id: int
-    user: str
-    count: int
-    enqueued_at: datetime
-    groups: tuple[str, ...]
+    @property
+    def id(self) -> int: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def enqueued_at(self) -> datetime: ...
+    @property
+    def groups(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)

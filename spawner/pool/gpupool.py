@@ -25,6 +25,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
 from . import bookings, budget, fairshare, grant, inventory_sync, queries, release, rollup, timeline, validation
+from .bookings import Booking
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
 from .admin_actions import PoolAdministration
@@ -534,7 +535,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
                                self.booking_max_gpu_hours_per_week, self.booking_max_per_user, self.booking_grace)
 
     def book(self, user: str, count: int, starts_at: datetime, ends_at: datetime, *, group: str | None = None,
-             host: str | None = None, by: str | None = None) -> bookings.Booking:
+             host: str | None = None, by: str | None = None) -> Booking:
         """Book `count` GPUs of one host for `user` (or `group`'s members) over [starts_at, ends_at).
 
         Who may book for whom (a user for themself; an admin for anyone or a group) is
@@ -557,7 +558,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
                       made.host, f"group {group}" if group else user, made.starts_at, made.ends_at, made.id, by)
         return made
 
-    def bookings(self) -> list[bookings.Booking]:
+    def bookings(self) -> list[Booking]:
         """Bookings not yet over, by start (no-shows past their grace released first)."""
         def write(conn):
             now = self._store.now(conn)
@@ -565,7 +566,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
             return bookings.live(conn, now)
         return self._write(write, durable=False)
 
-    def cancel_booking(self, booking_id: int, by: str, admin: bool = False) -> bookings.Booking:
+    def cancel_booking(self, booking_id: int, by: str, admin: bool = False) -> Booking:
         """Cancel a live booking (its booker, or an admin)."""
         booking_id = validation.lease_id(booking_id)
         by = validation.name(by, "The user name")
@@ -573,7 +574,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._notify()  # its GPUs may be lent now
         return done
 
-    def lease_booked_out(self, lease_id: int) -> bookings.Booking | None:
+    def lease_booked_out(self, lease_id: int) -> Booking | None:
         """For the culler: the booking for someone else that holds this active lease's GPU now."""
         lease_id = validation.lease_id(lease_id)
         return self._read(lambda conn: bookings.lease_booked_out(conn, lease_id, self._store.now(conn)))

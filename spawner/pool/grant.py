@@ -305,7 +305,7 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
         return None
     known["state"] = state
     whys: dict[int, str] = {}
-    if fair:
+    if fair and rules is not None:
         o = ordered(store, conn, waiters_that_matter(store, conn, None, alive_since)[0], now, rules.order,
                     rules.shares, rules.use_cache)
         positions = {r.id: n for n, r in enumerate(o.rows, 1)}

@@ -163,7 +163,8 @@ def half_life(store, conn) -> float:
 def record_ended(store, conn, lease_ids: Iterable[int]) -> None:
     """Roll up leases that have just ended (inside the transaction that ended them)."""
     hl = half_life(store, conn)
-    hour_rows, adds = [], {}
+    hour_rows: list[dict] = []
+    adds: dict[tuple[str, str], list[Ended]] = {}
     for lid in lease_ids:
         found = store.rows(conn, ENDED_LEASE, {"lid": lid})
         if not found:
@@ -275,7 +276,8 @@ class _Decayed(Mapping):
     def __init__(self, rows: dict, live: dict, at: datetime, hl: float, at_ref: dict):
         # at_ref (kept with the rows): each row decayed to one reference time, so that a read at
         # `at` costs one multiplication by the factor all rows share.
-        self._rows, self._live, self._hl, self._done, self._ref = rows, live, hl, {}, at_ref
+        self._rows, self._live, self._hl, self._ref = rows, live, hl, at_ref
+        self._done: dict[str, float] = {}
         ref = at_ref.setdefault("", at)
         self._factor = 2.0 ** (-(at - ref).total_seconds() / hl)
 
@@ -285,10 +287,12 @@ class _Decayed(Mapping):
             row = self._rows.get(name)
             if row is None and name not in self._live:
                 raise KeyError(name)
-            stored = 0.0
+            stored: float = 0.0
             if row is not None:
-                stored = self._ref.get(name)
-                if stored is None:
+                cached = self._ref.get(name)
+                if cached is not None:
+                    stored = cached
+                else:
                     stored = self._ref[name] = decay(row[0], row[1], self._ref[""], self._hl) if row[1] <= \
                         self._ref[""] else row[0] * 2.0 ** ((row[1] - self._ref[""]).total_seconds() / self._hl)
             found = stored * self._factor + self._live.get(name, 0.0)
@@ -356,7 +360,7 @@ def decayed_use(store, conn, now: datetime, cache: dict | None = None) -> Use:
         # Rows read anew: their values at the reference time are made again as asked for.
         cache["ref"] = {"user": {}, "group": {}}
     cache["rows"], cache["signature"], cache["newest"] = known, (count, newest), newest
-    users_rows, groups_rows = known.get("user", {}), known.get("group", {})
+    users_rows, groups_rows = (known or {}).get("user", {}), (known or {}).get("group", {})
     live_users: dict[str, float] = {}
     live_groups: dict[str, float] = {}
     live_totals: dict[str, float] = {}
@@ -395,11 +399,11 @@ def whole_hours(store, conn, first: datetime | None, end: datetime) -> list:
     start): the whole days from the daily sums, the hours around them from the hourly ones."""
     day0 = ceil_day(first) if first is not None else None
     day1 = floor_day(end)
-    if first is not None and day0 >= day1:
+    if first is not None and day0 is not None and day0 >= day1:
         return store.rows(conn, HOURS_INSIDE, {"first": first, "end": end}) if first < end else []
     rows = list(store.rows(conn, DAYS_INSIDE, {"first": day0, "end": day1}) if day0 is not None
                 else store.rows(conn, DAYS_BEFORE, {"end": day1}))
-    if first is not None and first < day0:
+    if first is not None and day0 is not None and first < day0:
         rows += store.rows(conn, HOURS_INSIDE, {"first": first, "end": day0})
     if day1 < end:
         rows += store.rows(conn, HOURS_INSIDE, {"first": day1, "end": end})
@@ -425,7 +429,7 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
     first = ceil_hour(since) if since is not None else None
     last = floor_hour(end)
     edge_hours = set()
-    if first is not None and first > last:  # the period lies inside one hour
+    if since is not None and first is not None and first > last:  # the period lies inside one hour
         edge_hours.add(floor_hour(since))
     else:
         if since is not None and first != since:

@@ -47,7 +47,7 @@ def parse(body: bytes) -> dict:
     count = data.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int):
         raise views.BadInput("count must be a whole number of GPUs")
-    out = {"count": count}
+    out: dict = {"count": count}
     for key in ("starts_at", "ends_at"):
         raw = data.get(key)
         if not isinstance(raw, str):
@@ -120,7 +120,7 @@ class BookingForm(BaseHandler):
                            **({"group": fields["group"]} if fields["group"] else {})}).encode()
         try:
             asked = parse(body)
-            booking = await book(self, viewer, asked)  # type: ignore[arg-type]
+            booking = await book(self, viewer, asked)
             message = (f"Booked {len(booking.gpu_uuids)} GPU(s) on {booking.host} from "
                        f"{views.when(booking.starts_at)} to {views.when(booking.ends_at)} (booking {booking.id}).")
         except views.BadInput as exc:
