@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Awaitable, Callable
 
-from .deadline import CullRules, idle_limit
+from .deadline import CullRules
+from .deadline import idle_limit as rules_idle_limit
 
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
 # (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
@@ -35,6 +36,37 @@ def _user_of(server: dict) -> str:
     parts = [p for p in (server.get("url") or "").split("/") if p]
     user = parts[parts.index("user") + 1] if "user" in parts[:-1] else "?"
     return f"{user}/{server['name']}" if server.get("name") else user
+
+
+def is_gpu_server(state: dict | None) -> bool:
+    """Whether a server's spawner state (from its REST model) holds a GPU lease."""
+    state = state or {}
+    return bool(state.get("gpu_uuids")) or state.get("gpu_lease_id") is not None
+
+
+def idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float, rules: CullRules | None = None,
+               contended: bool = False) -> float:
+    """Seconds of inactivity after which the culler stops this server: the one rule the
+    culler applies (GPUCullPolicy.decide, through deadline.idle_limit) and the deadline the
+    pool service shows in JupyterLab and on its page (cull_deadline).  `rules`: the hub's
+    (profiles' limits, the contended timeout, which applies when `contended`)."""
+    rules = rules or CullRules(cpu_timeout, gpu_timeout)
+    profile = (state or {}).get("profile")
+    return rules_idle_limit(rules, is_gpu_server(state), profile if isinstance(profile, str) else None,
+                            contended)[0]
+
+
+def cull_deadline(last_activity: datetime | None, state: dict | None, cpu_timeout: float,
+                  gpu_timeout: float, rules: CullRules | None = None, contended: bool = False) -> datetime | None:
+    """When the culler stops this server if nothing happens in it before: its last
+    activity (which a busy kernel keeps moving, see images/jupyter/gpuhub_activity) plus its
+    idle limit.  The culler acts at its first check after that (every `cull_every` s).
+    None when no activity is recorded yet (the culler then keeps it) or culling is off
+    (a limit of 0)."""
+    limit = idle_limit(state, cpu_timeout, gpu_timeout, rules, contended)
+    if last_activity is None or limit <= 0:
+        return None
+    return last_activity + timedelta(seconds=limit)
 
 
 class GPUCullPolicy:
@@ -115,7 +147,7 @@ class GPUCullPolicy:
                 self._warned_no_state = True
             state = {}
         uuids = list(state.get("gpu_uuids") or [])
-        is_gpu = bool(uuids) or state.get("gpu_lease_id") is not None
+        is_gpu = is_gpu_server(state)
         idle = inactive.total_seconds() if inactive is not None else None
 
         if is_gpu and self.gpu_rule_enabled:
@@ -141,7 +173,7 @@ class GPUCullPolicy:
         if max_age > 0 and age is not None and age >= max_age:
             return Verdict(True, f"running for {age:.1f} s, profile {profile}'s maximum age {max_age:g} s")
         contended = bool(is_gpu and self.contention is not None and self.contention(state.get("gpu_host", "")))
-        limit, source = idle_limit(self.rules, is_gpu, profile, contended)
+        limit, source = rules_idle_limit(self.rules, is_gpu, profile, contended)
         kind = "GPU" if is_gpu else "CPU"
         if idle is None:
             return Verdict(False, "no activity recorded yet")

@@ -31,6 +31,7 @@ from .handlers import bookings as bookings_api
 from .handlers import history as history_api
 from .handlers import wait as insight
 from .handlers import jobs as jobs_api
+from .handlers import lab as lab_api
 from . import views
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .limits import PoolServiceLimits
@@ -123,7 +124,7 @@ class PageHandler(BaseHandler):
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one."""
     return (history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
-            + bookings_api.routes(prefix))
+            + bookings_api.routes(prefix) + lab_api.routes(prefix))
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,

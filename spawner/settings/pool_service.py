@@ -46,6 +46,11 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
         # The culler's rules (deadline.CullRules), so that the deadlines shown are those applied.
         "GPUHUB_CULL_RULES": rules_from_settings(settings).to_json() if settings.cull else "",
+        "GPUHUB_CULL_TIMEOUT_CPU": str(settings.cull_timeout_cpu if settings.cull else 0),
+        "GPUHUB_CULL_EVERY": str(settings.cull_every if settings.cull else 0),
+        # The culler's GPU-idle rule, told in JupyterLab's GPU panel (0: off).
+        "GPUHUB_GPU_IDLE_PERCENT": f"{settings.gpu_idle_percent if settings.cull else 0:g}",
+        "GPUHUB_GPU_IDLE_SECONDS": f"{settings.gpu_idle_minutes * 60:g}",
         # A server whose last activity is older than two activity reports is idle now.
         "GPUHUB_POOL_IDLE_AFTER": str(2 * activity_interval(settings)),
         # For GPU utilization, read as the culler reads it.

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from spawner.culling.policy import cull_deadline
 from spawner.inventory import SimulatedInventory
 from spawner.pool import EndReason, GPUPool
 from spawner.pool.timeline import Timeline
@@ -128,6 +129,11 @@ def test_wait_estimates_follow_lease_lengths_and_cull_deadlines():
                     contended=False).at == now + timedelta(seconds=900)
     assert deadline(CullRules(0, 0), last_activity=now, started=now, is_gpu=True, profile=None,
                     contended=False).at is None
+    gpu = {"gpu_lease_id": 7, "gpu_uuids": ["GPU-1"]}
+    assert cull_deadline(now, gpu, 3600, 900) == now + timedelta(seconds=900)
+    assert cull_deadline(now, {}, 3600, 900) == now + timedelta(seconds=3600)
+    assert cull_deadline(now, gpu, 3600, 0) is None
+    assert cull_deadline(None, gpu, 3600, 900) is None
 
 
 def test_action_script_targets_and_limits():
