@@ -56,6 +56,7 @@ class WaiterRow:
     enqueued_at: datetime
     heartbeat_at: datetime
     workers: int = 1  # a gang: this many leases of `count` GPUs, all at once
+    groups: tuple[str, ...] = ()  # the user's groups (fair-share counts group use too)
 
 
 def asked(count: int, workers: int) -> str:

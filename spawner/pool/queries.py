@@ -48,6 +48,16 @@ def load_leases(conn, where, order=None) -> list[Lease]:
     return [replace(lease, gpu_uuids=tuple(uuids[i])) for i, lease in leases.items()]
 
 
+def recent_leases(conn, user: str, limit: int) -> list[Lease]:
+    """`user`'s newest `limit` leases, newest first (by the user index, not the whole history)."""
+    l = leases_table
+    ids = [r.id for r in conn.execute(select(l.c.id).where(l.c.user_name == user).order_by(l.c.id.desc())
+                                      .limit(limit))]
+    if not ids:
+        return []
+    return load_leases(conn, l.c.id.in_(ids), order=(l.c.id.desc(),))
+
+
 def history_where(user: str | None, since: datetime | None, until: datetime | None):
     """Leases (ended or active) of `user` that overlap [since, until)."""
     l = leases_table

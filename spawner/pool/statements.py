@@ -37,7 +37,7 @@ WAITERS = select(_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_
 # queue behind full hosts costs a scan in the database, not rows in Python.  One statement per
 # number of such hosts, made once.
 _WAITER_COLUMNS = (_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_at, _w.c.heartbeat_at,
-                   _w.c.workers)
+                   _w.c.workers, _w.c.groups)
 _waiters_that_matter: dict[int, object] = {}
 
 

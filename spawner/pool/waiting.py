@@ -191,6 +191,14 @@ async def uncancellable_quiet(fn: Callable, *args) -> None:
         pass
 
 
+def _takes_why(fn) -> bool:
+    """Whether an on_wait callback declares a `why` parameter (the explanation of its place)."""
+    try:
+        return "why" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class Wait:
     """One request's wait.  The callables are the pool's blocking ledger calls:
 
@@ -265,7 +273,7 @@ class Wait:
         watch: QueueWatch | None = None
         watched: _Watched | None = None
         watched_id: int | None = None
-        position = 0
+        position, why = 0, ""
         started = loop.time()
 
         def unwatch() -> None:
@@ -288,12 +296,12 @@ class Wait:
                     watched = watched_id = None
                 waiter_id = outcome.waiter_id
                 free, total = outcome.free, outcome.total
-                new_position = outcome.position
+                new_position, new_why = outcome.position, outcome.why
                 while True:
-                    if new_position != position:
-                        position = new_position
+                    if new_position != position or new_why != why:
+                        position, why = new_position, new_why
                         if on_wait is not None and loop.time() < deadline:
-                            await self._call_on_wait(on_wait, position, req.total, free)
+                            await self._call_on_wait(on_wait, position, req.total, free, why)
                     remaining = deadline - loop.time()
                     if waiter_id is None:  # not queued: its time had run out at the first try
                         raise WaitTimeout(timeout_message(req, new_position, free, total, timeout),
@@ -321,7 +329,7 @@ class Wait:
                         # row is gone (it missed heartbeats): a write decides.
                         outcome = await self._attempt_retrying(req, waiter_id, True, deadline, poll_interval, wake)
                         break
-                    new_position, free, total = view.position, view.free, view.total
+                    new_position, free, total, new_why = view.position, view.free, view.total, view.why
         except BaseException:
             if watched is not None:
                 unwatch()
@@ -336,9 +344,9 @@ class Wait:
             if watched is not None:
                 unwatch()
 
-    async def _call_on_wait(self, on_wait, position: int, wanted: int, free: int) -> None:
+    async def _call_on_wait(self, on_wait, position: int, wanted: int, free: int, why: str) -> None:
         try:
-            result = on_wait(position, wanted, free)
+            result = on_wait(position, wanted, free, why=why) if _takes_why(on_wait) else on_wait(position, wanted, free)
             if inspect.isawaitable(result):
                 await result
         except asyncio.CancelledError:

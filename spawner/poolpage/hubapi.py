@@ -42,6 +42,8 @@ class Server:
     lease_id: int | None = None
     gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
     url: str = ""  # its path behind the hub's proxy ("/user/pat/"), from the hub's server model
+    started: datetime | None = None
+    host: str = ""  # the GPU lease's host
 
     @property
     def state(self) -> dict:
@@ -60,7 +62,9 @@ def servers_of(user: dict) -> list[Server]:
         state = s.get("state") or {}
         profile = state.get("profile") or (s.get("user_options") or {}).get("profile") or ""
         activity = s.get("last_activity")
+        started = s.get("started")
         out.append(Server(
+            started=iso_time(started) if started else None, host=state.get("gpu_host") or "",
             user=user["name"], name=name, groups=tuple(user.get("groups") or ()), profile=profile,
             ready=bool(s.get("ready")), last_activity=iso_time(activity) if activity else None,
             lease_id=state.get("gpu_lease_id"), gpu_uuids=tuple(state.get("gpu_uuids") or ()),

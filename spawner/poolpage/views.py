@@ -76,6 +76,8 @@ def queue_rows(waiters: list[Waiter], viewer: Viewer) -> list[dict]:
         "count": w.count,
         "since": iso(w.since),
         "yours": w.user == viewer.name,
+        # Why it is there: it names nobody, but tells its own user's use, so only to them (and admins).
+        "why": w.why if w.user == viewer.name or viewer.admin else None,
     } for w in waiters]
 
 

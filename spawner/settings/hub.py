@@ -57,10 +57,13 @@ class Settings:
     pool_exec_users: tuple[str, ...] = ()  # GPUHUB_POOL_EXEC_USERS: may run action scripts
     lease_wait_timeout: float = 300.0
     max_gpus_per_user: int | None = None
+    gpu_hour_budget: float | None = None  # GPUHUB_GPU_HOUR_BUDGET: GPU-hours per user per 7 days
     cleanup_servers: bool = True
     cull: bool = True
     cull_timeout_cpu: int = 3600
     cull_timeout_gpu: int = 900
+    # While a request waits for GPUs, idle GPU servers get this much instead (0: off).
+    cull_timeout_gpu_contended: int = 300
     cull_every: int = 60
     gpu_idle_percent: float = 0.0
     gpu_idle_minutes: float = 30.0
@@ -268,10 +271,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         lease_wait_timeout=env_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", Settings.lease_wait_timeout),
         max_gpus_per_user=(env_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0)
                            if env.get("GPUHUB_MAX_GPUS_PER_USER", "").strip() else None),
+        gpu_hour_budget=(env_float(env, "GPUHUB_GPU_HOUR_BUDGET", 0.0, minimum=0.0)
+                         if env.get("GPUHUB_GPU_HOUR_BUDGET", "").strip() else None),
         cleanup_servers=env_bool(env, "GPUHUB_CLEANUP_SERVERS", True),
         cull=env_bool(env, "GPUHUB_CULL", True),
         cull_timeout_cpu=cull_cpu,
         cull_timeout_gpu=cull_gpu,
+        cull_timeout_gpu_contended=env_int(env, "GPUHUB_CULL_TIMEOUT_GPU_CONTENDED",
+                                           Settings.cull_timeout_gpu_contended, minimum=0),
         cull_every=env_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
         gpu_idle_percent=gpu_idle_percent,
         gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),

@@ -15,7 +15,7 @@ from ..hub_service import without_named
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from ..poolpage.hubapi import SERVICE_SCOPES
 from ..poolpage.limits import hand_over
-from .culler import activity_interval
+from .culler import activity_interval, rules_from_settings
 
 HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
 ADMIN_ROLE = "gpu-pool-admin"
@@ -44,6 +44,8 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
         # For the culling deadlines and wait estimates (0: the hub does not cull).
         "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
+        # The culler's rules (deadline.CullRules), so that the deadlines shown are those applied.
+        "GPUHUB_CULL_RULES": rules_from_settings(settings).to_json() if settings.cull else "",
         "GPUHUB_CULL_TIMEOUT_CPU": str(settings.cull_timeout_cpu if settings.cull else 0),
         "GPUHUB_CULL_EVERY": str(settings.cull_every if settings.cull else 0),
         # The culler's GPU-idle rule, told in JupyterLab's GPU panel (0: off).
