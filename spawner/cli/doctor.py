@@ -15,7 +15,7 @@ import sys
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 from traitlets import TraitError
@@ -23,6 +23,9 @@ from traitlets.config import Config
 
 from ..inventory.machine import Inventory, image_cuda_version
 from ..labels import LABEL_CUDA, PREFIX
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 # The NVML and inventory checks import nothing of the hub's web stack (profiles need tornado,
 # the spawner JupyterHub), so they also run on a bare GPU machine (bench/device_check.py).
@@ -32,7 +35,7 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 PROBE_USER = "gpu-pool doctor"
 BASE_IMAGE = "gpuhub/debian-base:latest"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
-LABEL_DOCTOR = f"{PREFIX}.doctor"
+LABEL_DOCTOR = f"{PREFIX}.doctor"  # on every container the doctor runs: gpu-probe, image-check
 TOOLKIT_FIX = ("install the NVIDIA Container Toolkit (nvidia-container-toolkit), run "
                "`nvidia-ctk runtime configure --runtime=docker`, then restart dockerd")
 
@@ -151,8 +154,14 @@ class Doctor:
         self.target = target
         self.results: list[Result] = []
         self.inventory: Inventory | None = None
-        self.docker = None
+        self.docker: DockerClient | None = None
         self.driver_cuda: tuple[int, int] | None = None
+
+    def _docker(self) -> DockerClient:
+        """The client check_docker made; its callers check first that Docker answered."""
+        if self.docker is None:
+            raise RuntimeError("Docker was used although it did not answer")
+        return self.docker
 
     def add(self, check: str, status: str, detail: str, fix: str = "") -> None:
         self.results.append(Result(check, status, detail, fix))
@@ -268,7 +277,7 @@ class Doctor:
         candidates = [p.image for p in profiles if not p.gpus] + [BASE_IMAGE] + [p.image for p in profiles]
         for image in candidates:
             try:
-                self.docker.images.get(image)
+                self._docker().images.get(image)
                 return image
             except Exception:
                 continue
@@ -283,6 +292,8 @@ class Doctor:
         """
         from ..pool import EndReason, GPUPool, PoolError
 
+        if self.inventory is None:  # `units` came from it
+            raise RuntimeError("The GPU probe ran without an inventory")
         try:
             pool = GPUPool(config=self.target.config, inventory=self.inventory)
         except TraitError as e:
@@ -384,11 +395,11 @@ class Doctor:
         """Run `cat /proc/1/environ` as PID 1, no network, no capabilities, with one GPU."""
         import docker.types
 
-        container = self.docker.containers.create(
+        container = self._docker().containers.create(
             image, entrypoint=["cat", "/proc/1/environ"], command=[], network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
             name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}",
-            labels={LABEL_DOCTOR: "1"}, **self._bounds(), device_requests=[
+            labels={LABEL_DOCTOR: "gpu-probe"}, **self._bounds(), device_requests=[
                 docker.types.DeviceRequest(driver="nvidia", device_ids=[gpu], capabilities=[["gpu"]])])
         try:
             container.start()
@@ -429,6 +440,31 @@ class Doctor:
                          "build it here or `docker load` it: the hub never pulls images")
                 continue
             self.results.append(cuda_fit(image, labels, count, self.driver_cuda))
+            self.results.append(self._busy_kernel_check(image))
+
+    def _busy_kernel_check(self, image: str) -> Result:
+        """Does the image carry the gpuhub_activity extension (a busy kernel counts as activity)?"""
+        name = f"image {image}: busy kernels"
+        container = None
+        try:
+            container = self._docker().containers.create(
+                image, entrypoint=["python3", "-c", "import gpuhub_activity"], command=[], network_mode="none",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
+                name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}", labels={LABEL_DOCTOR: "image-check"},
+                **self._bounds())
+            container.start()
+            code = container.wait(timeout=60).get("StatusCode")
+        except Exception as e:
+            return Result(name, WARN, f"could not look inside it: {_one_line(e)}")
+        finally:
+            if container is not None:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+        if code == 0:
+            return Result(name, OK, "the gpuhub_activity extension counts a working kernel as activity")
+        return Result(name, WARN, "no gpuhub_activity extension: a cell that computes without printing looks "
+                      "idle, and the culler may stop it", "install the extension in the image (images/jupyter/, "
+                      "as images/Dockerfile does), or build it with `make images`")
 
     def check_ledger(self) -> None:
         from ..pool import GPUPool, HostConflict, PoolError, PoolUnavailable
@@ -473,23 +509,21 @@ def data_dir_of(config: Config, fallback: Path) -> Path:
     if hub.get("cookie_secret_file", None):
         return Path(hub.cookie_secret_file).resolve().parent
     db_url = hub.get("db_url", None)
-    if db_url and make_url(db_url).get_backend_name() == "sqlite" and make_url(db_url).database:
-        return Path(make_url(db_url).database).resolve().parent
+    url = make_url(db_url) if db_url else None
+    if url is not None and url.get_backend_name() == "sqlite" and url.database:
+        return Path(url.database).resolve().parent
     return fallback.resolve()
 
 
 def target_from_env(hub_user: str, env=None, env_file_problems=()) -> Target:
-    """GPUHUB_* settings, read as hub_config/jupyterhub_config.py reads them (without making the data dir)."""
+    """GPUHUB_* settings, read as hub_config/jupyterhub_config.py reads them (outside the hub that only sets values)."""
     from ..settings import apply_settings, load_settings
 
     env = os.environ if env is None else env
     settings = load_settings(env)
-    existed = settings.data_dir.is_dir()
     config = Config()
     with contextlib.redirect_stderr(io.StringIO()):  # the hub's start-up notes are not the doctor's
         apply_settings(config, settings)
-    if not existed:
-        settings.data_dir.rmdir()  # apply_settings made it; the doctor only looks
     notes = [(f"line {number} ({key}) of the settings file: {problem}; systemd and a shell read it "
               "differently", "see the rule at the top of hub_config/examples/production.env")
              for number, key, problem in env_file_problems]

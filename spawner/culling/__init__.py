@@ -1,12 +1,12 @@
 """GPU-aware idle culling: jupyterhub-idle-culler with a cull arbiter that knows leases.
 
     policy   the GPU-idle rule, pure: which server may be culled, and why not
-    culler   the culler application (`python -m spawner.culling`) and its hub wiring
+    culler   the culler application (`python -m spawner.culling`); its hub wiring: settings/culler.py
 """
 
 from .policy import GPUCullPolicy, Verdict
 
-_CULLER_NAMES = ("GPUIdleCuller", "configure_culler", "culler_command")
+_CULLER_NAMES = ("GPUIdleCuller",)
 
 
 def __getattr__(name):

@@ -13,9 +13,9 @@ Three pieces, one job (give idle GPUs back without killing busy work):
 - `GPUIdleCuller` is jupyterhub-idle-culler's own application with the policy
   installed as its `cull_arbiter_hook` (a config-only Callable upstream, so it
   cannot be given on a command line); `python -m spawner.culling` runs it.
-- `configure_culler(c, settings)` adds it to the hub as the managed service
-  `idle-culler` with a role of only the scopes it uses, and makes the
-  single-user servers report a busy kernel as activity (see below).
+- `spawner.settings.culler.configure_culler(c, settings)` adds it to the hub
+  as the managed service `idle-culler` with a role of only the scopes it uses,
+  and makes the single-user servers report a busy kernel as activity (see below).
 
 Why the single-user side needs help: jupyter-server counts kernel *messages*
 as activity, not a kernel being busy, so a cell that sleeps or computes
@@ -25,9 +25,8 @@ extension, `gpuhub_activity` (images/jupyter/), that counts a working kernel
 as activity through jupyter-server's documented `*_last_activity` settings
 hook, but not a kernel that only waits for a person (an `input()` or pdb
 prompt, a debugger stopped at a breakpoint).  The image's own start command
-stays as it is.  For images without the extension, `SINGLEUSER_BOOT` wraps
-jupyterhub-singleuser to the same end (busy is busy, prompts included);
-GPUHUB_CULL_KEEP_BUSY=wrapper turns it on.
+stays as it is; `gpu-pool doctor` warns about a profile image without the
+extension.
 
 Before the culler stops a GPU server it records its intent in the ledger
 (`record_cull`); the spawner reads it when the stop arrives and ends the lease
@@ -38,12 +37,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
+from typing import TYPE_CHECKING, Any
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
 # The policy and the culler's utilisation reader live in policy.py (no culler, no tornado).
 from .policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, Verdict  # noqa: F401
+
+if TYPE_CHECKING:
+    from ..pool import GPUPool
 
 
 SERVICE_NAME = "idle-culler"
@@ -54,13 +56,6 @@ SERVICE_NAME = "idle-culler"
 #   read:servers          the servers in each user model
 #   delete:servers        DELETE /users/:name/server(s/:server)
 #   admin:server_state    the spawner state in the server model: is it a GPU server?
-CULLER_SCOPES = [
-    "list:users",
-    "read:users:activity",
-    "read:servers",
-    "delete:servers",
-    "admin:server_state",
-]
 
 # The name under which busy kernels show up in jupyter-server's activity
 # (any web_app setting ending in `_last_activity` counts); the same in the
@@ -68,53 +63,6 @@ CULLER_SCOPES = [
 BUSY_ACTIVITY_SETTING = "gpuhub_busy_kernels_last_activity"
 # The container environment variable that turns the extension off.
 BUSY_SWITCH_ENV = "GPUHUB_BUSY_KERNELS_ACTIVITY"
-
-# For images without the gpuhub_activity extension (GPUHUB_CULL_KEEP_BUSY=
-# wrapper): runs inside the notebook container as `python3 -c SINGLEUSER_BOOT
-# [args]` in place of `jupyterhub-singleuser [args]`.  Kept free of any import
-# from this package: the container has only jupyterhub-singleuser and
-# jupyter-server.  Unlike the extension it cannot tell a kernel waiting for
-# input from a working one.  In an image that has the extension it steps aside.
-SINGLEUSER_BOOT = f"""
-import sys
-import importlib.util
-sys.argv[0] = "jupyterhub-singleuser"
-try:
-    if importlib.util.find_spec("gpuhub_activity") is not None:
-        raise ImportError("the image's gpuhub_activity extension does it")
-    from datetime import datetime, timezone
-    from jupyterhub.singleuser.extension import JupyterHubSingleUser
-
-    _notify_activity = JupyterHubSingleUser.notify_activity
-
-    async def notify_activity(self):
-        # A busy kernel is activity: a long cell must not look idle because
-        # it prints nothing.  Checked at each report to the hub.
-        app = self.serverapp
-        km = app.kernel_manager
-        for kernel_id in list(km.list_kernel_ids()):
-            try:
-                state = getattr(km.get_kernel(kernel_id), "execution_state", None)
-            except KeyError:
-                continue
-            if state == "busy":
-                app.web_app.settings[{BUSY_ACTIVITY_SETTING!r}] = datetime.now(timezone.utc)
-                break
-        return await _notify_activity(self)
-
-    JupyterHubSingleUser.notify_activity = notify_activity
-except ImportError as exc:
-    # The extension is there, or Jupyter Server < 2: run unchanged.
-    print("gpuhub: the wrapper leaves busy kernels alone:", exc, file=sys.stderr)
-from jupyterhub.singleuser import main
-sys.exit(main())
-"""
-
-
-def singleuser_command(python: str = "python3") -> list[str]:
-    """The container command that starts jupyterhub-singleuser with busy-kernel activity."""
-    return [python, "-c", SINGLEUSER_BOOT]
-
 
 # ------------------------------------------------------------ the culler app
 
@@ -125,7 +73,7 @@ def _load_idle_culler():
     return IdleCuller
 
 
-IdleCuller = _load_idle_culler()
+IdleCuller: Any = _load_idle_culler()  # jupyterhub-idle-culler ships no type information
 
 
 class GPUIdleCuller(IdleCuller):
@@ -240,7 +188,7 @@ class GPUIdleCuller(IdleCuller):
         except Exception as exc:  # the cull goes ahead; its lease then ends as `stopped`
             self.log.warning("Could not record the cull of GPU lease %s in the ledger: %s", lease_id, exc)
 
-    _ledger = None
+    _ledger: GPUPool | None = None
 
 
     def start(self):
@@ -258,8 +206,12 @@ class GPUIdleCuller(IdleCuller):
         replace an inherited "ignore" and stop the event loop cleanly.
         """
         from tornado.ioloop import IOLoop
+        from tornado.platform.asyncio import BaseAsyncIOLoop
 
-        loop = IOLoop.current().asyncio_loop
+        current = IOLoop.current()
+        if not isinstance(current, BaseAsyncIOLoop):  # tornado >= 5 runs every IOLoop on asyncio
+            raise RuntimeError(f"The culler needs tornado's asyncio IOLoop, not {type(current).__name__}")
+        loop = current.asyncio_loop
 
         def stop(sig: signal.Signals) -> None:
             self.log.info("Received %s: the culler stops", sig.name)
@@ -274,86 +226,6 @@ class GPUIdleCuller(IdleCuller):
 
 def main(argv: list[str] | None = None) -> None:
     GPUIdleCuller.launch_instance(argv)
-
-
-# ------------------------------------------------------------ hub wiring
-
-
-def activity_interval(settings) -> int:
-    """Seconds between a single-user server's activity reports to the hub.
-
-    A busy kernel is seen only at these reports, so they must come well
-    inside the shortest idle timeout: a third of it, at most 300 s
-    (JupyterHub's default).
-    """
-    configured = getattr(settings, "activity_interval", 0)
-    if configured:
-        return configured
-    shortest = min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)
-    return max(1, min(300, shortest // 3))
-
-
-def culler_command(settings, python: str | None = None) -> list[str]:
-    cmd = [
-        python or sys.executable, "-m", "spawner.culling",
-        f"--cpu-timeout={settings.cull_timeout_cpu}",
-        f"--gpu-timeout={settings.cull_timeout_gpu}",
-        f"--timeout={min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)}",
-        f"--cull-every={settings.cull_every}",
-        f"--inventory={settings.inventory}",
-    ]
-    # Always explicit: the culler's own default depends on its inventory.
-    cmd.append(f"--gpu-idle-percent={settings.gpu_idle_percent:g}")
-    if settings.gpu_idle_percent > 0:
-        cmd.append(f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}")
-        if settings.inventory == "simulated":
-            cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
-            if settings.simulated_utilization_file:
-                cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
-    return cmd
-
-
-def without_named(entries, name: str) -> list:
-    """`entries` (services or roles in the hub's config) without the one called `name`."""
-    return [e for e in list(entries or []) if e.get("name") != name]
-
-
-def configure_culler(c, settings) -> None:
-    """Add the GPU-aware idle culler to a hub config `c` (called by apply_settings).
-
-    Safe to call twice: it replaces its own service and role, and keeps any
-    others already configured.
-    """
-    section = c.JupyterHub
-    services = section.services if "services" in section else []
-    roles = section.load_roles if "load_roles" in section else []
-    from ..pool import ENV_DB_URL
-
-    # The culler records its intent in the ledger before each cull, and on Swarm reads the
-    # agents' readings there; the URL in the environment, not argv (ps shows argv).
-    service = {"name": SERVICE_NAME, "command": culler_command(settings),
-               "environment": {ENV_DB_URL: settings.pool_db_url}}
-    section.services = without_named(services, SERVICE_NAME) + [service]
-    section.load_roles = without_named(roles, SERVICE_NAME) + [{
-        "name": SERVICE_NAME,
-        "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
-        "scopes": list(CULLER_SCOPES),
-        "services": [SERVICE_NAME],
-    }]
-
-    interval = activity_interval(settings)
-    # The hub drops activity reports closer than activity_resolution to the
-    # last one; keep it finer than the reports, or busy kernels stop counting.
-    section.activity_resolution = max(1, min(30, interval))
-    keep_busy = getattr(settings, "cull_keep_busy", "extension")
-    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
-           # Read by the images' gpuhub_activity extension.
-           BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
-    c.GPUDockerSpawner.environment.update(env)
-    if keep_busy == "wrapper":
-        # Images without the extension: start jupyterhub-singleuser through
-        # the wrapper instead of the image's own command.
-        c.GPUDockerSpawner.cmd = singleuser_command()
 
 
 if __name__ == "__main__":

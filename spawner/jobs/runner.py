@@ -137,7 +137,7 @@ class JobRunner:
             raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
         if sub.profile.gpus:
             try:
-                hosts = await self.engine.lease_hosts(sub.profile.node_labels)
+                hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels))
                 await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts)
             except JobRefused as exc:
                 raise JobError(str(exc), 409) from None
@@ -202,7 +202,8 @@ class JobRunner:
             self._hold_place(job)
         task = asyncio.create_task(self._run(job))
         self._tasks[job.id] = task
-        task.add_done_callback(lambda _t, i=job.id: self._tasks.pop(i, None))
+        job_id = job.id
+        task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
 
     async def _run(self, job: Job) -> None:
         job_id = job.id  # `job` becomes None when a step ends it (cancelled, refused)
@@ -211,16 +212,20 @@ class JobRunner:
             if profile is None:
                 await self._finish(job, FAILED, message=f"profile {job.profile!r} is no longer configured")
                 return
+            # `job` stays the latest record (never None): the `finally` below needs its id.
             if job.state == QUEUED:
-                job = await self._lease(job, profile)
-                if job is None:
+                leased = await self._lease(job, profile)
+                if leased is None:
                     return
+                job = leased
                 self._tell(job_id)
             if job.state == STARTING:
-                job = await self._launch(job, profile)
-                if job is not None:
-                    self._tell(job_id)
-            if job is not None and job.state == RUNNING:
+                launched = await self._launch(job, profile)
+                if launched is None:
+                    return
+                job = launched
+                self._tell(job_id)
+            if job.state == RUNNING:
                 await self._watch(job)
         except asyncio.CancelledError:
             raise  # the service stops; the job runs on and is taken up again
@@ -271,7 +276,7 @@ class JobRunner:
             await self._wait_for_place(job, profile)
             if not profile.gpus:
                 return None
-            hosts = await self.engine.lease_hosts(profile.node_labels)
+            hosts = await self.engine.lease_hosts(dict(profile.node_labels))
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
                                            timeout=self.settings.queue_timeout, host=hosts)
 
@@ -340,7 +345,8 @@ class JobRunner:
         elapsed = (datetime.now(UTC) - job.started_at).total_seconds() if job.started_at else 0.0
         deadline = loop.time() + job.timeout_s - max(elapsed, 0.0)
         while True:
-            state = await self.engine.wait(job.container, max(0.0, min(POLL_SECONDS, deadline - loop.time())))
+            name = job.container or container_name(self.settings, job.id)
+            state = await self.engine.wait(name, max(0.0, min(POLL_SECONDS, deadline - loop.time())))
             if state is None:
                 await self._finish(job, FAILED, message="its container was removed from outside")
                 return

@@ -169,6 +169,8 @@ class SwarmJobEngine(DockerJobEngine):
         # too, so that their leases stay until the node confirms them gone.
         for service_id, left in by_service.items():
             task = newest_task(left)
+            if task is None:
+                continue
             state = unit_state(f"removed service {service_id[:12]}", service_id, task_labels(task), task,
                                states, hostnames)
             if state.holding:

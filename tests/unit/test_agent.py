@@ -186,7 +186,7 @@ def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkey
 
 
 def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
-    from spawner.culling import configure_culler
+    from spawner.settings.culler import configure_culler
     from traitlets.config import Config
 
     app = GPUIdleCuller()

@@ -167,7 +167,7 @@ def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
 def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_path):
     from traitlets.config import Config
 
-    from spawner.jobs.config import job_settings
+    from spawner.settings.jobs import job_settings
     from spawner.jobs.runner import make_engine
     from spawner.settings import apply_settings
     from spawner.swarm.jobs import SwarmJobEngine

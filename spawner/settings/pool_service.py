@@ -11,12 +11,13 @@ from pathlib import Path
 
 from jupyterhub.utils import url_path_join
 
-from ..culling.culler import activity_interval, without_named
-from . import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
-from .hubapi import SERVICE_SCOPES
-from .limits import hand_over
+from ..hub_service import without_named
+from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
+from ..poolpage.hubapi import SERVICE_SCOPES
+from ..poolpage.limits import hand_over
+from .culler import activity_interval
 
-HUB_TEMPLATES = str(Path(__file__).with_name("hub_templates"))
+HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
 ADMIN_ROLE = "gpu-pool-admin"
 EXEC_ROLE = "gpu-pool-exec"
 SERVICE_ROLE = "gpu-pool-service"

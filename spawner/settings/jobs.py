@@ -10,16 +10,16 @@ import os
 import socket
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from ..containers import ContainerLimits
-from ..culling.culler import without_named
-from ..hub_service import write_when_config_loaded
+from ..hub_service import without_named, write_when_config_loaded
+from ..jobs import JOBS_SCOPE
+from ..jobs.limits import JobLimits
+from ..jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 from ..poolpage import SERVICE_NAME
-from ..poolpage.service import ACCESS_SCOPE, SERVICE_ROLE
 from ..profiles import DEFAULT_PROFILES
-from . import JOBS_SCOPE
-from .limits import JobLimits
-from .settings import ENV_NAME, FILE_ENV_NAME, JobSettings
+from .pool_service import ACCESS_SCOPE, SERVICE_ROLE
 
 # What the service's own token needs besides the pool page's: users' groups and directory identity.
 JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
@@ -98,7 +98,7 @@ def configure_jobs(c, settings) -> None:
     for role in roles:
         if role.get("name") == "user" and JOBS_SCOPE not in role["scopes"]:
             role["scopes"] = [*role["scopes"], JOBS_SCOPE]
-    service_role = next((r for r in roles if r.get("name") == SERVICE_ROLE),
+    service_role: dict[str, Any] = next((r for r in roles if r.get("name") == SERVICE_ROLE),
                         {"name": SERVICE_ROLE, "scopes": [], "services": [SERVICE_NAME]})
     service_role = {**service_role, "scopes": [*service_role["scopes"],
                                                *(s for s in JOB_SERVICE_SCOPES if s not in service_role["scopes"])]}
