@@ -67,6 +67,19 @@ class JobRunner:
 
     # ------------------------------------------------------------ plumbing
 
+    async def _sync_inventory(self) -> None:
+        """On Swarm, the ledger learns the nodes as Swarm reports them now before a job leases
+        (the service's pool then has the Swarm inventory; on one host it has none)."""
+        inventory = self.pool.inventory
+        if inventory is None or not getattr(inventory, "multi_host", False):
+            return
+        if hasattr(inventory, "forget_cache"):
+            inventory.forget_cache()
+        try:
+            await self.call(self.pool.sync_inventory)
+        except Exception as exc:  # the ledger's last view then stands
+            log.warning("Could not read the Swarm's nodes before leasing: %s", exc)
+
     async def call(self, fn, *args, **kwargs):
         return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
 
@@ -136,6 +149,7 @@ class JobRunner:
         except Exception as exc:  # IdentityRefused
             raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
         if sub.profile.gpus:
+            await self._sync_inventory()
             try:
                 hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels))
                 await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts)
@@ -276,6 +290,7 @@ class JobRunner:
             await self._wait_for_place(job, profile)
             if not profile.gpus:
                 return None
+            await self._sync_inventory()
             hosts = await self.engine.lease_hosts(dict(profile.node_labels))
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
                                            timeout=self.settings.queue_timeout, host=hosts)
