@@ -382,13 +382,13 @@ class JobRunner:
         """Stop the container and keep its log; end the lease once Docker confirms nothing
         runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
         stopped = await self._stop_container(job)
-        output = await self.read_log(job) if job.container else None
         if job.lease_id is not None:
             if stopped:
                 await self.call(self.pool.release, job.lease_id, END_REASONS[state])
             else:  # the job reconciler removes it and ends the lease later
                 await self.call(self.pool.set_problem, job.lease_id,
                                 f"job {job.id}'s container would not stop; retried by the job reconciler")
+        output = await self.final_log(job) if job.container else None
         ended = await self.call(self.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
                                 state=state, exit_code=exit_code, message=message,
                                 **({"log": output} if output is not None else {}))
@@ -414,6 +414,18 @@ class JobRunner:
             return True
         log.error("Could not remove job unit %s", name)
         return False
+
+    async def final_log(self, job: Job) -> str | None:
+        """The ended unit's log to keep.  An engine whose logs arrive after its task ends
+        (Swarm's come from the node) says how long to look again while it reads empty."""
+        output = await self.read_log(job)
+        settle = getattr(self.engine, "log_settle_seconds", 0.0)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + settle
+        while output == "" and loop.time() < until:
+            await asyncio.sleep(0.25)
+            output = await self.read_log(job)
+        return output
 
     async def read_log(self, job: Job) -> str | None:
         """The unit's output so far, its last `log_max_bytes` bytes; None if it is gone.

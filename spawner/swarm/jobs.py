@@ -92,6 +92,9 @@ class _Follow:
 class SwarmJobEngine(DockerJobEngine):
     """See the module docstring; `api`: a docker.APIClient of a Swarm manager."""
 
+    # A task's last output reaches the manager's service logs a moment after the task ends.
+    log_settle_seconds = 3.0
+
     # ------------------------------------------------------------ specs
 
     def _volume_options(self, user: str) -> dict:
