@@ -381,6 +381,10 @@ class JobRunner:
     async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
         """Stop the container and keep its log; end the lease once Docker confirms nothing
         runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
+        # An engine whose stop may take the log with it (Swarm removes a scaled-down task's
+        # container) has it read before, too.
+        early = (await self.read_log(job) if job.container and getattr(self.engine, "log_settle_seconds", 0)
+                 else None)
         stopped = await self._stop_container(job)
         if job.lease_id is not None:
             if stopped:
@@ -389,6 +393,8 @@ class JobRunner:
                 await self.call(self.pool.set_problem, job.lease_id,
                                 f"job {job.id}'s container would not stop; retried by the job reconciler")
         output = await self.final_log(job) if job.container else None
+        if not output and early:
+            output = early
         ended = await self.call(self.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
                                 state=state, exit_code=exit_code, message=message,
                                 **({"log": output} if output is not None else {}))

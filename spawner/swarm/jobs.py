@@ -199,6 +199,10 @@ class SwarmJobEngine(DockerJobEngine):
 
         try:
             service = self.api.inspect_service(name)
+            state = self._read(name)
+            if state is not None and state.phase == ENDED:
+                # Already ended: scaling down would have Swarm remove its container, and its log.
+                return True
             if (service["Spec"].get("Mode") or {}).get("Replicated", {}).get("Replicas") != 0:
                 self.api.update_service(service["ID"], service["Version"]["Index"],
                                         mode=ServiceMode("replicated", replicas=0), fetch_current_spec=True)
