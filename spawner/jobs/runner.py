@@ -383,8 +383,8 @@ class JobRunner:
         runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
         # An engine whose stop may take the log with it (Swarm removes a scaled-down task's
         # container) has it read before, too.
-        early = (await self.read_log(job) if job.container and getattr(self.engine, "log_settle_seconds", 0)
-                 else None)
+        settles = float(getattr(self.engine, "log_settle_seconds", 0.0)) > 0
+        early = await self.read_log(job) if job.container and settles else None
         stopped = await self._stop_container(job)
         if job.lease_id is not None:
             if stopped:
