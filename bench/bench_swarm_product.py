@@ -28,8 +28,9 @@ from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa:
 from devservices.swarm_hub import cleanup_swarm_hub, prepare_swarm_hub  # noqa: E402
 from devservices.tcp_proxy import BlackholeProxy  # noqa: E402
 
+
 def profiles_config(image: str) -> str:
-    """The default profiles plus one per GPU model (node label gpu.model), as the Swarm tests use."""
+    """The Swarm tests' profiles (tests/integration/test_swarm.py): CPU, 1 GPU, and one per GPU model."""
     return f"""
 c.GPUDockerSpawner.profiles = [
     {{"slug": "tf-cpu", "display_name": "CPU", "image": {image!r}, "gpus": 0}},
@@ -39,8 +40,8 @@ c.GPUDockerSpawner.profiles = [
     {{"slug": "t4", "display_name": "1 T4", "image": {image!r}, "gpus": 1,
       "node_labels": {{"gpu.model": "t4"}}}},
 ]
+c.Spawner.poll_interval = 3
 """
-
 
 SCRIPT = "echo ran as $(id -u); cat /proc/loadavg"
 ADMIN = {"GPUHUB_ADMIN_USERS": "ada", "GPUHUB_POOL_EXEC_USERS": "ada", "GPUHUB_POOL_PAGE": "true"}

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from ..labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE
 from ..pool import EndReason, PoolError
-from ..pool.jobs import END_REASONS, is_job_server
+from ..pool.jobs import END_REASONS, is_job_server, job_id_of
 
 log = logging.getLogger("gpu-pool-page")
 # A lease this young may belong to a job whose record is being written.
@@ -41,9 +41,10 @@ async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
     for lease in leases:
         if not is_job_server(lease.server_name) or lease.started_at > cutoff:
             continue
-        job = await runner.call(runner.ledger.get, int(lease.server_name.split("/", 1)[1]))
-        if job is not None and job.active and (job.lease_id in (None, lease.id)):
-            continue  # its job runs (or starts) on it
+        job_id = job_id_of(lease.server_name)
+        job = await runner.call(runner.ledger.get, job_id) if job_id is not None else None
+        if job is not None and job.active and (not job.lease_ids or lease.id in job.lease_ids):
+            continue  # its job runs (or starts) on it (one of a cluster's worker leases)
         holders = [u for u in units if u.labels.get(LABEL_LEASE) == str(lease.id)]
         removed = [await runner.remove_container(u.id) for u in holders]
         if all(removed):

@@ -28,6 +28,7 @@ from .request import BadJob, Submission
 from .settings import JobSettings
 from .engine import ENDED, JobRefused, RUNNING as RUNNING_UNIT, UNKNOWN, JobEngine, UnitGone
 from .spec import container_name, unit_spec
+from . import cluster
 
 log = logging.getLogger("gpu-pool-page")
 LEDGER_TIMEOUT = 10.0
@@ -114,7 +115,12 @@ class JobRunner:
             if job.host != self.settings.host or job.id in self._tasks:
                 continue
             lease = held.get(job_server_name(job.id))
-            if job.state == QUEUED and lease is not None:
+            gang = sorted((l for name, l in held.items() if name.startswith(job_server_name(job.id) + "/worker-")),
+                          key=lambda l: int(l.server_name.rsplit("-", 1)[1]))
+            if job.state == QUEUED and job.is_cluster and len(gang) == job.workers:
+                # A cluster leased just before the last service stopped: use its leases.
+                job = await cluster.record_leases(self, job, gang) or job
+            elif job.state == QUEUED and lease is not None:
                 # Leased just before the last service stopped, not yet recorded: use that
                 # lease rather than queue for a second one.
                 job = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
@@ -152,7 +158,7 @@ class JobRunner:
             await self._sync_inventory()
             try:
                 hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels))
-                await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts)
+                await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts, "", sub.workers)
             except JobRefused as exc:
                 raise JobError(str(exc), 409) from None
             except PoolError as exc:
@@ -160,7 +166,9 @@ class JobRunner:
         try:
             job = await self.call(self.ledger.create, user, groups, sub.profile.slug, sub.command, sub.workdir,
                                   sub.timeout_s, self.settings.host, uid, gid,
-                                  check=functools.partial(self.limits.check_submission, sub.profile))
+                                  check=functools.partial(self.limits.check_submission, sub.profile,
+                                                          workers=sub.workers),
+                                  workers=sub.workers)
         except BadJob as exc:
             log.info("Job of %s refused: %s", user, exc)
             raise JobError(str(exc), exc.status) from None
@@ -258,7 +266,7 @@ class JobRunner:
 
     def _hold_place(self, job: Job) -> None:
         profile = self.profiles.get(job.profile)
-        cpus = self.limits.job_cpus(profile) if profile is not None else 0.0
+        cpus = self.limits.job_cpus(profile, workers=job.workers) if profile is not None else 0.0
         self._running[job.id] = (job.user, job.profile, cpus)
 
     def _leave_place(self, job_id: int) -> None:
@@ -271,7 +279,7 @@ class JobRunner:
         said = None
         while True:
             why = self.limits.wait_reason(profile, [(slug, cpus) for user, slug, cpus in self._running.values()
-                                                     if user == job.user])
+                                                     if user == job.user], workers=job.workers)
             if why is None:
                 self._hold_place(job)
                 if said is not None:
@@ -292,6 +300,8 @@ class JobRunner:
                 return None
             await self._sync_inventory()
             hosts = await self.engine.lease_hosts(dict(profile.node_labels))
+            if job.is_cluster:
+                return await cluster.lease(self, job, profile, hosts)
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
                                            timeout=self.settings.queue_timeout, host=hosts)
 
@@ -311,6 +321,11 @@ class JobRunner:
             return None
         finally:
             self._acquiring.pop(job.id, None)
+        if job.is_cluster:
+            started = await cluster.record_leases(self, job, lease)
+            if started is None and lease:  # ended meanwhile (an admin): hand the GPUs back
+                await self.call(self.pool.release_all, [l.id for l in lease], END_REASONS[CANCELLED])
+            return started
         if lease is None:  # a CPU job: its place within the limits is all it waited for
             return await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING)
         started = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
@@ -330,6 +345,8 @@ class JobRunner:
 
     async def _launch(self, job: Job, profile) -> Job | None:
         """Create and start the job's unit on its lease (again, after a restart)."""
+        if job.is_cluster:
+            return await cluster.launch(self, job, profile)
         name = container_name(self.settings, job.id)
         found = await self.engine.inspect(name)
         if found is not None and found.phase == UNKNOWN:
@@ -359,9 +376,13 @@ class JobRunner:
         # The ledger's clock is this machine's for SQLite and close to it for PostgreSQL.
         elapsed = (datetime.now(UTC) - job.started_at).total_seconds() if job.started_at else 0.0
         deadline = loop.time() + job.timeout_s - max(elapsed, 0.0)
+        if job.is_cluster:
+            end, code, why = await cluster.watch(self, job, deadline, POLL_SECONDS)
+            await self._finish(job, end, exit_code=code, message=why)
+            return
+        unit = job.container or container_name(self.settings, job.id)
         while True:
-            name = job.container or container_name(self.settings, job.id)
-            state = await self.engine.wait(name, max(0.0, min(POLL_SECONDS, deadline - loop.time())))
+            state = await self.engine.wait(unit, max(0.0, min(POLL_SECONDS, deadline - loop.time())))
             if state is None:
                 await self._finish(job, FAILED, message="its container was removed from outside")
                 return
@@ -381,6 +402,9 @@ class JobRunner:
     async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
         """Stop the container and keep its log; end the lease once Docker confirms nothing
         runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
+        if job.is_cluster:
+            await cluster.finish(self, job, state, exit_code, message)
+            return
         # An engine whose stop may take the log with it (Swarm removes a scaled-down task's
         # container) has it read before, too.
         settles = float(getattr(self.engine, "log_settle_seconds", 0.0)) > 0
@@ -405,7 +429,10 @@ class JobRunner:
 
     async def _stop_container(self, job: Job) -> bool:
         """True once the engine confirms the job's unit (if any) no longer runs."""
-        name = job.container or container_name(self.settings, job.id)
+        return await self.stop_unit(job, job.container or container_name(self.settings, job.id))
+
+    async def stop_unit(self, job: Job, name: str) -> bool:
+        """True once the engine confirms the unit `name` of `job` (if any) no longer runs."""
         try:
             if await self.engine.stop(name, STOP_GRACE_SECONDS):
                 return True
@@ -438,7 +465,9 @@ class JobRunner:
 
         Only the log's tail is read, never the whole of it: Docker's `tail` counts log
         entries (a line, or 16 KiB of one), so ask for a few and for more until they
-        give `log_max_bytes` or the whole log."""
+        give `log_max_bytes` or the whole log.  A cluster's: every worker's, each line marked."""
+        if job.is_cluster:
+            return await cluster.read_log(self, job)
         limit = self.settings.log_max_bytes
         entries, got = max(64, limit // LOG_ENTRY_MAX), None
         name = job.container or container_name(self.settings, job.id)

@@ -334,10 +334,10 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """(limit, where it comes from) for a user in `groups`; None = no limit."""
         return limit_for(groups, self.group_gpu_limits, self.max_gpus_per_user)
 
-    def _make_request(self, user, server_name, count, groups, host: HostChoice) -> Request:
+    def _make_request(self, user, server_name, count, groups, host: HostChoice, workers: int = 1) -> Request:
         default_host = (self.inventory.host if self.inventory is not None
                         and not getattr(self.inventory, "multi_host", False) else None)
-        return validation.make_request(user, server_name, count, groups, host, default_host)
+        return validation.make_request(user, server_name, count, groups, host, default_host, workers)
 
     def _attempt(self, conn, req: Request, waiter_id: int | None, enqueue: bool) -> Outcome:
         rules = QueueRules(self.limit_for(req.groups), self.waiter_stale_after, self.backfill_window, self._owner)
@@ -346,15 +346,16 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
     # --- acquiring (grant.py, waiting.py) -----------------------------------------
 
     def check_request(
-        self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = ""
+        self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = "",
+        workers: int = 1,
     ) -> None:
         """Refuse up front a request that can never be met: bad input, too big, over quota.
 
         Takes no lease and joins no queue.  Raises InvalidRequest,
         Unsatisfiable, QuotaExceeded or PoolUnavailable; returns None when the
-        request could be met now or after a wait.
+        request could be met now or after a wait.  `workers` > 1: a gang (see acquire_gang).
         """
-        req = self._make_request(user, server_name, count, groups, host)
+        req = self._make_request(user, server_name, count, groups, host, workers)
         self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups)))
 
     def try_acquire(
@@ -390,17 +391,42 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         the call removes the request from the queue and leaves no lease.
         """
         req = self._make_request(user, server_name, count, groups, host)
+        return await self._wait(req, timeout).run(req, timeout, self.poll_interval, on_wait)
+
+    async def acquire_gang(
+        self,
+        user: str,
+        server_name: str,
+        count: int,
+        workers: int,
+        groups: Iterable[str] = (),
+        timeout: float = 60.0,
+        on_wait: Callable[[int, int, int], Any] | None = None,
+        host: HostChoice = None,
+    ) -> tuple[Lease, ...]:
+        """Lend `workers` leases of `count` GPUs each (a cluster job), all in one transaction or none.
+
+        The gang queues as one request in the fair queue and holds nothing while it waits, so
+        two gangs never deadlock each other.  Worker i's lease is named
+        `<server_name>/worker-<i>` (one accounting line per worker); the leases come back in
+        worker order.  Placement takes the fewest hosts (one when one fits them all) among
+        `host` (a name or a list; default as for acquire).  Quotas count every worker's
+        GPUs.  Raises as acquire does; cancelling leaves no lease and no queue row.
+        """
+        req = self._make_request(user, server_name, count, groups, host, workers)
+        return await self._wait(req, timeout).run_all(req, timeout, self.poll_interval, on_wait)
+
+    def _wait(self, req: Request, timeout) -> Wait:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise InvalidRequest(f"timeout must be a number of seconds >= 0, not {timeout!r}")
-        wait = Wait(
+        return Wait(
             attempt=lambda r, w, e: self._write(self._attempt, r, w, e),
-            undo_lease=self._undo_lease,
+            undo_leases=self._undo_leases,
             remove_waiter=self._remove_waiter,
             wakeups=self._wakeups,
             log=self.log,
             watch=self._watch,
         )
-        return await wait.run(req, timeout, self.poll_interval, on_wait)
 
     def _watch(self) -> QueueWatch:
         """The running loop's QueueWatch (made while it has waiters)."""
@@ -424,8 +450,11 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._write(lambda conn: release.remove_waiter(self._store, conn, waiter_id), durable=False)
         self._notify()  # the queue moved
 
-    def _undo_lease(self, lease_id: int) -> None:
-        self._write(release.undo_lease, lease_id)
+    def _undo_leases(self, lease_ids: list[int]) -> None:
+        def undo(conn):
+            for lease_id in lease_ids:
+                release.undo_lease(conn, lease_id)
+        self._write(undo)
         self._notify()
 
     # --- releasing and admin (release.py) -------------------------------------------
@@ -435,6 +464,16 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         lease_id = validation.lease_id(lease_id)
         reason = validation.reason(reason)
         ended = self._write(lambda conn: release.release(self._store, conn, lease_id, reason), durable=False)
+        if ended:
+            self._notify()
+        return ended
+
+    def release_all(self, lease_ids: Iterable[int], reason: EndReason | str = EndReason.STOPPED) -> list[int]:
+        """End several leases (a cluster's) in one transaction; the ids that were still active."""
+        ids = [validation.lease_id(i) for i in lease_ids]
+        reason = validation.reason(reason)
+        ended = self._write(lambda conn: [i for i in ids if release.release(self._store, conn, i, reason)],
+                            durable=False)
         if ended:
             self._notify()
         return ended

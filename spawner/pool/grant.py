@@ -20,10 +20,11 @@ from sqlalchemy import delete
 
 from . import statements as sql
 from .models import Lease, PoolError
+from .placement import choose_gang
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
 from .schema import waiters_table
 from .store import Store, as_utc
-from .validation import Request
+from .validation import Request, worker_server_name
 
 
 NO_WAITER = 2**31 - 1  # the largest queue row id (INTEGER): a request not in the queue yet is behind every row
@@ -31,11 +32,16 @@ NO_WAITER = 2**31 - 1  # the largest queue row id (INTEGER): a request not in th
 
 @dataclass
 class Outcome:
-    lease: Lease | None
+    leases: tuple[Lease, ...]  # the grant: one lease, or one per worker of a gang; () while it waits
     waiter_id: int | None
     position: int
     free: int  # free (unlent, undrained) GPUs on the request's hosts
     total: int  # lendable GPUs on the request's hosts
+
+    @property
+    def lease(self) -> Lease | None:
+        """The grant's (first) lease, or None while the request waits."""
+        return self.leases[0] if self.leases else None
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,8 @@ def attempt(
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
     free = sum(len(snap.free.get(h, ())) for h in hosts)
     total = sum(snap.capacity.get(h, 0) for h in hosts)
-    pick = choose(avail, req.hosts, req.count)
-    if pick is None:
+    picks = choose_gang(choose, avail, req.hosts, req.count, req.workers)
+    if picks is None:
         # Its place: the rows ahead (all live now: the stale ones went above).
         behind = waiter_id if waiter_id is not None else NO_WAITER
         position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
@@ -111,34 +117,33 @@ def attempt(
                     hosts=json.dumps(list(req.hosts)) if req.hosts is not None else None,
                     enqueued_at=now,
                     heartbeat_at=now,
+                    workers=req.workers,
                 ),
             )
             store.run(conn, sql.INSERT_QUEUE_LOG,
-                      dict(id=waiter_id, user_name=req.user, count=req.count, enqueued_at=now))
-        return Outcome(None, waiter_id, position, free, total)
+                      dict(id=waiter_id, user_name=req.user, count=req.total, enqueued_at=now))
+        return Outcome((), waiter_id, position, free, total)
 
-    host, uuids = pick
-    lease_id = store.run(
-        conn,
-        sql.INSERT_LEASE,
-        dict(
-            user_name=req.user,
-            server_name=req.server_name,
-            host=host,
-            groups=json.dumps(list(req.groups)),
-            started_at=now,
-        ),
-    )
-    store.run(
-        conn,
-        sql.INSERT_LEASE_GPU,
-        [{"lease_id": lease_id, "uuid": u, "host": host, "position": i} for i, u in enumerate(uuids)],
-    )
+    # Every lease of the grant in this one transaction: a gang is granted whole or not at all.
+    groups = json.dumps(list(req.groups))
+    leases = []
+    for index, (host, uuids) in enumerate(picks):
+        server_name = req.server_name if req.workers == 1 else worker_server_name(req.server_name, index)
+        lease_id = store.run(
+            conn,
+            sql.INSERT_LEASE,
+            dict(user_name=req.user, server_name=server_name, host=host, groups=groups, started_at=now),
+        )
+        store.run(
+            conn,
+            sql.INSERT_LEASE_GPU,
+            [{"lease_id": lease_id, "uuid": u, "host": host, "position": i} for i, u in enumerate(uuids)],
+        )
+        leases.append(Lease(lease_id, req.user, server_name, host, tuple(uuids), req.groups, now))
     if waiter_id is not None:
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
         store.run(conn, sql.CLOSE_QUEUE_LOG, {"wid": waiter_id, "now": now, "outcome": "served"})
-    lease = Lease(lease_id, req.user, req.server_name, host, tuple(uuids), req.groups, now)
-    return Outcome(lease, None, 0, free - len(uuids), total)
+    return Outcome(tuple(leases), None, 0, free - req.total, total)
 
 
 class View(NamedTuple):
@@ -164,8 +169,9 @@ def waiters_that_matter(store: Store, conn, snap: Snapshot, alive_since) -> tupl
     full = full_hosts(snap)
     params = {"alive_since": alive_since, **{f"full{i}": h for i, h in enumerate(full)}}
     live, stale = [], []
-    for id_, user, count, hosts, enqueued, beat in store.rows(conn, sql.waiters_that_matter(len(full)), params):
-        row = WaiterRow(id_, user, count, hosts, as_utc(enqueued), as_utc(beat))
+    for id_, user, count, hosts, enqueued, beat, workers in store.rows(conn, sql.waiters_that_matter(len(full)),
+                                                                       params):
+        row = WaiterRow(id_, user, count, hosts, as_utc(enqueued), as_utc(beat), workers)
         if row.heartbeat_at < alive_since:
             stale.append(id_)
         elif hosts is None or hosts not in full:
@@ -201,7 +207,7 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
     views = {}
     alike: dict[tuple, tuple[int, int, bool]] = {}  # (hosts, count) -> (free, total, feasible)
     for wid, req in mine.items():
-        key = (req.hosts, req.count)
+        key = (req.hosts, req.count, req.workers)
         if key not in alike:
             hosts = req.hosts if req.hosts is not None else list(snap.capacity)
             try:

@@ -198,6 +198,7 @@ class Waiter:
     position: int
     groups: tuple[str, ...] = ()
     hosts: tuple[str, ...] | None = None
+    workers: int = 1  # a gang (a cluster job): `workers` leases of `count` GPUs each
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -205,6 +206,7 @@ class Waiter:
             "user": self.user,
             "server_name": self.server_name,
             "count": self.count,
+            "workers": self.workers,
             "since": iso(self.since),
             "groups": list(self.groups),
             "hosts": list(self.hosts) if self.hosts is not None else None,

@@ -125,6 +125,7 @@ def queue(conn, now: datetime, stale_after: float) -> list[Waiter]:
             position=i + 1,
             groups=tuple(json.loads(r.groups)),
             hosts=tuple(json.loads(r.hosts)) if r.hosts else None,
+            workers=r.workers,
         )
         for i, r in enumerate(rows)
     ]

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     insert,
+    inspect,
     select,
     text,
     update,
@@ -30,8 +31,9 @@ from sqlalchemy.types import TypeDecorator
 from .models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
-# 6: gpu_pool_readings (the per-node agent's GPU utilisation)
-SCHEMA_VERSION = 7
+# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;
+# 8: gpu_pool_waiters.workers and gpu_pool_jobs.workers/units (gangs, cluster jobs)
+SCHEMA_VERSION = 8
 NAME_MAX = 255
 
 
@@ -126,9 +128,11 @@ waiters_table = Table(
     Column("owner", String(NAME_MAX), nullable=False),  # host:pid, for operators
     Column("user_name", String(NAME_MAX), nullable=False),
     Column("server_name", String(NAME_MAX), nullable=False),
-    Column("count", Integer, nullable=False),
+    Column("count", Integer, nullable=False),  # GPUs per worker (per lease)
     Column("groups", Text, nullable=False),
     Column("hosts", Text),  # JSON list, NULL = any host
+    # A gang (a cluster job): this many leases of `count` GPUs, granted in one transaction.
+    Column("workers", Integer, nullable=False, server_default=text("1")),
     Column("enqueued_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False),
     sqlite_autoincrement=True,
@@ -189,6 +193,10 @@ jobs_table = Table(
     Column("ended_at", UTCDateTime),
     # The output kept once the container is gone (its last bytes, capped).
     Column("log", Text),
+    # A cluster job: its containers (workers), and once leased each worker's
+    # {"worker", "host", "lease_id", "gpus"} (JSON list); NULL for a plain job.
+    Column("workers", Integer, nullable=False, server_default=text("1")),
+    Column("units", Text),
     Index("ix_gpu_pool_jobs_user", "user_name"),
     Index("ix_gpu_pool_jobs_state", "state"),
     sqlite_autoincrement=True,
@@ -222,6 +230,14 @@ end_intents_table = Table(
 )
 
 
+def _add_columns(conn, table: str, columns: dict[str, str]) -> None:
+    """ALTER TABLE ADD COLUMN for those of `columns` the table lacks (create_all made new tables whole)."""
+    have = {c["name"] for c in inspect(conn).get_columns(table)}
+    for name, kind in columns.items():
+        if name not in have:
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
+
+
 def create_schema(conn) -> None:
     """Create the tables if missing; refuse a ledger written by newer code."""
     metadata.create_all(conn)
@@ -234,6 +250,10 @@ def create_schema(conn) -> None:
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
         # 5 -> 6: gpu_pool_readings; 6 -> 7: gpu_pool_end_intents: new tables create_all has just made.
+        if int(version) < 8:
+            # 7 -> 8: gangs and cluster jobs; every request and job before was one lease.
+            _add_columns(conn, "gpu_pool_waiters", {"workers": "INTEGER NOT NULL DEFAULT 1"})
+            _add_columns(conn, "gpu_pool_jobs", {"workers": "INTEGER NOT NULL DEFAULT 1", "units": "TEXT"})
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

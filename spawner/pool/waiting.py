@@ -194,14 +194,14 @@ async def uncancellable_quiet(fn: Callable, *args) -> None:
 class Wait:
     """One request's wait.  The callables are the pool's blocking ledger calls:
 
-    attempt(req, waiter_id, enqueue) -> Outcome; undo_lease(lease_id);
-    remove_waiter(waiter_id); `watch()` gives this loop's QueueWatch.
+    attempt(req, waiter_id, enqueue) -> Outcome; undo_leases(lease_ids) (a grant's, in one
+    transaction); remove_waiter(waiter_id); `watch()` gives this loop's QueueWatch.
     """
 
-    def __init__(self, attempt: Callable, undo_lease: Callable, remove_waiter: Callable, wakeups: Wakeups, log,
+    def __init__(self, attempt: Callable, undo_leases: Callable, remove_waiter: Callable, wakeups: Wakeups, log,
                  watch: Callable[[], QueueWatch]):
         self.attempt = attempt
-        self.undo_lease = undo_lease
+        self.undo_leases = undo_leases
         self.remove_waiter = remove_waiter
         self.wakeups = wakeups
         self.log = log
@@ -213,8 +213,8 @@ class Wait:
         except _CancelledAfter as c:
             outcome: Outcome = c.result
             # The caller went away while the grant ran: undo it.
-            if outcome.lease is not None:
-                await uncancellable_quiet(self.undo_lease, outcome.lease.id)
+            if outcome.leases:
+                await uncancellable_quiet(self.undo_leases, [lease.id for lease in outcome.leases])
             elif outcome.waiter_id is not None and outcome.waiter_id != waiter_id:
                 await uncancellable_quiet(self.remove_waiter, outcome.waiter_id)
             raise asyncio.CancelledError() from None
@@ -252,6 +252,12 @@ class Wait:
     async def run(
         self, req: Request, timeout: float, poll_interval: float, on_wait: Callable[[int, int, int], Any] | None
     ) -> Lease:
+        return (await self.run_all(req, timeout, poll_interval, on_wait))[0]
+
+    async def run_all(
+        self, req: Request, timeout: float, poll_interval: float, on_wait: Callable[[int, int, int], Any] | None
+    ) -> tuple[Lease, ...]:
+        """The grant's leases: one, or one per worker of a gang (req.workers), all at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         wake = asyncio.Event()
@@ -276,7 +282,7 @@ class Wait:
                             "GPU lease %d for %s/%s granted after %.1f s in the queue",
                             outcome.lease.id, req.user, req.server_name, loop.time() - started,
                         )
-                    return outcome.lease
+                    return outcome.leases
                 if watched is not None and outcome.waiter_id != watched_id:
                     unwatch()  # queued again under a new row
                     watched = watched_id = None
@@ -287,7 +293,7 @@ class Wait:
                     if new_position != position:
                         position = new_position
                         if on_wait is not None and loop.time() < deadline:
-                            await self._call_on_wait(on_wait, position, req.count, free)
+                            await self._call_on_wait(on_wait, position, req.total, free)
                     remaining = deadline - loop.time()
                     if waiter_id is None:  # not queued: its time had run out at the first try
                         raise WaitTimeout(timeout_message(req, new_position, free, total, timeout),

@@ -76,6 +76,23 @@ def test_anything_else_is_refused_with_a_message(body, status, message):
     assert refused.value.status == status and message in str(refused.value)
 
 
+@pytest.mark.parametrize("workers, message", [
+    (0, "between 1 and 4"), (-1, "between 1 and 4"), (10**9, "between 1 and 4 (JobLimits.max_workers)"),
+    (5, "between 1 and 4"), ("2", "whole number"), ([2], "whole number"), (2.0, "whole number"),
+    (True, "whole number"), ({"n": 2}, "whole number"),
+])
+def test_a_cluster_asks_for_a_whole_number_of_workers_within_the_maximum(workers, message):
+    body = {"profile": "tf-gpu-1", "command": ["python", "train.py"], "workers": workers}
+    with pytest.raises(BadJob) as refused:
+        check_submission(body, PROFILES, (), default_max=3600, max_workers=4)
+    assert refused.value.status == 400 and message in str(refused.value)
+    sub = check_submission({**body, "workers": 4}, PROFILES, (), default_max=3600, max_workers=4)
+    assert sub.workers == 4
+    assert submission({"profile": "tf-gpu-1", "command": ["true"]}).workers == 1  # a plain job
+    with pytest.raises(BadJob, match="between 1 and 1"):  # max_workers 1: no clusters
+        submission({**body, "workers": 2})
+
+
 def test_a_profile_of_the_users_group_is_allowed():
     assert submission({"profile": "staff", "command": ["true"]}, groups=["staff"]).profile.gpus == 2
 
@@ -172,7 +189,8 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     # notebook servers submit with their own token, to the bridge address
     assert {JOBS_SCOPE, ACCESS_SCOPE} <= set(c.GPUDockerSpawner.server_token_scopes)
     env = c.GPUDockerSpawner.environment.get_value({})
-    assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": "http://172.30.0.1:9123/services/gpu-pool/"}
+    url = "http://172.30.0.1:9123/services/gpu-pool/"
+    assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": url, "GPUHUB_POOL_URL": url}
     assert json.loads(service["environment"][ENV_NAME])["prefix"] == "gpuhub"
     # the hub's final config, written at its start, wins over what was known here
     path = tmp_path / "gpu-jobs.json"
