@@ -68,6 +68,19 @@ class JobRunner:
 
     # ------------------------------------------------------------ plumbing
 
+    async def _sync_inventory(self) -> None:
+        """On Swarm, the ledger learns the nodes as Swarm reports them now before a job leases
+        (the service's pool then has the Swarm inventory; on one host it has none)."""
+        inventory = self.pool.inventory
+        if inventory is None or not getattr(inventory, "multi_host", False):
+            return
+        if hasattr(inventory, "forget_cache"):
+            inventory.forget_cache()
+        try:
+            await self.call(self.pool.sync_inventory)
+        except Exception as exc:  # the ledger's last view then stands
+            log.warning("Could not read the Swarm's nodes before leasing: %s", exc)
+
     async def call(self, fn, *args, **kwargs):
         return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
 
@@ -142,6 +155,7 @@ class JobRunner:
         except Exception as exc:  # IdentityRefused
             raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
         if sub.profile.gpus:
+            await self._sync_inventory()
             try:
                 hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels))
                 await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts, "", sub.workers)
@@ -226,13 +240,13 @@ class JobRunner:
                 if leased is None:
                     return
                 job = leased
-                self._tell(job.id)
+                self._tell(job_id)
             if job.state == STARTING:
                 launched = await self._launch(job, profile)
                 if launched is None:
                     return
                 job = launched
-                self._tell(job.id)
+                self._tell(job_id)
             if job.state == RUNNING:
                 await self._watch(job)
         except asyncio.CancelledError:
@@ -284,6 +298,7 @@ class JobRunner:
             await self._wait_for_place(job, profile)
             if not profile.gpus:
                 return None
+            await self._sync_inventory()
             hosts = await self.engine.lease_hosts(dict(profile.node_labels))
             if job.is_cluster:
                 return await cluster.lease(self, job, profile, hosts)
@@ -390,14 +405,20 @@ class JobRunner:
         if job.is_cluster:
             await cluster.finish(self, job, state, exit_code, message)
             return
+        # An engine whose stop may take the log with it (Swarm removes a scaled-down task's
+        # container) has it read before, too.
+        settles = float(getattr(self.engine, "log_settle_seconds", 0.0)) > 0
+        early = await self.read_log(job) if job.container and settles else None
         stopped = await self._stop_container(job)
-        output = await self.read_log(job) if job.container else None
         if job.lease_id is not None:
             if stopped:
                 await self.call(self.pool.release, job.lease_id, END_REASONS[state])
             else:  # the job reconciler removes it and ends the lease later
                 await self.call(self.pool.set_problem, job.lease_id,
                                 f"job {job.id}'s container would not stop; retried by the job reconciler")
+        output = await self.final_log(job) if job.container else None
+        if not output and early:
+            output = early
         ended = await self.call(self.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
                                 state=state, exit_code=exit_code, message=message,
                                 **({"log": output} if output is not None else {}))
@@ -426,6 +447,18 @@ class JobRunner:
             return True
         log.error("Could not remove job unit %s", name)
         return False
+
+    async def final_log(self, job: Job) -> str | None:
+        """The ended unit's log to keep.  An engine whose logs arrive after its task ends
+        (Swarm's come from the node) says how long to look again while it reads empty."""
+        output = await self.read_log(job)
+        settle = getattr(self.engine, "log_settle_seconds", 0.0)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + settle
+        while output == "" and loop.time() < until:
+            await asyncio.sleep(0.25)
+            output = await self.read_log(job)
+        return output
 
     async def read_log(self, job: Job) -> str | None:
         """The unit's output so far, its last `log_max_bytes` bytes; None if it is gone.

@@ -179,7 +179,13 @@ def main() -> None:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-pool/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8091"))
     job_settings = JobSettings.from_env(os.environ)
-    pool = GPUPool(db_url=ledger_env(ENV_DB_URL), **(job_settings.pool if job_settings else {}))
+    inventory = None
+    if job_settings is not None and job_settings.engine == "swarm":
+        from ..inventory.swarm import SwarmInventory
+
+        # Jobs lease from what Swarm says now (nodes that joined, left, went down), as servers do.
+        inventory = SwarmInventory()
+    pool = GPUPool(db_url=ledger_env(ENV_DB_URL), inventory=inventory, **(job_settings.pool if job_settings else {}))
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"),
                    env_bool(os.environ, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
                    jobs=JobRunner(pool, job_settings) if job_settings else None)

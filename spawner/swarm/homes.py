@@ -12,6 +12,10 @@ from tornado import web
 
 from ..homes import create_helper, helper_bounds, wait_for_exit
 
+# (homes root volume, user directory) this process has made or found: a directory once made
+# stays (it is the user's home), so later starts skip the helper container.
+_made: set[tuple[str, str]] = set()
+
 
 async def make_home_directory(owner, root_options: dict, prefix: str, image: str, uid: int, gid: int) -> None:
     """`owner`: the spawner (or a job's stand-in: user, client, docker, container_limits,
@@ -19,12 +23,14 @@ async def make_home_directory(owner, root_options: dict, prefix: str, image: str
     if not root_options:
         return
     root = f"{prefix}-homes-root"
+    user_dir = owner._render_templates("{username}")
+    if (root, user_dir) in _made:
+        return
     try:
         await owner.docker("inspect_volume", root)
     except docker.errors.NotFound:
         await owner.docker("create_volume", name=root, driver="local",
                            driver_opts=dict(root_options))
-    user_dir = owner._render_templates("{username}")
     script = (f'd=/mnt/homes/{user_dir}; [ -d "$d" ] || {{ mkdir -p "$d.new" && chown {uid}:{gid} "$d.new" '
               f'&& mv "$d.new" "$d"; }}')
     prep = await create_helper(
@@ -42,6 +48,7 @@ async def make_home_directory(owner, root_options: dict, prefix: str, image: str
                                 "60 s; start again in a moment.")
         if code != 0:
             raise web.HTTPError(500, f"Could not create the home directory of {owner.user.name}")
+        _made.add((root, user_dir))
     finally:
         await owner.docker("remove_container", prep["Id"], force=True)
 

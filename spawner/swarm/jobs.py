@@ -92,6 +92,9 @@ class _Follow:
 class SwarmJobEngine(DockerJobEngine):
     """See the module docstring; `api`: a docker.APIClient of a Swarm manager."""
 
+    # A task's last output reaches the manager's service logs a moment after the task ends.
+    log_settle_seconds = 3.0
+
     # ------------------------------------------------------------ specs
 
     def _volume_options(self, user: str) -> dict:
@@ -169,7 +172,9 @@ class SwarmJobEngine(DockerJobEngine):
         # too, so that their leases stay until the node confirms them gone.
         for service_id, left in by_service.items():
             task = newest_task(left)
-            state = unit_state(f"removed service {service_id[:12]}", service_id, task_labels(task) if task else {}, task,
+            if task is None:
+                continue
+            state = unit_state(f"removed service {service_id[:12]}", service_id, task_labels(task), task,
                                states, hostnames)
             if state.holding:
                 units.append(state)
@@ -194,6 +199,10 @@ class SwarmJobEngine(DockerJobEngine):
 
         try:
             service = self.api.inspect_service(name)
+            state = self._read(name)
+            if state is not None and state.phase == ENDED:
+                # Already ended: scaling down would have Swarm remove its container, and its log.
+                return True
             if (service["Spec"].get("Mode") or {}).get("Replicated", {}).get("Replicas") != 0:
                 self.api.update_service(service["ID"], service["Version"]["Index"],
                                         mode=ServiceMode("replicated", replicas=0), fetch_current_spec=True)
