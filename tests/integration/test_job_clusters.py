@@ -7,11 +7,12 @@ together: the chief's exit 0 is success, any worker's failure ends them all.
 
 from __future__ import annotations
 
-import time
+import os
 
 from ..fixtures.hub import Hub, wait_for
 from .test_gpu_spawner import visible_devices
 from .test_jobs import job, job_containers, job_hub, jobs_api, submit, wait_state
+
 
 def worker_leases(hub: Hub, job_id: int) -> list:
     return sorted((l for l in hub.ledger().history() if l.server_name.startswith(f"job/{job_id}/worker-")),
@@ -85,10 +86,14 @@ def test_after_a_sigkill_a_cluster_with_a_worker_missing_is_ended(make_hub, dock
     j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sleep", "300"], "workers": 2})
     wait_for(lambda: len(job_containers(hub, docker_client, j["id"])) == 2 and job(hub, pat, j["id"])["started_at"],
              hub=hub, what="the cluster running")
+    from .test_poolpage_scripts import service_pid
+
+    service = service_pid(hub)
     hub.kill()
+    # The jobs service ends with its hub; only then does nothing watch.
+    wait_for(lambda: not os.path.exists(f"/proc/{service}"), hub=hub, what="the jobs service to end with its hub")
     # While nothing watches, one worker's container goes.
     docker_client.containers.get(f"{hub.prefix}-job-{j['id']}-w1").remove(force=True)
-    time.sleep(1)
     assert len(hub.ledger().leases()) == 2  # still lent: nobody has looked yet
     hub.start()
     from .test_poolpage import wait_for_page

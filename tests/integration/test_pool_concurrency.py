@@ -225,9 +225,13 @@ def test_processes_killed_while_hammering_leave_a_usable_ledger(ledger_url, tmp_
     pool.reconcile(HOST, set())
     assert pool.leases() == []
     # Their queue rows go stale and stop counting; the whole pool is lendable.
+    # (With fair-share order the admin, with no recent use, may be served before they go stale.)
     lease = asyncio.run(pool.acquire("admin", "", GPUS, timeout=30))
     assert len(lease.gpu_uuids) == GPUS
-    assert pool.queue() == []
+    deadline = time.monotonic() + 10 * options["waiter_stale_after"]
+    while pool.queue():
+        assert time.monotonic() < deadline, f"dead processes' rows still count: {pool.queue()}"
+        time.sleep(0.1)
     assert_no_double_lending(pool)
 
 
