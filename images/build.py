@@ -78,7 +78,7 @@ def workflow_files() -> list[Path]:
 
 
 # Files and folders of images/ copied into every build context.
-CONTEXT_FILES = ["Dockerfile", "start-notebook.sh", "bytecode.py", "gpu-job"]
+CONTEXT_FILES = ["Dockerfile", "start-notebook.sh", "start-sshd.sh", "bytecode.py", "gpu-job"]
 CONTEXT_DIRS = ["skel", "jupyter"]
 BYTECODE_MODES = ("warmup", "all", "none")
 

@@ -133,6 +133,10 @@ def apply_settings(c, settings: Settings) -> None:
         from ..jobs.config import configure_jobs
 
         configure_jobs(c, settings)
+    if settings.ssh:
+        from ..ssh.service import configure_ssh
+
+        configure_ssh(c, settings)
 
     from ..reconcile import start_in_hub
 
