@@ -52,11 +52,11 @@ def parse_key(line: str, max_bytes: int, min_rsa_bits: int) -> tuple[asyncssh.SS
     if len(line.encode()) > max_bytes:
         raise KeyRefused(f"That key is {len(line.encode())} bytes long; the limit is {max_bytes} bytes "
                          "(SSHGateway.max_key_bytes)")
-    if "\n" in line or "\r" in line:
-        raise KeyRefused("Paste exactly one public key line")
     if "PRIVATE KEY" in line:
         raise KeyRefused("That is a private key: paste the public one (the .pub file) and keep the "
                          "private key to yourself")
+    if "\n" in line or "\r" in line:
+        raise KeyRefused("Paste exactly one public key line")
     try:
         key = asyncssh.import_public_key(line)
     except (asyncssh.KeyImportError, ValueError):

@@ -11,8 +11,10 @@ page's form posts to the same handlers (the hub's XSRF token checked on cookie l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -26,9 +28,27 @@ from .key_store import KeyRefused, KeyStore
 log = logging.getLogger("gpu-ssh")
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_BODY = 64 * 1024
+HUB_AUTH_TIMEOUT = 10.0
 
 
 class Base(HubOAuthenticated, web.RequestHandler):
+    """Who is asking comes from the hub, asked asynchronously in prepare(): the same process
+    relays SSH traffic, which must never wait on a blocking call to the hub."""
+
+    async def prepare(self):
+        try:
+            await asyncio.wait_for(self.hub_auth.get_user(self, sync=False), HUB_AUTH_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise web.HTTPError(503, "The hub did not confirm who you are in time; try again") from None
+        result = super().prepare()
+        if result is not None:
+            await result
+
+    def get_current_user(self):
+        if not hasattr(self, "_cached_hub_user"):
+            return None
+        return super().get_current_user()
+
     def set_default_headers(self) -> None:
         self.set_header("X-Frame-Options", "DENY")
         self.set_header("Content-Security-Policy", "frame-ancestors 'none'")
@@ -125,5 +145,5 @@ def make_app(store: KeyStore, prefix: str, ssh_port: int, ssh_host: str, max_key
             (api + r"/([^/]+)", KeyAPI),
         ],
         key_store=store, prefix=prefix, ssh_port=ssh_port, ssh_host=ssh_host, max_keys=max_keys, jinja=jinja,
-        cookie_secret=__import__("os").urandom(32), xsrf_cookies=False,
+        cookie_secret=os.urandom(32), xsrf_cookies=False,
     )

@@ -99,7 +99,7 @@ class ServerKeys:
         self.ensure()
         return {
             "GPUHUB_SSH_AUTHORIZED_KEY": self.client_key().export_public_key().decode().strip(),
-            "GPUHUB_SSH_HOST_KEY": self.host_key().export_private_key().decode(),
+            "GPUHUB_SSH_HOST_KEY": self.host_key_file.read_text(),  # as written: the same at every start
             "GPUHUB_SSH_PORT": str(port),
             "GPUHUB_SSH_LOGIN": login_name(username),
         }

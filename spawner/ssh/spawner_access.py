@@ -6,6 +6,7 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from traitlets import Int, Unicode
+from traitlets.config import Configurable
 
 from . import CONTAINER_SSH_PORT
 from .server_keys import Endpoint, ServerKeys, login_name
@@ -20,9 +21,10 @@ def _start_address(result) -> str | None:
     return None
 
 
-class SSHAccess:
+class SSHAccess(Configurable):
     """Hands each server its SSH keys (when the hub's SSH gateway is on) and publishes where
-    its sshd listens once it started; withdraws that when it stops."""
+    its sshd listens once it started; withdraws that when it stops.  Its options are set as
+    `c.GPUDockerSpawner.ssh_*` (the engines' spawners inherit them) or `c.SSHAccess.ssh_*`."""
 
     ssh_state_dir = Unicode(
         "",

@@ -1,8 +1,8 @@
 """Slowing down password and key guessing: per source address and per account, in bounded memory.
 
 Each failure raises a counter for the address it came from and for the account it named.
-Once a counter passes `free` failures, every further attempt from that address, or for that
-account, waits `delay * 2**(n - free - 1)` seconds (at most `max_delay`) before it is
+Once a counter holds `free` failures, every further attempt from that address, or for that
+account, waits `delay * 2**(n - free)` seconds (at most `max_delay`) before it is
 checked.  A counter fades by one every `window` seconds without a failure.  At most
 `capacity` counters are kept; the one longest without a failure goes first.
 """
@@ -48,10 +48,10 @@ class FailureThrottle:
         """Seconds the next attempt naming these keys (address, account) waits."""
         now = self.clock()
         failures = max((self._failures(k, now) for k in keys), default=0.0)
-        over = int(failures) - self.free
-        if over < 0:
+        n = int(failures)
+        if n == 0 or n < self.free:
             return 0.0
-        return min(self.max_delay, self.delay * 2 ** over)
+        return min(self.max_delay, self.delay * 2 ** min(n - self.free, 32))
 
     def failed(self, *keys: str) -> None:
         now = self.clock()
