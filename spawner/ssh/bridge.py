@@ -62,6 +62,8 @@ class DownstreamSession(asyncssh.SSHServerSession):
         self.term: tuple | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._early: list[bytes] = []  # what the client sent before the container's side opened
+        self._early_eof = False
 
     def touch(self) -> None:
         self.gw.touch()
@@ -70,7 +72,6 @@ class DownstreamSession(asyncssh.SSHServerSession):
     def connection_made(self, chan):
         self.chan = chan
         self.gw.channel_opened(self)
-        chan.pause_reading()  # nothing is read until the container's side is open
 
     def pty_requested(self, term_type, term_size, term_modes):
         self.term = (term_type, term_size, term_modes)
@@ -91,6 +92,13 @@ class DownstreamSession(asyncssh.SSHServerSession):
 
     def session_started(self):
         self._task = asyncio.ensure_future(self._open_upstream())
+        # asyncssh resumes reading right after this returns: pause on the next turn, so what
+        # arrives before the container's side is open is at most one SSH window (kept below).
+        asyncio.get_running_loop().call_soon(self._hold)
+
+    def _hold(self) -> None:
+        if self.up_chan is None and not self._closed:
+            self.chan.pause_reading()
 
     async def _open_upstream(self):
         try:
@@ -113,6 +121,11 @@ class DownstreamSession(asyncssh.SSHServerSession):
         if self._closed:
             self.up_chan.close()
             return
+        for data in self._early:
+            self.up_chan.write(data)
+        self._early = []
+        if self._early_eof:
+            self.up_chan.write_eof()
         self.chan.resume_reading()
 
     def _fail(self, message: str) -> None:
@@ -129,10 +142,14 @@ class DownstreamSession(asyncssh.SSHServerSession):
         self.touch()
         if self.up_chan is not None:
             self.up_chan.write(data)
+        else:
+            self._early.append(data)
 
     def eof_received(self):
         if self.up_chan is not None:
             self.up_chan.write_eof()
+        else:
+            self._early_eof = True
         return True
 
     def terminal_size_changed(self, width, height, pixwidth, pixheight):
