@@ -142,7 +142,8 @@ def test_ssh_scp_and_port_forwarding_land_in_ones_own_server_and_strangers_do_no
         times.append(r.seconds)
     early, late = statistics.median(times[:3]), statistics.median(times[-5:])
     assert late > early + 1.0, times  # the capped delay (1.6 s) dominates the late attempts
-    assert times[8] > times[4] > times[1], times  # and it grew on the way there
+    # ... and it grew on the way there, never falling back (beyond a loaded machine's noise).
+    assert all(later > earlier - 0.5 for earlier, later in zip(times, times[1:])), times
     # The owner still gets in (slowed down too, as anyone from this address).
     r = client.ssh("alice", "true", password=alice.password)
     assert r.returncode == 0, r.stderr
