@@ -63,12 +63,12 @@ install:
 
 # The hub on http://127.0.0.1:8000 with a seeded OpenLDAP directory; Ctrl-C stops it.
 demo: deps docker
-	$(PY) hub_config/demo.py
+	$(PY) devservices/demo.py
 
 # The same demo on a 2-node Docker Swarm made here (GPU workers in containers,
 # PostgreSQL ledger, gpu-swarm); Ctrl-C removes the nodes again.
 demo-swarm: deps docker
-	$(PY) hub_config/demo_swarm.py
+	$(PY) devservices/demo_swarm.py
 
 # Builds the CUDA image (~2.6 GB of wheels, once) and checks it without a GPU.
 test-cuda-image: deps docker

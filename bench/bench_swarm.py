@@ -33,7 +33,7 @@ from tests.fixtures.tcp_proxy import BlackholeProxy  # noqa: E402
 
 PLAIN_SWARMSPAWNER = """
 from dockerspawner import SwarmSpawner
-from spawner.swarm_tasks import task_ip
+from spawner.swarm.tasks import task_ip
 
 class TaskAddressSwarmSpawner(SwarmSpawner):
     async def get_ip_and_port(self):

@@ -57,3 +57,8 @@ def write_when_config_loaded(path: Path, render: Callable[[Any], str | None], pr
         tmp.replace(path)
 
     loop.call_soon(write)
+
+
+def without_named(entries, name: str) -> list:
+    """`entries` (services or roles in the hub's config) without the one called `name`."""
+    return [e for e in list(entries or []) if e.get("name") != name]

@@ -40,11 +40,11 @@ pytest_plugins = [
 # are named by `pytest_xdist_make_scheduler` instead.)
 FIXED_PORT_UNITS = {
     "samba-ad": ("samba_ad", {"tests/integration/test_auth_directory.py", "tests/integration/test_auth_hub.py",
-                              "tests/integration/test_upgrade.py"}),
+                              "tests/integration/test_upgrade.py", "tests/integration/test_ssh_directory_ad.py"}),
 }
 LONG_MODULES_FIRST = [  # by their time in a run (longest first)
     "test_failure_paths.py", "test_swarm.py", "test_apt_install.py", "test_gpu_spawner.py", "test_jobs.py", "test_auth_hub.py",
-    "test_culling.py", "test_poolpage_actions.py", "test_browser.py", "test_poolpage_browser.py",
+    "test_culling.py", "test_ssh.py", "test_poolpage_actions.py", "test_browser.py", "test_poolpage_browser.py",
     "test_install.py", "test_tensorflow_hub.py", "test_poolpage.py", "test_reconcile.py",
 ]
 

@@ -71,12 +71,14 @@ Layout (one concern per module; data flows inventory -> pool -> spawner)
     grant.py           the grant transaction
     waiting.py         acquire()'s wait in the queue, the process's queue watch, cancellation
     executor.py        the ledger's own threads
-    admin.py           release, reconcile, drain
-    reads.py           leases, history, GPU states, the queue
+    release.py         release, reconcile, drain, end intents
+    queries.py         leases, history, GPU states, the queue
     inventory_sync.py  recording the inventory's GPUs
     jobs.py            the batch jobs' records (JobLedger)
     gpupool.py         GPUPool: the configurable facade composing them
 """
+
+import logging
 
 from .gpupool import LEDGER_FILE, GPUPool
 from .models import (
@@ -108,17 +110,38 @@ from .schema import (
     readings_table,
     waiters_table,
 )
-from .readings import Reading
+from .gpu_readings import Reading
 from .store import INTEGRITY_RETRIES, PG_LOCK_KEY
 
-# The environment variables that name the ledger for the processes beside the hub
-# (`gpu-pool`, its agent, the idle culler): its URL, or a file holding it (a Docker secret).
-ENV_DB_URL = "GPU_POOL_DB_URL"
-ENV_DB_URL_FILE = "GPU_POOL_DB_URL_FILE"
+# The environment variables that name the ledger, for the hub's settings and for the processes
+# beside it (`gpu-pool`, its agent, the idle culler, the pool service): its URL, or a file holding
+# it (a Docker secret).  The older names still work, with a deprecation warning.
+ENV_DB_URL = "GPUHUB_POOL_DB_URL"
+ENV_DB_URL_FILE = "GPUHUB_POOL_DB_URL_FILE"
+DEPRECATED_ENV = {"GPU_POOL_DB_URL": ENV_DB_URL, "GPU_POOL_DB_URL_FILE": ENV_DB_URL_FILE}
+
+
+def ledger_env(name: str, env=None) -> str:
+    """`env[name]` (stripped), else its deprecated older name's value with a warning, else ""."""
+    import os
+    import warnings
+
+    env = os.environ if env is None else env
+    value = env.get(name, "").strip()
+    if value:
+        return value
+    for old, new in DEPRECATED_ENV.items():
+        if new == name and env.get(old, "").strip():
+            warnings.warn(f"{old} is deprecated: set {new} instead", DeprecationWarning, stacklevel=2)
+            logging.getLogger("gpu-pool").warning("%s is deprecated: set %s instead", old, new)
+            return env[old].strip()
+    return ""
+
 
 __all__ = [
     "ENV_DB_URL",
     "ENV_DB_URL_FILE",
+    "ledger_env",
     "GPUPool",
     "LEDGER_FILE",
     "EndReason",

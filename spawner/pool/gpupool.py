@@ -3,7 +3,7 @@
 It holds the options (traitlets) and composes the store, placement, policy,
 grant, waiting, admin and reads modules; it adds no logic of its own.  What
 admins do to the ledger (drain, audit, reconcile, rehome) is its mixin in
-administration.py.
+admin_actions.py.
 """
 
 from __future__ import annotations
@@ -21,13 +21,18 @@ from traitlets import Any as AnyTrait
 from traitlets import Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
-from ..inventory import Inventory
-from . import admin, grant, inventory_sync, reads, timeline, validation
+from ..inventory.machine import Inventory
+from . import release
+from . import grant
+from . import inventory_sync
+from . import queries
+from . import timeline
+from . import validation
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
-from .administration import PoolAdministration
+from .admin_actions import PoolAdministration
 from .placement import Topology
-from .readings import PoolReadings
+from .gpu_readings import PoolReadings
 from .policy import limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store
@@ -415,20 +420,20 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
 
     def _remove_waiter(self, waiter_id: int) -> None:
-        self._write(lambda conn: admin.remove_waiter(self._store, conn, waiter_id), durable=False)
+        self._write(lambda conn: release.remove_waiter(self._store, conn, waiter_id), durable=False)
         self._notify()  # the queue moved
 
     def _undo_lease(self, lease_id: int) -> None:
-        self._write(admin.undo_lease, lease_id)
+        self._write(release.undo_lease, lease_id)
         self._notify()
 
-    # --- releasing and admin (admin.py) ---------------------------------------------
+    # --- releasing and admin (release.py) -------------------------------------------
 
     def release(self, lease_id: int, reason: EndReason | str = EndReason.STOPPED) -> bool:
         """End a lease.  Idempotent: False if it had already ended (or never existed)."""
         lease_id = validation.lease_id(lease_id)
         reason = validation.reason(reason)
-        ended = self._write(lambda conn: admin.release(self._store, conn, lease_id, reason), durable=False)
+        ended = self._write(lambda conn: release.release(self._store, conn, lease_id, reason), durable=False)
         if ended:
             self._notify()
         return ended
@@ -438,14 +443,14 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         not stop); `gpu-pool status` shows it.  False if the lease is not active."""
         lease_id = validation.lease_id(lease_id)
         problem = str(problem)[:500]
-        return self._write(lambda conn: admin.set_problem(conn, lease_id, problem), durable=False)
+        return self._write(lambda conn: release.set_problem(conn, lease_id, problem), durable=False)
 
-    # --- reading (reads.py) ---------------------------------------------------------
+    # --- reading (queries.py) ---------------------------------------------------------
 
     def lease(self, lease_id: int) -> Lease | None:
         """The lease with this id (active or ended), or None."""
         lease_id = validation.lease_id(lease_id)
-        found = self._read(lambda conn: reads.load_leases(conn, leases_table.c.id == lease_id))
+        found = self._read(lambda conn: queries.load_leases(conn, leases_table.c.id == lease_id))
         return found[0] if found else None
 
     def leases(self, user: str | None = None, host: str | None = None) -> list[Lease]:
@@ -455,7 +460,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
             where &= leases_table.c.user_name == validation.name(user, "The user name")
         if host is not None:
             where &= leases_table.c.host == validation.name(host, "The host name")
-        return self._read(lambda conn: reads.load_leases(conn, where))
+        return self._read(lambda conn: queries.load_leases(conn, where))
 
     def history(
         self, user: str | None = None, since: datetime | None = None, until: datetime | None = None
@@ -463,9 +468,9 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """Leases (ended or active) that overlap [since, until), by start time."""
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
         user = validation.name(user, "The user name") if user is not None else None
-        where = reads.history_where(user, since, until)
+        where = queries.history_where(user, since, until)
         order = (leases_table.c.started_at, leases_table.c.id)
-        return self._read(lambda conn: reads.load_leases(conn, where, order=order))
+        return self._read(lambda conn: queries.load_leases(conn, where, order=order))
 
     def usage(self, since: datetime | None = None, until: datetime | None = None) -> dict:
         """GPU-hours inside [since, until): {"users": {user: h}, "groups": {group: h}}.
@@ -474,11 +479,11 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         its user was in when it started.
         """
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
-        return reads.usage(self.history(since=since, until=until), since, until)
+        return queries.usage(self.history(since=since, until=until), since, until)
 
     def gpus(self) -> list[GPUStatus]:
         """Every GPU in the ledger with its drain flag and holding lease, by host and index."""
-        return self._read(reads.gpus)
+        return self._read(queries.gpus)
 
     def counts(self) -> dict[str, int]:
         """{"free", "lent", "drained", "queued"} for metrics.
@@ -486,12 +491,12 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         free: lendable now; lent: in an active lease (drained or not);
         drained: drained and not lent; queued: live waiters.
         """
-        queued = self._read(lambda conn: reads.queued_count(conn, self._store.now(conn), self.waiter_stale_after))
-        return reads.counts(self.gpus(), queued)
+        queued = self._read(lambda conn: queries.queued_count(conn, self._store.now(conn), self.waiter_stale_after))
+        return queries.counts(self.gpus(), queued)
 
     def queue(self) -> list[Waiter]:
         """Live waiters, in queue order."""
-        return self._read(lambda conn: reads.queue(conn, self._store.now(conn), self.waiter_stale_after))
+        return self._read(lambda conn: queries.queue(conn, self._store.now(conn), self.waiter_stale_after))
 
     def timeline(self, since: datetime, until: datetime | None = None) -> timeline.Timeline:
         """When each GPU was lent or drained, and requests waited, inside [since, until) (until: now)."""

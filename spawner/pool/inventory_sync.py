@@ -10,7 +10,7 @@ from datetime import datetime
 
 from sqlalchemy import insert, select, update
 
-from ..inventory import GPU
+from ..inventory.machine import GPU
 from .models import HostConflict
 from .schema import NAME_MAX, gpus_table, lease_gpus_table
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from ..inventory import GPU
+from ..inventory.machine import GPU
 
 # --- errors ---------------------------------------------------------------
 

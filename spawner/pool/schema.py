@@ -31,7 +31,7 @@ from .models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
 # 6: gpu_pool_readings (the per-node agent's GPU utilisation)
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 NAME_MAX = 255
 
 
@@ -196,7 +196,7 @@ jobs_table = Table(
 
 
 # The newest reading of each GPU by the per-node agent (`gpu-pool agent`, see
-# spawner/agent.py): one row per GPU, overwritten, stamped with the database's
+# spawner/inventory/agent.py): one row per GPU, overwritten, stamped with the database's
 # clock so readers on other machines judge its age by one clock.
 readings_table = Table(
     "gpu_pool_readings",
@@ -205,6 +205,19 @@ readings_table = Table(
     Column("uuid", String(128), primary_key=True),
     Column("utilization", Float),  # percent; NULL: the agent could not read it
     Column("cuda_version", String(16)),  # the driver's, MAJOR.MINOR; NULL if unknown
+    Column("at", UTCDateTime, nullable=False),
+)
+
+
+# Who asked a server to end, recorded by the asker before it asks the hub (the idle
+# culler before its DELETE: `culled`; the pool page's admin end: `admin`).  The spawner
+# reads it when the stop arrives; without a fresh one the stop is the user's own.
+end_intents_table = Table(
+    "gpu_pool_end_intents",
+    metadata,
+    Column("lease_id", Integer, ForeignKey("gpu_pool_leases.id", ondelete="CASCADE"), primary_key=True),
+    Column("reason", String(32), nullable=False),
+    Column("actor", String(NAME_MAX), nullable=False),
     Column("at", UTCDateTime, nullable=False),
 )
 
@@ -220,7 +233,7 @@ def create_schema(conn) -> None:
             # 1 -> 2: the column ledgers made by 0.1 lack.
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
-        # 5 -> 6: gpu_pool_readings: new tables create_all has just made.
+        # 5 -> 6: gpu_pool_readings; 6 -> 7: gpu_pool_end_intents: new tables create_all has just made.
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

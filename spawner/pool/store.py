@@ -25,7 +25,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.pool import StaticPool
 
-from ..inventory import InventoryError
+from ..inventory.machine import InventoryError
 from .models import PoolError, PoolUnavailable
 
 # Key of the PostgreSQL advisory lock that serialises writes to the ledger

@@ -24,12 +24,16 @@ from tornado.httpserver import HTTPServer
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..hub_service import stop_when_the_hub_is_gone
-from ..pool import GPUPool
+from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..settings.parsing import env_bool
-from . import actions_api, history_api, insight, jobs_api, views
-from .handlers import APIHandler, BaseHandler, NotFound, OAuthCallback, log
+from .handlers import actions as actions_api
+from .handlers import history as history_api
+from .handlers import wait as insight
+from .handlers import jobs as jobs_api
+from . import views
+from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .limits import PoolServiceLimits
-from .log_streams import Followers
+from .handlers.log_streams import Followers
 
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50
@@ -167,7 +171,7 @@ def main() -> None:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-pool/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8091"))
     job_settings = JobSettings.from_env(os.environ)
-    pool = GPUPool(db_url=os.environ["GPUHUB_POOL_DB_URL"], **(job_settings.pool if job_settings else {}))
+    pool = GPUPool(db_url=ledger_env(ENV_DB_URL), **(job_settings.pool if job_settings else {}))
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"),
                    env_bool(os.environ, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
                    jobs=JobRunner(pool, job_settings) if job_settings else None)

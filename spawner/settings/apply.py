@@ -121,23 +121,23 @@ def apply_settings(c, settings: Settings) -> None:
         c.Authenticator.admin_users = set(settings.admin_users)
 
     if settings.cull:
-        from ..culling import configure_culler
+        from .culler import configure_culler
 
         configure_culler(c, settings)
 
     if settings.pool_page:
-        from ..poolpage.service import configure_pool_page
+        from .pool_service import configure_pool_page
 
         configure_pool_page(c, settings)
     if settings.jobs:
-        from ..jobs.config import configure_jobs
+        from .jobs import configure_jobs
 
         configure_jobs(c, settings)
     if settings.ssh:
-        from ..ssh.service import configure_ssh
+        from .ssh_service import configure_ssh
 
         configure_ssh(c, settings)
 
-    from ..reconcile import start_in_hub
+    from ..reconciler import start_in_hub
 
     start_in_hub()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlparse
 
-from ..pool.gpupool import LEDGER_FILE
+from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
 from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
 
@@ -149,7 +149,7 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
                                     if c.strip()),
     )
     if spawner == "swarm":
-        if not env.get("GPUHUB_POOL_DB_URL", "").strip().startswith("postgresql"):
+        if not ledger_env(ENV_DB_URL, env).startswith("postgresql"):
             raise SettingsError("GPUHUB_SPAWNER=swarm lends the GPUs of several hosts from one ledger, "
                                 "which must be PostgreSQL: set GPUHUB_POOL_DB_URL=postgresql+psycopg://... "
                                 "(an SQLite ledger lives on one machine)")
@@ -177,7 +177,7 @@ def data_dir_setting(env: Mapping[str, str]) -> Path:
 def ledger_url(env: Mapping[str, str]) -> str:
     """The one rule for where the GPU ledger is, for the hub and every command beside it:
     GPUHUB_POOL_DB_URL, else the SQLite file gpu-pool.sqlite in GPUHUB_DATA_DIR."""
-    return env.get("GPUHUB_POOL_DB_URL", "").strip() or f"sqlite:///{data_dir_setting(env) / LEDGER_FILE}"
+    return ledger_env(ENV_DB_URL, env) or f"sqlite:///{data_dir_setting(env) / LEDGER_FILE}"
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:

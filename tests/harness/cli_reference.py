@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print the command-line reference (docs/reference/cli.md), generated from the parsers.
 
-`gpu-pool` (spawner/cli.py) and `gpu-job` (images/gpu-job, in the notebook
+`gpu-pool` (spawner/cli/main.py) and `gpu-job` (images/gpu-job, in the notebook
 images) are documented from their own argparse parsers, so a new option shows
 up here by itself; tests/unit/test_docs.py checks the page is current:
 
@@ -36,7 +36,7 @@ def gpu_job_parser() -> argparse.ArgumentParser:
 
 
 def gpu_pool_parser() -> argparse.ArgumentParser:
-    from spawner.cli import _parser
+    from spawner.cli.main import _parser
 
     return _parser()
 

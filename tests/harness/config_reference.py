@@ -23,15 +23,15 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "images" / "jupyter
 # (module, class): the classes whose own options the reference documents.
 CLASSES = [
     ("spawner.lending", "GPULendingSpawner"),
-    ("spawner.dockerspawner", "GPUDockerSpawner"),
+    ("spawner.docker.spawner", "GPUDockerSpawner"),
     ("spawner.swarm", "GPUSwarmSpawner"),
     ("spawner.pool", "GPUPool"),
     ("spawner.inventory", "Inventory"),
     ("spawner.inventory", "NVMLInventory"),
     ("spawner.inventory", "StaticInventory"),
     ("spawner.inventory", "SimulatedInventory"),
-    ("spawner.swarm_inventory", "SwarmInventory"),
-    ("spawner.reconcile", "Reconciler"),
+    ("spawner.inventory.swarm", "SwarmInventory"),
+    ("spawner.reconciler", "Reconciler"),
     ("spawner.containers", "ContainerLimits"),
     ("spawner.jobs.limits", "JobLimits"),
     ("spawner.auth", "DirectoryAuthenticator"),

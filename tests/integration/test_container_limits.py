@@ -71,7 +71,7 @@ def test_servers_jobs_and_home_helpers_are_bounded_and_a_fork_bomb_stays_in_its_
 
 
 def test_the_doctors_probe_is_bounded(hub_env, docker_client, docker_faults):  # noqa: F811
-    from spawner.doctor import LABEL_DOCTOR
+    from spawner.cli.doctor import LABEL_DOCTOR
 
     seen = []
 

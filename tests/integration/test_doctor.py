@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spawner.doctor import LABEL_DOCTOR, PROBE_USER
+from spawner.cli.doctor import LABEL_DOCTOR, PROBE_USER
 from spawner.inventory import SimulatedInventory, StaticInventory
 from spawner.pool import GPUPool
 from spawner.settings.hub import ledger_url

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from devservices.ldap.tls import make_ca
-from spawner import doctor
+from spawner.cli import doctor
 from spawner.auth import connection
 from spawner.auth.messages import DirectoryUnavailable
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 from spawner.culling import GPUIdleCuller
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
-from spawner.swarm_inventory import SwarmInventory
+from spawner.inventory.swarm import SwarmInventory
 from tests.fixtures.postgres import create_database
 
 NODE = "gpu-node-a"
@@ -72,7 +72,7 @@ def test_agent_readings_reach_swarm_inventory_and_the_culler_then_go_stale(
     pool = GPUPool(db_url=postgres_database)
     swarm = SwarmInventory(reading_max_age=MAX_AGE)
     swarm.use_readings(pool.gpu_readings)
-    monkeypatch.setenv("GPU_POOL_DB_URL", postgres_database)
+    monkeypatch.setenv("GPUHUB_POOL_DB_URL", postgres_database)
     culler = GPUIdleCuller()
     culler.parse_command_line(["--inventory=swarm", "--gpu-idle-percent=5", "--gpu-idle-seconds=0",
                                f"--reading-max-age={MAX_AGE:g}"])

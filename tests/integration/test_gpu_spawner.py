@@ -20,7 +20,7 @@ def visible_devices(container) -> str:
 
     The daemon's NVIDIA driver sets it in the container's process spec, which
     `docker exec` does not inherit, so read PID 1's environment."""
-    from spawner.doctor import visible_devices as from_environ
+    from spawner.cli.doctor import visible_devices as from_environ
 
     code, out = container.exec_run(["cat", "/proc/1/environ"])
     assert code == 0, out
@@ -144,9 +144,15 @@ def test_every_way_a_server_ends_releases_its_lease(make_hub, docker_client):
     hub.stop_server("by-user", token=hub.user_token("by-user"))
     assert _reason_of_last_lease(hub, "by-user") == "stopped"
 
+    # The hub names no requester to a spawner: an admin's stop through the hub's own API or
+    # admin panel is `stopped`; the pool page's "end lease" (test_poolpage_actions) is `admin`.
     hub.stop_server("by-admin", token=hub.user_token("boss"))
-    assert _reason_of_last_lease(hub, "by-admin") == "admin"
+    assert _reason_of_last_lease(hub, "by-admin") == "stopped"
 
+    # The culler records its intent in the ledger, then asks the hub (as the real one does,
+    # test_culling); a fresh intent gives the lease its reason.
+    lease_id = hub.server_model("culled")["state"]["gpu_lease_id"]
+    assert hub.ledger().record_end_intent(lease_id, "culled", "idle-culler")
     hub.stop_server("culled", token="culler-token-0123456789abcdef")
     assert _reason_of_last_lease(hub, "culled") == "culled"
 

@@ -288,7 +288,7 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
     from spawner.pool import GPUPool
     from spawner.pool.jobs import RUNNING
     from spawner.profiles import DEFAULT_PROFILES
-    from spawner.reconcile import reconcile
+    from spawner.docker.reconcile import reconcile
 
     host, tag = "jobs-reconcile-host", secrets.token_hex(3)
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=4, host=host))

@@ -10,7 +10,7 @@ import pytest
 from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
-from spawner.reconcile import reconcile
+from spawner.docker.reconcile import reconcile
 
 HOST = "reconcile-test-host"
 

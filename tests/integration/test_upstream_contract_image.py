@@ -1,4 +1,4 @@
-"""The private part of jupyterhub-singleuser that spawner/culling.py's wrapper relies on,
+"""The private part of jupyterhub-singleuser that spawner/culling/culler.py's wrapper relies on,
 checked where it lives: inside the notebook image (see tests/unit/test_upstream_contract.py)."""
 
 from __future__ import annotations

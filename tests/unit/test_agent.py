@@ -16,12 +16,12 @@ from datetime import timedelta
 import pytest
 from traitlets import TraitError
 
-from spawner.agent import Agent
-from spawner.culling import GPUIdleCuller, _Utilization
+from spawner.inventory.agent import Agent
+from spawner.culling.culler import GPUIdleCuller, CullerUtilization
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, InvalidRequest
 from spawner.settings import load_settings
-from spawner.swarm_inventory import SwarmInventory
+from spawner.inventory.swarm import SwarmInventory
 from tests.unit.test_swarm import Manager, node
 
 
@@ -177,8 +177,8 @@ def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkey
     gpu0 = inv.gpus()[0].uuid
     path.write_text(json.dumps({gpu0: 77}))
     Agent(pool, inv, interval=1).run_once()
-    monkeypatch.setenv("GPU_POOL_DB_URL", pool.db_url)
-    reader = _Utilization("swarm", 0, "", None, reading_max_age=5)
+    monkeypatch.setenv("GPUHUB_POOL_DB_URL", pool.db_url)
+    reader = CullerUtilization("swarm", 0, "", None, reading_max_age=5)
     assert reader("node-a", gpu0) == 77.0
     assert reader("node-b", gpu0) is None
     age(pool, 6)
@@ -186,7 +186,7 @@ def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkey
 
 
 def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
-    from spawner.culling import configure_culler
+    from spawner.settings.culler import configure_culler
     from traitlets.config import Config
 
     app = GPUIdleCuller()
@@ -200,7 +200,7 @@ def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
     c = Config()
     configure_culler(c, s)
     [service] = c.JupyterHub.services
-    assert service["environment"] == {"GPU_POOL_DB_URL": url}
+    assert service["environment"] == {"GPUHUB_POOL_DB_URL": url}
     assert "--inventory=swarm" in service["command"]
     assert not any("secret" in arg for arg in service["command"])
 
@@ -220,7 +220,7 @@ def test_a_version_5_ledger_gains_the_readings_table_in_place(tmp_path):
     p.record_readings("node-a", {"GPU-1": 1.5})
     assert len(p.gpu_readings(60)) == 1
     with engine.begin() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "6"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION)
     p.close()
     engine.dispose()
 
@@ -239,7 +239,7 @@ def test_the_agent_command_refuses_bad_options_in_one_line(tmp_path, capsys):
 
 
 def test_the_pool_page_shows_swarm_utilization_from_the_agents(pool, node_a):
-    from spawner.poolpage.insight import Settings
+    from spawner.poolpage.handlers.wait import Settings
 
     inv, path = node_a
     gpu0 = inv.gpus()[0].uuid

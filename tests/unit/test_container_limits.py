@@ -38,7 +38,7 @@ def test_bad_bounds_are_refused_with_the_options_name(options, message):
 
 
 def test_a_jobs_container_is_bounded_as_the_hub_configured(tmp_path):
-    from spawner.jobs.config import job_settings
+    from spawner.settings.jobs import job_settings
 
     c = Config()
     c.ContainerLimits.pids_limit = 128

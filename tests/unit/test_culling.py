@@ -9,17 +9,15 @@ from datetime import timedelta
 import pytest
 from traitlets.config import Config
 
-from spawner.culling import (
-    CULLER_SCOPES,
+from spawner.culling.culler import (
     BUSY_SWITCH_ENV,
     SERVICE_NAME,
     SINGLEUSER_BOOT,
     GPUCullPolicy,
     GPUIdleCuller,
-    _Utilization,
-    activity_interval,
-    configure_culler,
+    CullerUtilization,
 )
+from spawner.settings.culler import CULLER_SCOPES, activity_interval, configure_culler
 from spawner.inventory import SimulatedInventory
 from spawner.settings import SettingsError, load_settings
 
@@ -165,7 +163,7 @@ def test_simulated_utilization_is_read_from_the_file_tests_control(tmp_path):
     uuid = SimulatedInventory.uuid_for(host, 2)
     path = tmp_path / "util.json"
     path.write_text(json.dumps({uuid: 42}))
-    read = _Utilization("simulated", 4, str(path), log=None)
+    read = CullerUtilization("simulated", 4, str(path), log=None)
     assert read(host, uuid) == 42.0
     path.write_text(json.dumps({uuid: 7}))
     assert read(host, uuid) == 7.0
@@ -188,6 +186,28 @@ def test_culler_app_takes_its_gpu_options_from_the_command_line(tmp_path):
     assert (policy.cpu_timeout, policy.gpu_timeout) == (600, 60)
     assert (policy.gpu_idle_percent, policy.gpu_idle_seconds) == (10, 6)
     assert policy.gpu_rule_enabled
+
+
+def test_the_culler_records_its_intent_in_the_ledger_before_it_culls_a_gpu_server(tmp_path, monkeypatch):
+    # The spawner ends the lease `culled` only because of this record (JupyterHub names no requester).
+    import asyncio
+    from datetime import timedelta
+
+    from spawner.pool import GPUPool
+
+    url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    pool = GPUPool(inventory=SimulatedInventory(count=2, host="h"), db_url=url)
+    lease = pool.try_acquire("alice", "", 1)
+    monkeypatch.setenv("GPUHUB_POOL_DB_URL", url)
+    app = GPUIdleCuller()
+    app.parse_command_line(["--cpu-timeout=600", "--gpu-timeout=60", "--inventory=static"])
+    server = gpu_server(*lease.gpu_uuids, lease_id=lease.id)
+    kept = app.cull_arbiter_hook(inactive=timedelta(seconds=30), inactive_limit=60, server=server)
+    assert kept is False and pool.end_intent(lease.id) is None
+    culled = app.cull_arbiter_hook(inactive=timedelta(seconds=90), inactive_limit=60, server=server)
+    assert asyncio.run(culled) is True
+    assert pool.end_intent(lease.id) == ("culled", "idle-culler")
+    pool.close()
 
 
 def test_culler_app_without_gpu_rule_reads_no_utilization():

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
-from spawner import doctor
-from spawner.doctor import FAIL, OK, WARN, Result
+from spawner.cli import doctor
+from spawner.cli.doctor import FAIL, OK, WARN, Result
 from spawner.inventory import SimulatedInventory, StaticInventory
 from spawner.pool import GPUPool
 
@@ -203,7 +203,7 @@ def test_doctor_without_the_settings_says_it_checks_defaults(monkeypatch, tmp_pa
 
 
 def test_the_doctor_warns_about_settings_lines_a_shell_reads_differently(monkeypatch, tmp_path):
-    from spawner.cli import load_env_file
+    from spawner.cli.main import load_env_file
 
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("GPUHUB_")})
     env_file = tmp_path / "gpuhub.env"

@@ -18,7 +18,7 @@ from spawner.inventory import (
     TOPOLOGY_SINGLE,
     TOPOLOGY_SYSTEM,
 )
-from spawner.inventory_kinds import inventory_from_config
+from spawner.inventory.kinds import inventory_from_config
 from tests.fixtures.nvml import FakeNVML
 
 

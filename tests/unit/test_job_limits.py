@@ -9,7 +9,7 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
-from spawner.jobs.config import job_limits
+from spawner.settings.jobs import job_limits
 from spawner.jobs.limits import JobLimits
 from spawner.jobs.request import BadJob
 from spawner.profiles import DEFAULT_PROFILES, load_profiles

@@ -10,15 +10,15 @@ from traitlets.config import Config
 
 from spawner.containers import HARDENING
 from spawner.jobs import JOBS_SCOPE
-from spawner.jobs.config import configure_jobs
+from spawner.settings.jobs import configure_jobs
 from spawner.poolpage.hubapi import SERVICE_SCOPES
-from spawner.poolpage.service import SERVICE_ROLE
+from spawner.settings.pool_service import SERVICE_ROLE
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
 from spawner.jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 from spawner.jobs.spec import container_spec
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
-from spawner.poolpage.service import ACCESS_SCOPE, configure_pool_page
+from spawner.settings.pool_service import ACCESS_SCOPE, configure_pool_page
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
 from spawner.settings import load_settings
 

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import types
+from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets.config import Config
 
-from spawner import admission, lending
+from spawner.lending import admission
+from spawner.lending import spawner as lending
 from spawner.lending import GPULendingSpawner
 from spawner.pool import EndReason
+from spawner.pool.schema import end_intents_table
 
 pytestmark = pytest.mark.unit
 
@@ -115,21 +119,25 @@ def run(coro):
     return asyncio.run(coro)
 
 
-@pytest.mark.parametrize("requester, reason", [
-    (None, EndReason.STOPPED),                                        # hub shutdown, an internal stop
-    (types.SimpleNamespace(kind="user", name="alice"), EndReason.STOPPED),
-    (types.SimpleNamespace(kind="user", name="carol"), EndReason.ADMIN),  # someone else: an admin
-    (types.SimpleNamespace(kind="service", name="idle-culler"), EndReason.CULLED),
-    (types.SimpleNamespace(kind="service", name="gpu-pool"), EndReason.ADMIN),
+@pytest.mark.parametrize("intent, age, reason", [
+    (None, 0, EndReason.STOPPED),                      # the user, an admin in the hub, hub shutdown
+    (("culled", "idle-culler"), 0, EndReason.CULLED),   # the culler recorded it before its DELETE
+    (("admin", "carol"), 0, EndReason.ADMIN),           # the pool page's "end lease"
+    (("culled", "idle-culler"), 600, EndReason.STOPPED),  # stale: a cull that never came
 ])
-def test_a_stop_ends_the_lease_with_the_requesters_reason(config, monkeypatch, requester, reason):
-    monkeypatch.setattr(lending, "stop_requester", lambda: requester)
+def test_a_stop_ends_the_lease_with_the_reason_its_asker_recorded(config, intent, age, reason):
     spawner = make(config)
 
     async def scenario():
         await spawn(spawner)
         lease_id = spawner.lease_id
         assert spawner.pool.lease(lease_id).active
+        if intent is not None:
+            assert spawner.pool.record_end_intent(lease_id, *intent)
+            if age:  # recorded `age` seconds ago
+                with spawner.pool._store.engine().begin() as conn:
+                    at = conn.execute(sa.select(end_intents_table.c.at)).scalar_one()
+                    conn.execute(sa.update(end_intents_table).values(at=at - timedelta(seconds=age)))
         await user_stop(spawner)
         return lease_id
 
@@ -137,6 +145,15 @@ def test_a_stop_ends_the_lease_with_the_requesters_reason(config, monkeypatch, r
     ended = history(spawner)[lease_id]
     assert not ended.active and ended.end_reason == reason
     assert spawner.get_state().get("gpu_lease_id") is None
+
+
+def test_an_intent_for_a_lease_that_ended_is_refused(config):
+    spawner = make(config)
+    lease = spawner.pool.try_acquire("bob", "", 1)
+    spawner.pool.release(lease.id, EndReason.STOPPED)
+    assert spawner.pool.record_end_intent(lease.id, EndReason.CULLED, "idle-culler") is False
+    with pytest.raises(ValueError):
+        spawner.pool.record_end_intent(lease.id, "whatever", "idle-culler")
 
 
 def test_a_stop_that_raised_still_releases_once_the_engine_says_gone(config):
@@ -155,7 +172,7 @@ def test_a_stop_that_raised_still_releases_once_the_engine_says_gone(config):
 
 
 def test_a_container_that_would_not_stop_keeps_its_gpu_lent_with_the_reason(config, monkeypatch):
-    monkeypatch.setattr("spawner.lease_ending.SETTLE_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr("spawner.lending.ending.SETTLE_GRACE_SECONDS", 0.0)
     spawner = make(config)
 
     async def scenario():
@@ -173,7 +190,7 @@ def test_a_container_that_would_not_stop_keeps_its_gpu_lent_with_the_reason(conf
 
 
 def test_an_engine_that_cannot_answer_never_frees_the_gpu(config, monkeypatch):
-    monkeypatch.setattr("spawner.lease_ending.SETTLE_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr("spawner.lending.ending.SETTLE_GRACE_SECONDS", 0.0)
     spawner = make(config)
 
     async def scenario():

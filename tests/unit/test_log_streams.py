@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from spawner.poolpage.limits import PoolServiceLimits
-from spawner.poolpage.log_streams import Followers, LogFollow, TooMany
+from spawner.poolpage.handlers.log_streams import Followers, LogFollow, TooMany
 
 
 class EndlessLog:
@@ -94,7 +94,7 @@ def test_a_follower_of_a_queued_job_reads_the_ledger_only_when_the_runner_moves_
 
     from spawner.jobs.runner import JobRunner
     from spawner.pool.jobs import QUEUED, RUNNING, STARTING
-    from spawner.poolpage.jobs_api import JobLogsAPI
+    from spawner.poolpage.handlers.jobs import JobLogsAPI
 
     states = iter([STARTING, RUNNING])
     reads = []

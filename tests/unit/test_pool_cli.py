@@ -33,6 +33,7 @@ def ledger(tmp_path):
 def run_cli(*args, env=None, cwd=None):
     """Run `python -m spawner.cli` like the installed gpu-pool script."""
     full_env = dict(os.environ)
+    full_env.pop("GPUHUB_POOL_DB_URL", None)
     full_env.pop("GPU_POOL_DB_URL", None)
     full_env.update(env or {})
     return subprocess.run(
@@ -187,9 +188,18 @@ def test_reads_the_hub_config(ledger, tmp_path):
     assert r.returncode == 0, r.stderr
     assert [l["user"] for l in json.loads(r.stdout)] == ["alice"]
     # The environment variable wins over the config file.
-    r = run_cli("--config", str(config), "status", env={"GPU_POOL_DB_URL": "sqlite:///elsewhere.sqlite"},
+    r = run_cli("--config", str(config), "status", env={"GPUHUB_POOL_DB_URL": "sqlite:///elsewhere.sqlite"},
                 cwd=ledger["dir"])
     assert r.returncode == 1 and "elsewhere.sqlite" in r.stderr
+
+
+def test_the_old_ledger_variable_still_works_and_says_it_is_deprecated(ledger):
+    # GPU_POOL_DB_URL was the name for gpu-pool and the culler, GPUHUB_POOL_DB_URL the hub's: one now.
+    r = run_cli("--json", "leases", env={"GPUHUB_POOL_DB_URL": "", "GPU_POOL_DB_URL": ledger["url"]},
+                cwd=ledger["dir"])
+    assert r.returncode == 0, r.stderr
+    assert [l["user"] for l in json.loads(r.stdout)] == ["alice"]
+    assert "GPU_POOL_DB_URL is deprecated: set GPUHUB_POOL_DB_URL instead" in r.stderr
 
 
 def test_broken_config_file_is_reported(tmp_path):

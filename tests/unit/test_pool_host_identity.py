@@ -67,7 +67,7 @@ def test_keeping_the_old_name_works_and_gpus_marked_missing_elsewhere_do_not_con
 def test_the_gpuhub_gpu_host_setting_names_this_host_in_the_ledger(tmp_path):
     from traitlets.config import Config
 
-    from spawner.inventory_kinds import inventory_from_config
+    from spawner.inventory.kinds import inventory_from_config
     from spawner.settings import apply_settings, load_settings
 
     c = Config()

@@ -214,6 +214,7 @@ def test_the_production_example_is_complete_and_names_only_real_settings(tmp_pat
     env = read_env_file(example)
     package = Path(__file__).resolve().parents[2] / "spawner" / "settings"
     source = "".join(p.read_text() for p in sorted(package.glob("*.py")))
+    source += (package.parent / "pool" / "__init__.py").read_text()  # the ledger's URL (ENV_DB_URL)
     commented = {line.lstrip("#").partition("=")[0] for line in example.read_text().splitlines()
                  if line.startswith("#GPUHUB_")}
     for name in set(env) | commented:

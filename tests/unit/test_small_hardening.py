@@ -8,7 +8,8 @@ import io
 
 import pytest
 
-from spawner.poolpage import client, views
+from spawner.cli import exec_client as client
+from spawner.poolpage import views
 
 
 @pytest.mark.parametrize("name", ["=cmd|' /C calc'!A0", "+1", "-1", "@SUM(1)", "\t=1+1", "\r=1+1"])

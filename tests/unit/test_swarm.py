@@ -12,8 +12,8 @@ import pytest
 from spawner.pool import GPUPool
 from spawner.profiles import ProfileConfigError, Profile
 from spawner.settings import SettingsError, load_settings
-from spawner.swarm_inventory import SwarmInventory, memory_mib, node_gpus, node_lends
-from spawner.swarm_tasks import task_holds, task_ip
+from spawner.inventory.swarm import SwarmInventory, memory_mib, node_gpus, node_lends
+from spawner.swarm.tasks import task_holds, task_ip
 
 
 def node(host, uuids, state="ready", availability="active", labels=None, node_id=None):

@@ -11,6 +11,7 @@ in our code, remove its test here.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 from dockerspawner import DockerSpawner
@@ -26,44 +27,46 @@ def _source(obj) -> str:
 
 
 def test_spawner_stop_pending_is_a_class_flag_read_by_pending():
-    # spawner/lending.py: a lease is settled in poll() only when no stop is under way.
+    # spawner/lending/spawner.py: a lease is settled in poll() only when no stop is under way.
     assert Spawner._stop_pending is False
     assert "_stop_pending" in _source(Spawner.pending.fget)
 
 
 def test_hub_app_has_a_start_future_resolved_when_it_has_started():
-    # spawner/reconcile.py awaits it, so the first pass runs once the hub is up.
+    # spawner/reconciler.py awaits it, so the first pass runs once the hub is up.
     source = _source(JupyterHub)
     assert "self._start_future = asyncio.Future()" in source
     assert "self._start_future.set_result(None)" in source
 
 
-def test_base_handler_keeps_the_authenticated_user_in_jupyterhub_user():
-    # spawner/lease_ending.py: who asked for a stop is the handler's `_jupyterhub_user`.
-    source = _source(BaseHandler)
-    assert "self._jupyterhub_user = None" in source
-    assert "self._jupyterhub_user" in _source(BaseHandler.get_current_user)
+def test_nothing_reads_who_stopped_a_server_from_the_hub_s_handlers_any_more():
+    # Who ended a server is recorded by the asker in the ledger (end intents); the stack walk
+    # for BaseHandler._jupyterhub_user is gone and must not come back.
+    package = Path(__file__).resolve().parents[2] / "spawner"
+    for module in package.rglob("*.py"):
+        source = module.read_text()
+        assert "_jupyterhub_user" not in source and "_getframe" not in source, module
 
 
 def test_spawn_limit_is_read_from_the_tornado_settings_by_that_key():
-    # spawner/admission.py moves `concurrent_spawn_limit` out of the settings to count starts only.
+    # spawner/lending/admission.py moves `concurrent_spawn_limit` out of the settings to count starts only.
     assert "self.settings.get('concurrent_spawn_limit'" in _source(BaseHandler.concurrent_spawn_limit.fget)
     assert "concurrent_spawn_limit=self.concurrent_spawn_limit" in _source(JupyterHub.init_tornado_settings)
 
 
 def test_dockerspawner_eval_if_callable_takes_one_value():
-    # spawner/dockerspawner.py evaluates per-user options with it, as DockerSpawner does.
+    # spawner/docker/spawner.py evaluates per-user options with it, as DockerSpawner does.
     params = list(inspect.signature(DockerSpawner._eval_if_callable).parameters)
     assert params == ["self", "x"]
 
 
 def test_dockerspawner_inspects_its_object_through_get_object():
-    # spawner/dockerspawner.py wraps get_object() to keep the container's labels for poll().
+    # spawner/docker/spawner.py wraps get_object() to keep the container's labels for poll().
     assert inspect.iscoroutinefunction(DockerSpawner.get_object)
     assert "get_object" in _source(DockerSpawner.poll)
 
 
-# JupyterHubSingleUser.notify_activity (spawner/culling.py's GPUHUB_CULL_KEEP_BUSY=wrapper) lives in
+# JupyterHubSingleUser.notify_activity (spawner/culling/culler.py's GPUHUB_CULL_KEEP_BUSY=wrapper) lives in
 # the notebook images, not in the hub's environment: tests/integration/test_upstream_contract_image.py
 # checks it inside the notebook image.
 

@@ -1,0 +1,415 @@
+#!/usr/bin/env python3
+"""`make demo`: the hub on http://127.0.0.1:8000 with a demo directory and 4 GPUs.
+
+    .venv/bin/python devservices/demo.py
+
+What it does, in order:
+
+1. installs what is missing: configurable-http-proxy (npm), a Docker engine
+   (devservices/docker-up.sh), slapd (Debian's package, by the harness);
+2. builds the notebook images it needs, each cached by the hash of its inputs
+   (a second run builds nothing): the Debian base, the TensorFlow MKL image,
+   and the CUDA image only when NVML finds a GPU;
+3. starts a seeded OpenLDAP directory on 127.0.0.1:3890 (StartTLS) / 6360 (LDAPS);
+4. starts the hub with hub_config/jupyterhub_config.py -- the production config,
+   driven by GPUHUB_* variables -- on the machine's NVML GPUs, or 4 simulated
+   GPUs when there is none; its data (database, GPU ledger, cookie secret,
+   auth-state key) lives under .demo/ and is reused by the next run;
+5. prints the URL and the demo logins, and waits.
+
+Ctrl-C (or SIGTERM) stops what it started, and only that, by pid: the hub
+(which stops the notebook servers it runs and its proxy), then the directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from devservices.ldap import openldap as ldap_harness  # noqa: E402
+from devservices.ldap import seed  # noqa: E402
+
+PY = sys.executable
+SIMULATED_GPUS = 4
+
+
+def say(msg: str) -> None:
+    print(f"demo: {msg}", flush=True)
+
+
+class DemoError(RuntimeError):
+    """Something the person running the demo must fix; the message says what."""
+
+
+# ------------------------------------------------------------------ checks
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def ensure_proxy() -> None:
+    if shutil.which("configurable-http-proxy"):
+        return
+    if not shutil.which("npm"):
+        raise DemoError("configurable-http-proxy is missing and npm is not installed: "
+                        "install Node.js and npm, then run `make demo` again")
+    say("installing configurable-http-proxy (npm install -g)")
+    subprocess.run(["npm", "install", "-g", "--silent", "configurable-http-proxy"], check=False)
+    if not shutil.which("configurable-http-proxy"):
+        raise DemoError("`npm install -g configurable-http-proxy` did not put it on PATH")
+
+
+def ensure_docker() -> None:
+    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        return
+    say("starting a Docker engine (devservices/docker-up.sh)")
+    if subprocess.run(["bash", str(REPO / "devservices" / "docker-up.sh")]).returncode != 0:
+        raise DemoError("no Docker engine answers and devservices/docker-up.sh could not start one")
+
+
+def nvml_gpu_count() -> int:
+    """GPUs NVML sees on this machine; 0 without a driver or a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+# ------------------------------------------------------------------ images
+
+def _last_line(cmd: list[str], what: str) -> str:
+    # The build scripts print progress on stderr (shown as it comes) and the
+    # image reference as the last line of stdout.
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise DemoError(f"{what} failed (exit {proc.returncode}); its messages are above")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def build_images(gpus: int) -> tuple[str, str]:
+    """(CPU image, GPU image) references, built here when their inputs changed."""
+    base = _last_line(["bash", "images/build-base.sh"], "images/build-base.sh")
+    help_text = subprocess.run([PY, "images/build.py", "--help"], cwd=REPO,
+                               capture_output=True, text=True).stdout
+    cpu_variant = "mkl"
+    if "mkl" not in help_text:
+        cpu_variant = "minimal"
+        say("images/build.py has no `mkl` variant yet: using the minimal JupyterLab image "
+            "(no TensorFlow) for every profile")
+    say(f"image: {cpu_variant} (cached by the hash of its inputs; the first build takes a while)")
+    cpu = _last_line([PY, "images/build.py", "--variant", cpu_variant, "--base-image", base],
+                     f"images/build.py --variant {cpu_variant}")
+    if gpus and cpu_variant == "mkl":
+        say("image: cuda (NVML found a GPU)")
+        gpu = _last_line([PY, "images/build.py", "--variant", "cuda", "--base-image", base],
+                         "images/build.py --variant cuda")
+    else:
+        # Simulated GPUs run the CPU image: the profiles and leases behave as
+        # on a GPU host, TensorFlow runs on the CPU.
+        gpu = cpu
+    return cpu, gpu
+
+
+# ------------------------------------------------------------------ secrets
+
+def persistent_secret(path: Path, make) -> str:
+    """Read a secret kept under .demo/, or create it (mode 0600) on the first run."""
+    if path.exists():
+        return path.read_text().strip()
+    value = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    return value
+
+
+# ------------------------------------------------------------------ processes
+
+class Demo:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.dir = args.dir.resolve()
+        self.hub_dir = self.dir / "hub"
+        self.ldap: subprocess.Popen | None = None
+        self.hub: subprocess.Popen | None = None
+        self.launcher: list[str] = []  # a prefix for the hub's command (demo_swarm: its network namespace)
+        self.stopping = False
+        # The hub's own children (proxy, idle culler), seen while it ran, as
+        # (pid, start time): if the hub dies without stopping them, they are
+        # still this demo's to stop, and the start time guards against pid reuse.
+        self.hub_children: set[tuple[int, str]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.args.port}"
+
+    def preflight(self) -> None:
+        for port, what in ((self.args.port, "the hub"), (self.args.port + 1, "the proxy's API"),
+                           (self.args.ldap_port, "the directory"),
+                           (self.args.ldaps_port, "the directory (LDAPS)")):
+            if port_in_use(port):
+                raise DemoError(f"127.0.0.1:{port}, needed for {what}, is in use "
+                                "(is another `make demo` running?)")
+
+    def start_directory(self) -> dict[str, str]:
+        """Start the seeded OpenLDAP; return the GPUHUB_DIRECTORY_* settings for it."""
+        ldap_dir = self.dir / "openldap"
+        log = open(self.dir / "openldap.log", "ab")
+        # Own session: Ctrl-C reaches only this script, which stops the
+        # directory after the hub (whose logins need it until the end).
+        self.ldap = subprocess.Popen(
+            [PY, "-m", "devservices.ldap.openldap", "--dir", str(ldap_dir),
+             "--port", str(self.args.ldap_port), "--ldaps-port", str(self.args.ldaps_port)],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 180  # the first run installs slapd
+        while not port_in_use(self.args.ldaps_port):
+            if self.ldap.poll() is not None:
+                raise DemoError(f"the demo directory exited ({self.ldap.returncode}); "
+                                f"see {self.dir / 'openldap.log'}")
+            if time.monotonic() > deadline:
+                raise DemoError(f"the demo directory did not listen in time; see {self.dir / 'openldap.log'}")
+            time.sleep(0.2)
+        password_file = self.dir / "directory-bind-password"
+        password_file.unlink(missing_ok=True)
+        persistent_secret(password_file, lambda: seed.SERVICE_ACCOUNT.password)
+        return {
+            "GPUHUB_DIRECTORY": "openldap",
+            "GPUHUB_DIRECTORY_SERVER": "127.0.0.1",
+            "GPUHUB_DIRECTORY_PORT": str(self.args.ldap_port),
+            "GPUHUB_DIRECTORY_TLS": "starttls",
+            "GPUHUB_DIRECTORY_CA_FILE": str(ldap_dir / "tls" / "ca.pem"),
+            "GPUHUB_DIRECTORY_BIND_DN": ldap_harness.SERVICE_DN,
+            "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE": str(password_file),
+            "GPUHUB_DIRECTORY_USER_BASE": ldap_harness.USER_BASE,
+            "GPUHUB_DIRECTORY_GROUP_BASE": ldap_harness.GROUP_BASE,
+            "GPUHUB_DIRECTORY_ALLOWED_GROUPS": seed.ALLOWED_GROUP,
+            "GPUHUB_DIRECTORY_ADMIN_GROUPS": seed.ADMIN_GROUP,
+        }
+
+    def hub_env(self, directory_env: dict[str, str], gpus: int, cpu_image: str,
+                gpu_image: str) -> dict[str, str]:
+        self.hub_dir.mkdir(parents=True, exist_ok=True)
+        crypt_key = persistent_secret(self.dir / "crypt_key", lambda: secrets.token_hex(32))
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("GPUHUB_") and k != "JUPYTERHUB_CRYPT_KEY"}
+        env.update(directory_env)
+        env.update({
+            "GPUHUB_BIND_URL": self.url,
+            "GPUHUB_PROXY_API_PORT": str(self.args.port + 1),
+            "GPUHUB_POOL_PAGE_PORT": str(self.args.port + 2),
+            "GPUHUB_DATA_DIR": str(self.hub_dir),
+            "GPUHUB_CONTAINER_PREFIX": "gpuhub-demo",
+            "GPUHUB_HOME_VOLUME": "gpuhub-demo-home-{username}",
+            "GPUHUB_INVENTORY": "nvml" if gpus else "simulated",
+            "GPUHUB_SIMULATED_GPUS": str(SIMULATED_GPUS),
+            "GPUHUB_CPU_IMAGE": cpu_image,
+            "GPUHUB_GPU_IMAGE": gpu_image,
+            "GPUHUB_AUTHENTICATOR": "ldap",
+            "JUPYTERHUB_CRYPT_KEY": crypt_key,
+            "PYTHONUNBUFFERED": "1",
+        })
+        # The venv's bin (jupyterhub, the culler) first on PATH.
+        env["PATH"] = f"{Path(PY).parent}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def start_hub(self, env: dict[str, str]) -> None:
+        log_path = self.dir / "hub.log"
+        log = open(log_path, "ab")
+        self.hub = subprocess.Popen(
+            [*self.launcher, PY, "-m", "jupyterhub", "-f", str(REPO / "hub_config" / "jupyterhub_config.py")],
+            cwd=self.hub_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 120
+        while True:
+            if self.hub.poll() is not None:
+                raise DemoError(f"the hub exited ({self.hub.returncode}):\n{tail(log_path, 25)}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/hub/api/", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise DemoError(f"the hub did not answer within 120 s:\n{tail(log_path, 25)}")
+            time.sleep(0.5)
+
+    def banner(self, gpus: int, cpu_image: str, gpu_image: str) -> None:
+        groups = {name: sorted(seed.groups_of(name, "openldap")) for name in seed.users_for("openldap")}
+
+        def role(name: str) -> str:
+            if seed.ADMIN_GROUP in groups[name]:
+                return "admin"
+            return "user" if seed.ALLOWED_GROUP in groups[name] else f"refused (not in {seed.ALLOWED_GROUP})"
+
+        rows = [(u.name, u.password, ", ".join(groups[u.name]) or "-", role(u.name))
+                for u in seed.users_for("openldap").values()]
+        widths = [max(len(r[i]) for r in rows + [("login", "password", "groups", "role")])
+                  for i in range(4)]
+        line = "  ".join("{:<%d}" % w for w in widths)
+        gpu_text = (f"{gpus} NVIDIA GPU(s) found by NVML" if gpus
+                    else f"{SIMULATED_GPUS} simulated GPUs (no NVIDIA GPU found here)")
+        print()
+        print(f"  GPU JupyterHub demo is running: {self.url}")
+        print(f"  GPUs: {gpu_text}")
+        print(f"  images: CPU {cpu_image}, GPU {gpu_image}")
+        print(f"  directory: OpenLDAP on 127.0.0.1:{self.args.ldap_port} (StartTLS) and "
+              f":{self.args.ldaps_port} (LDAPS)")
+        print()
+        print("  Demo logins (throw-away test accounts of the demo directory):")
+        for row in [("login", "password", "groups", "role"), *rows]:
+            print(("    " + line.format(*row)).rstrip())
+        print()
+        print(f"  Admin panel: {self.url}/hub/admin (log in as an admin)")
+        print(f"  Logs: {self.dir / 'hub.log'}, {self.dir / 'openldap.log'}")
+        print("  Ctrl-C stops the hub, its notebook servers and the directory.")
+        print(flush=True)
+
+    # -------------------------------------------------------------- stop
+
+    def stop(self) -> None:
+        """Stop what this script started, by pid: the hub first, then the directory."""
+        if self.hub is not None and self.hub.poll() is None:
+            say("stopping the hub and its notebook servers")
+            # SIGTERM: JupyterHub stops every server it runs (cleanup_servers),
+            # its proxy and its services, then exits.
+            self.hub.send_signal(signal.SIGTERM)
+            try:
+                self.hub.wait(120)
+            except subprocess.TimeoutExpired:
+                say("the hub did not stop in 120 s; killing it")
+                self.hub.kill()
+                self.hub.wait()
+        if self.hub is not None:
+            self._stop_leftovers_of_hub()
+        if self.ldap is not None and self.ldap.poll() is None:
+            say("stopping the demo directory")
+            self.ldap.send_signal(signal.SIGTERM)
+            try:
+                self.ldap.wait(30)
+            except subprocess.TimeoutExpired:
+                self.ldap.kill()
+                self.ldap.wait()
+        say("stopped")
+
+    def _stop_leftovers_of_hub(self) -> None:
+        # The hub stops its proxy and services at shutdown.  If it was killed,
+        # they survive it (JupyterHub runs each in a session of its own): stop
+        # the ones this demo saw as the hub's children, by pid.
+        for pid, started in sorted(self.hub_children):
+            if _start_time(pid) == started:
+                say(f"stopping what the hub left running (pid {pid})")
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        (self.hub_dir / "jupyterhub-proxy.pid").unlink(missing_ok=True)
+
+    def run(self) -> int:
+        # Ctrl-C and TERM both end the wait below; stop() then runs once.
+        def on_signal(signum, frame):
+            self.stopping = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            self.preflight()
+            self.dir.mkdir(parents=True, exist_ok=True)
+            ensure_proxy()
+            ensure_docker()
+            gpus = nvml_gpu_count()
+            cpu_image, gpu_image = build_images(gpus)
+            if self.stopping:
+                return 130
+            say("starting the demo directory (OpenLDAP)")
+            directory_env = self.start_directory()
+            say("starting the hub")
+            self.start_hub(self.hub_env(directory_env, gpus, cpu_image, gpu_image))
+            self.hub_children |= children_of(self.hub.pid)
+            self.banner(gpus, cpu_image, gpu_image)
+            while not self.stopping:
+                self.hub_children |= children_of(self.hub.pid)
+                if self.hub.poll() is not None:
+                    raise DemoError(f"the hub exited ({self.hub.returncode}):\n"
+                                    f"{tail(self.dir / 'hub.log', 25)}")
+                if self.ldap.poll() is not None:
+                    raise DemoError(f"the demo directory exited ({self.ldap.returncode}); "
+                                    f"see {self.dir / 'openldap.log'}")
+                time.sleep(0.5)
+            return 0
+        except DemoError as exc:
+            print(f"demo: {exc}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            self.stop()
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks
+
+
+def children_of(parent: int) -> set[tuple[int, str]]:
+    """(pid, start time) of the live processes whose parent is `parent` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.add((int(entry.name), fields[19]))
+    return found
+
+
+def tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=REPO / ".demo",
+                        help="where the demo keeps its data (default: .demo/)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="the hub's port on 127.0.0.1; the proxy API uses the next one")
+    parser.add_argument("--ldap-port", type=int, default=3890)
+    parser.add_argument("--ldaps-port", type=int, default=6360)
+    return Demo(parser.parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

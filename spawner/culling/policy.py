@@ -1,0 +1,192 @@
+"""The GPU-idle rule of the idle culler, apart from the culler application.
+
+`GPUCullPolicy` decides, for one server model from the hub's REST API, whether
+to cull it; `CullerUtilization` reads a GPU's utilisation in the culler
+process from the hub's inventory kind (NVML here, or the per-node agents'
+readings in the ledger on Swarm).  spawner/culling/culler.py installs them in
+jupyterhub-idle-culler.  They live here, free of jupyterhub-idle-culler,
+tornado and JupyterHub, so that whatever judges a GPU without the hub's web
+stack (bench/device_check.py on a bare GPU machine) runs this very code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Awaitable, Callable
+
+# The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
+# (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
+DEFAULT_GPU_IDLE_PERCENT = 5.0
+
+
+@dataclass
+class Verdict:
+    cull: bool
+    reason: str
+
+
+def _user_of(server: dict) -> str:
+    """A readable name for logs: 'alice' or 'alice/name' (from the server's URL)."""
+    parts = [p for p in (server.get("url") or "").split("/") if p]
+    user = parts[parts.index("user") + 1] if "user" in parts[:-1] else "?"
+    return f"{user}/{server['name']}" if server.get("name") else user
+
+
+class GPUCullPolicy:
+    """Decides whether to cull a server, from its REST model.
+
+    `utilization(host, uuid)` returns a GPU's utilization in percent, or None
+    when unknown; the GPU rule never culls on unknown readings.  `clock` is
+    monotonic seconds (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        cpu_timeout: float,
+        gpu_timeout: float,
+        gpu_idle_percent: float = 0.0,
+        gpu_idle_seconds: float = 1800.0,
+        utilization: Callable[[str, str], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        log=None,
+        on_cull: Callable[[dict], Awaitable[None]] | None = None,
+    ):
+        self.cpu_timeout = cpu_timeout
+        self.gpu_timeout = gpu_timeout
+        self.gpu_idle_percent = gpu_idle_percent
+        self.gpu_idle_seconds = gpu_idle_seconds
+        self.utilization = utilization
+        self.clock = clock
+        self.log = log
+        # Awaited with the server model before the culler's DELETE (the culler records its intent).
+        self.on_cull = on_cull
+        # lease id -> (since when all its GPUs read low, when last seen)
+        self._low_since: dict[Any, tuple[float, float]] = {}
+        self._warned_no_state = False
+
+    @property
+    def gpu_rule_enabled(self) -> bool:
+        return self.gpu_idle_percent > 0 and self.utilization is not None
+
+    def _gpu_idle_for(self, lease_id: Any, host: str, uuids: list[str]) -> float | None:
+        """Seconds the lease's GPUs have all read under the threshold (None: not low now)."""
+        now = self.clock()
+        # Forget leases not seen for an hour (their servers are gone).
+        for key, (_, seen) in list(self._low_since.items()):
+            if now - seen > max(3600.0, 2 * self.gpu_idle_seconds):
+                del self._low_since[key]
+        read = self.utilization
+        if read is None:  # no readings at all: never low
+            return None
+        readings = [read(host, uuid) for uuid in uuids]
+        if not uuids or any(r is None or r >= self.gpu_idle_percent for r in readings):
+            self._low_since.pop(lease_id, None)
+            return None
+        since = self._low_since.get(lease_id, (now, now))[0]
+        self._low_since[lease_id] = (since, now)
+        return now - since
+
+    def decide(self, inactive: timedelta | None, server: dict) -> Verdict:
+        state = server.get("state")
+        if state is None:
+            # Without admin:server_state the model has no state: we cannot tell
+            # a GPU server from a CPU one, so give everyone the longer leash.
+            if not self._warned_no_state and self.log:
+                self.log.warning("Server models carry no state (is the culler's role missing "
+                                 "admin:server_state?); using the CPU timeout for every server")
+                self._warned_no_state = True
+            state = {}
+        uuids = list(state.get("gpu_uuids") or [])
+        is_gpu = bool(uuids) or state.get("gpu_lease_id") is not None
+        idle = inactive.total_seconds() if inactive is not None else None
+
+        if is_gpu and self.gpu_rule_enabled:
+            low_for = self._gpu_idle_for(state.get("gpu_lease_id"), state.get("gpu_host", ""), uuids)
+            if low_for is not None and low_for >= self.gpu_idle_seconds:
+                return Verdict(True, f"its GPUs stayed under {self.gpu_idle_percent:g}% for "
+                                     f"{low_for:.1f} s (limit {self.gpu_idle_seconds:g} s)")
+
+        limit = self.gpu_timeout if is_gpu else self.cpu_timeout
+        kind = "GPU" if is_gpu else "CPU"
+        if idle is None:
+            return Verdict(False, "no activity recorded yet")
+        if idle >= limit:
+            return Verdict(True, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
+        return Verdict(False, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
+
+    def __call__(self, *, inactive: timedelta | None, inactive_limit: int, server: dict, **kwargs):
+        """The jupyterhub-idle-culler `cull_arbiter_hook` signature: True to cull (awaitable with `on_cull`)."""
+        verdict = self.decide(inactive, server)
+        if self.log:
+            if verdict.cull:
+                self.log.info("Culling %s: %s", _user_of(server), verdict.reason)
+            else:
+                self.log.debug("Keeping %s: %s", _user_of(server), verdict.reason)
+        if verdict.cull and inactive is not None and self.on_cull is not None:
+            return self._after(self.on_cull(server))
+        return verdict.cull
+
+    @staticmethod
+    async def _after(recorded: Awaitable[None]) -> bool:
+        await recorded
+        return True
+
+
+class CullerUtilization:
+    """GPU utilization read in the culler process, from the hub's inventory kind."""
+
+    def __init__(self, kind: str, simulated_gpus: int, utilization_file: str, log, reading_max_age: float = 60.0,
+                 db_url: str | None = None, readings=None):
+        self.kind = kind
+        # swarm: the readings of a ledger the caller already holds (the pool page's); else one
+        # is opened, once, on db_url.
+        self.readings = readings
+        self.simulated_gpus = simulated_gpus
+        self.utilization_file = utilization_file
+        self.reading_max_age = reading_max_age
+        self.db_url = db_url  # swarm: the ledger (default: $GPUHUB_POOL_DB_URL)
+        self.log = log
+        self._inventories: dict[str, Any] = {}
+
+    def _swarm_inventory(self, logging: dict):
+        """Swarm: the per-node agents' readings in the ledger (GPUHUB_POOL_DB_URL), no Docker access."""
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
+        from ..inventory.swarm import SwarmInventory
+
+        inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
+        if self.readings is None:
+            self.readings = GPUPool(db_url=self.db_url or ledger_env(ENV_DB_URL), **logging).gpu_readings
+        inventory.use_readings(self.readings)
+        return inventory
+
+    def _inventory(self, host: str):
+        from ..inventory.machine import NVMLInventory, SimulatedInventory
+
+        inventory = self._inventories.get(host if self.kind != "swarm" else "")
+        if inventory is None:
+            logging = {"log": self.log} if self.log is not None else {}
+            if self.kind == "swarm":
+                inventory = self._swarm_inventory(logging)
+                self._inventories[""] = inventory
+                return inventory
+            if self.kind == "simulated":
+                inventory = SimulatedInventory(count=self.simulated_gpus,
+                                               utilization_file=self.utilization_file, **logging)
+                if host:
+                    inventory.host = host  # simulated uuids are made from the host name
+            else:
+                inventory = NVMLInventory(**logging)
+            self._inventories[host] = inventory
+        return inventory
+
+    def __call__(self, host: str, uuid: str) -> float | None:
+        try:
+            if self.kind == "swarm":
+                return self._inventory(host).utilization(uuid, host=host)
+            return self._inventory(host).utilization(uuid)
+        except Exception as exc:  # NVML gone, driver reset: never cull on a failed reading
+            if self.log is not None:
+                self.log.warning("Cannot read the utilization of GPU %s: %s", uuid, exc)
+            return None

@@ -1,0 +1,4 @@
+"""The Docker engine: one host's dockerd runs each server as a container with device requests.
+
+    spawner    GPUDockerSpawner (`gpu-docker`)
+"""

@@ -1,0 +1,68 @@
+"""How a lease ends: who asked (the reason), and the release once nothing given it still runs.
+
+The spawner hands an ended server's lease to `settle_lease` with its
+engine's `lease_holders`.  The lease is released only when the engine
+confirms that no object given it still runs; otherwise it stays lent, with
+the reason recorded in the ledger for admins, and the reconciler ends it once
+the engine has removed what held it.  An unknown answer never frees a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from ..metrics import pool_changed
+from ..pool import PoolError
+
+# How long a container Docker is still removing (auto-removal after a stop)
+# may take to go before it counts as stuck.
+SETTLE_GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A lease whose server has ended but whose release waits for the engine's word."""
+
+    id: int
+    gpu_uuids: tuple[str, ...]
+    host: str
+    reason: str
+
+
+
+async def settle_lease(held: HeldLease, lease_holders, ledger, pool, log, owner: str) -> bool:
+    """Release `held` once `lease_holders(id)` is empty; else note why it stays lent.
+
+    `ledger(fn, *args)` runs a ledger call off the event loop.  True when released."""
+    deadline = time.monotonic() + SETTLE_GRACE_SECONDS
+    while True:
+        try:
+            holders = await lease_holders(held.id)
+        except Exception as exc:  # the engine could not say: the GPU may be in use
+            holders, why = ["(unknown)"], f"the engine could not be asked ({exc})"
+        else:
+            why = f"{', '.join(holders)} would not stop"
+        if not holders or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    if not holders:
+        try:
+            ended = await ledger(pool.release, held.id, held.reason)
+        except PoolError as exc:
+            # The reconciler ends it later (its container is gone by then).
+            log.error("Could not release GPU lease %s of %s: %s", held.id, owner, exc)
+            return False
+        if ended:
+            pool_changed()
+            log.info("Released GPU lease %s of %s (%s): %s", held.id, owner, held.reason,
+                     ", ".join(held.gpu_uuids))
+        return True
+    log.error("GPU lease %s of %s (%s) stays lent: %s. The reconciler retries removing it and ends "
+              "the lease once it is gone.", held.id, owner, ", ".join(held.gpu_uuids), why)
+    try:
+        await ledger(pool.set_problem, held.id, why)
+    except PoolError as exc:
+        log.error("Could not record the problem of GPU lease %s: %s", held.id, exc)
+    return False

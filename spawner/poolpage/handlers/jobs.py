@@ -1,0 +1,300 @@
+"""The gpu-pool service's job endpoints: /api/jobs (REST) and /jobs/<id> (a job's page).
+
+Submitting needs the `custom:gpu-jobs` scope (every user has it; a notebook
+server's own token too); a job is seen and cancelled only by its owner or a
+pool admin.  The JobRunner (spawner/jobs/runner.py) does the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import quote
+
+from jupyterhub.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.iostream import StreamClosedError
+
+from ...jobs import JOBS_SCOPE
+from ...jobs.request import BadJob, check_submission
+from ...jobs.runner import JobError, JobRunner
+from ...pool.jobs import QUEUED, STARTING, Job
+from .. import ADMIN_SCOPE
+from .base import APIHandler, BaseHandler, log
+from ..limits import PoolServiceLimits
+from .log_streams import Followers, LogFollow, TooMany, open_stream
+
+MAX_BODY = 64 * 1024
+# A follower of a job that another host's service runs (no news from this runner) reads its state this often.
+RECHECK_SECONDS = 30.0
+# Opening Docker log streams (a client and its first answer): blocking, off the event loop.
+_STREAMS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-pool-log-open")
+
+
+class JobsMixin:
+    @property
+    def runner(self) -> JobRunner:
+        runner = self.settings.get("jobs")
+        if runner is None:
+            raise web.HTTPError(404, "Jobs are off on this hub (GPUHUB_JOBS=false)")
+        return runner
+
+    def job_user(self) -> tuple[str, bool]:
+        """(name, is pool admin) of a caller allowed to use jobs; else 403."""
+        user = self.current_user
+        if not user:
+            raise web.HTTPError(403, "Log in to the hub (or send a hub API token) first")
+        scopes = set(user.get("scopes", ()))
+        admin = ADMIN_SCOPE in scopes
+        if not admin and not any(s == JOBS_SCOPE or s.startswith(JOBS_SCOPE + "!") for s in scopes):
+            raise web.HTTPError(403, f"This needs the {JOBS_SCOPE} scope")
+        return user["name"], admin
+
+    async def owned_job(self, job_id: str) -> tuple[Job, str, bool]:
+        name, admin = self.job_user()
+        job = await self.call(self.runner.ledger.get, int(job_id))
+        # Someone else's job is "not found", not "forbidden": ids reveal nothing.
+        if job is None or (job.user != name and not admin):
+            raise web.HTTPError(404, f"No job {job_id} of yours")
+        return job, name, admin
+
+    async def job_dict(self, job: Job) -> dict:
+        data = job.to_dict()
+        data["queue_position"] = await self.runner.position(job)
+        return data
+
+
+class JobsAPI(JobsMixin, APIHandler):
+    async def get(self):
+        name, admin = self.job_user()
+        everyone = admin and self.get_argument("all", "") in ("1", "true", "yes")
+        jobs = await self.call(self.runner.ledger.jobs, None if everyone else name)
+        self.write_json({"jobs": [await self.job_dict(j) for j in jobs]})
+
+    async def post(self):
+        name, _ = self.job_user()
+        if len(self.request.body) > MAX_BODY:
+            raise web.HTTPError(400, f"The request body is larger than {MAX_BODY} bytes")
+        try:
+            body = json.loads(self.request.body or b"null")
+        except ValueError:
+            raise web.HTTPError(400, "The body must be JSON") from None
+        hub_user = await self.hub_user(name)
+        groups = sorted(hub_user.get("groups") or [])
+        runner = self.runner
+        try:
+            sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds)
+            job = await runner.submit(name, groups, hub_user.get("auth_state"), sub)
+        except (BadJob, JobError) as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+        self.set_header("Location", url_path_join(self.request.path, str(job.id)))
+        self.write_json(await self.job_dict(job), status=201)
+
+    async def hub_user(self, name: str) -> dict:
+        """The user's model from the hub (groups; auth_state with the directory uid/gid)."""
+        auth = self.hub_auth
+        request = HTTPRequest(url_path_join(auth.api_url, "users", quote(name, safe="")),
+                              headers={"Authorization": f"token {auth.api_token}"}, request_timeout=20)
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except Exception as exc:
+            log.error("Could not read user %s from the hub: %s", name, exc)
+            raise web.HTTPError(503, "The hub did not answer; try again in a moment") from None
+        return json.loads(response.body)
+
+
+class JobAPI(JobsMixin, APIHandler):
+    async def get(self, job_id: str):
+        job, _, _ = await self.owned_job(job_id)
+        self.write_json(await self.job_dict(job))
+
+    async def delete(self, job_id: str):
+        job, name, _ = await self.owned_job(job_id)
+        if not job.active:
+            raise web.HTTPError(409, f"Job {job.id} has already ended ({job.public_state})")
+        log.info("%s cancels job %s of %s", name, job.id, job.user)
+        try:
+            job = await self.runner.cancel(job.id)
+        except JobError as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+        self.write_json(await self.job_dict(job))
+
+
+class JobLogsAPI(JobsMixin, APIHandler):
+    """The job's output: its container's while it runs (`?follow=1` streams until it ends),
+    the kept copy afterwards.  Followers are capped (PoolServiceLimits), wait for a queued job
+    on the runner's own news of it, and end their Docker stream when they go."""
+
+    _follow: LogFollow | None = None
+    _gone: asyncio.Event | None = None
+
+    async def get(self, job_id: str):
+        job, name, _ = await self.owned_job(job_id)
+        follow = self.get_argument("follow", "") in ("1", "true", "yes")
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.set_header("X-Content-Type-Options", "nosniff")
+        if follow:
+            followers: Followers = self.settings["followers"]
+            try:
+                followers.take(job.id, name)
+            except TooMany as exc:
+                raise web.HTTPError(429, str(exc)) from None
+            self._gone = asyncio.Event()
+            followed = job.id
+            try:
+                job = await self.until_it_runs(job)
+                if job is None:
+                    return  # the reader went away meanwhile
+                if job.active and job.container and await self.stream(job):
+                    return self.finish()
+            finally:
+                followers.give_back(followed, name)
+        if job.active and job.container:
+            current = await self.runner.read_log(job)
+            if current is not None:
+                return self.finish(current)
+        self.finish(await self.call(self.runner.ledger.log, job.id) or "")
+
+    def on_connection_close(self):
+        if self._gone is not None:
+            self._gone.set()
+        if self._follow is not None:
+            self._follow.close()
+
+    async def until_it_runs(self, job: Job) -> Job | None:
+        """The job once it has left the queue and its start (None if the reader left first):
+        woken by the runner when it moves the job on; the ledger is read again only then, and
+        every RECHECK_SECONDS for a job another host's service runs."""
+        while job.state in (QUEUED, STARTING):
+            moved = asyncio.ensure_future(self.runner.moved(job.id).wait())
+            gone = asyncio.ensure_future(self._gone.wait())
+            try:
+                await asyncio.wait({moved, gone}, timeout=RECHECK_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+                gone.cancel()
+            if self._gone.is_set():
+                return None
+            job = await self.call(self.runner.ledger.get, job.id) or job
+        return job
+
+    async def stream(self, job: Job) -> bool:
+        """Stream the container's log until it ends or the reader goes; False if the container
+        is already gone.  Docker is opened on a thread, within PoolServiceLimits.docker_timeout."""
+        import docker.errors
+
+        limits: PoolServiceLimits = self.settings["limits"]
+        loop = asyncio.get_running_loop()
+        opening = loop.run_in_executor(_STREAMS, open_stream, job.container, limits.docker_timeout)
+        try:
+            api, source = await asyncio.wait_for(asyncio.shield(opening), limits.docker_timeout + 1)
+        except docker.errors.NotFound:
+            return False
+        except (asyncio.TimeoutError, docker.errors.DockerException, OSError) as exc:
+            log.warning("Could not open job %s's log stream: %s", job.id, exc)
+            opening.add_done_callback(_close_late)
+            raise web.HTTPError(503, f"Docker did not open job {job.id}'s log within "
+                                     f"{limits.docker_timeout:g} s; try again in a moment") from None
+        self._follow = follow = LogFollow(source, limits.log_buffer_chunks, client=api)
+        try:
+            if self._gone.is_set():
+                return True
+            while (chunk := await follow.next_chunk()) is not None:
+                self.write(chunk)
+                try:
+                    await asyncio.wait_for(self.flush(), limits.log_stall_timeout)
+                except asyncio.TimeoutError:
+                    log.info("A follower of job %s's log took nothing for %g s; dropped it",
+                             job.id, limits.log_stall_timeout)
+                    self.request.connection.close()
+                    break
+                except StreamClosedError:
+                    break  # the reader left
+        finally:
+            follow.close()
+        return True
+
+
+def _close_late(opening: asyncio.Future) -> None:
+    """A stream that opened after its caller gave up: close it."""
+    if not opening.cancelled() and opening.exception() is None:
+        api, source = opening.result()
+        try:
+            source.close()
+        finally:
+            api.close()
+
+
+class JobPage(JobsMixin, BaseHandler):
+    """A job's page: its state and log, and a cancel button for its owner or a pool admin."""
+
+    @web.authenticated
+    async def get(self, job_id: str):
+        job, _, _ = await self.owned_job(job_id)
+        output = await self.runner.read_log(job) if job.active and job.container else None
+        if output is None:
+            output = await self.call(self.runner.ledger.log, job.id) or ""
+        html = self.settings["jinja"].get_template("job.html").render(
+            job=job.to_dict(), log=output, position=await self.runner.position(job),
+            xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token,
+            base_url=self.settings["base_url"], prefix=self.settings["prefix"])
+        self.finish(html)
+
+    @web.authenticated
+    async def post(self, job_id: str):
+        job, name, _ = await self.owned_job(job_id)
+        if job.active:
+            log.info("%s cancels job %s of %s from the page", name, job.id, job.user)
+            try:
+                await self.runner.cancel(job.id)
+            except JobError as exc:
+                raise web.HTTPError(exc.status, str(exc)) from None
+        self.redirect(url_path_join(self.settings["prefix"], "jobs", str(job.id)))
+
+    async def call(self, fn, *args, **kwargs):
+        return await self.ledger(fn, *args, **kwargs)
+
+
+def routes(prefix: str) -> list[tuple]:
+    api = url_path_join(prefix, "api", "jobs")
+    return [
+        (api, JobsAPI),
+        (api + r"/(\d+)", JobAPI),
+        (api + r"/(\d+)/logs", JobLogsAPI),
+        (url_path_join(prefix, "jobs") + r"/(\d+)", JobPage),
+    ]
+
+
+def job_rows(runner: JobRunner | None, viewer) -> list[dict]:
+    """The jobs the pool page lists (the viewer's; a pool admin's: everyone's), from the
+    runner's snapshot, so rendering the page never waits on the ledger."""
+    if runner is None:
+        return []
+    return [j for j in runner.snapshot if viewer.admin or j["user"] == viewer.name]
+
+
+async def start_jobs(app: web.Application, port: int):
+    """Take up the jobs and, when containers reach the service through the hub's bridge,
+    listen there too; returns the coroutine function that stops both."""
+    runner: JobRunner | None = app.settings.get("jobs")
+    if runner is None:
+        async def nothing():
+            pass
+        return nothing
+    await runner.start()
+    bridge = None
+    if runner.settings.bridge_ip:
+        from tornado.httpserver import HTTPServer
+
+        bridge = HTTPServer(app)  # no xheaders: containers cannot claim another address
+        bridge.listen(port, runner.settings.bridge_ip)
+        log.info("Jobs API for containers on http://%s:%s%s", runner.settings.bridge_ip, port,
+                 url_path_join(app.settings["prefix"], "api", "jobs"))
+
+    async def stop():
+        if bridge is not None:
+            bridge.stop()
+        await runner.stop()
+    return stop

@@ -1,0 +1,144 @@
+"""Live details for everyone: estimated waits in the queue, GPU utilization, idle-cull deadlines.
+
+Reads the hub (running servers and their last activity, through hubapi), the
+ledger (past lease lengths) and the GPUs (utilization as the culler reads
+it); any of them failing only leaves its part out of the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from datetime import UTC, datetime
+
+from jupyterhub.utils import url_path_join
+
+from ...pool import ENV_DB_URL, ledger_env
+from ...pool.models import PoolError, iso
+from .. import estimate
+from .. import views
+from .actions import hub_api
+from .base import APIHandler
+from ..hubapi import HubUnavailable
+
+log = logging.getLogger("gpu-pool-page")
+LENGTHS = 500  # past leases an estimate looks at
+
+
+class Settings:
+    """The service's environment (service.py writes it)."""
+
+    def __init__(self, env=os.environ):
+        self.cull_timeout = int(env.get("GPUHUB_CULL_TIMEOUT_GPU", "0") or 0)
+        self.idle_after = int(env.get("GPUHUB_POOL_IDLE_AFTER", "600") or 600)
+        self.inventory = env.get("GPUHUB_INVENTORY", "")
+        self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
+        self.utilization_file = env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "")
+        self.db_url = ledger_env(ENV_DB_URL, env)
+        self._reader = self._no_reader = None
+
+    def utilization_reader(self, pool=None):
+        """A callable (host, uuid) -> percent or None, or None where nothing gives it.
+
+        Made once per process (an NVML handle, the Swarm inventory), never per request; on
+        Swarm it reads the agents' readings through `pool`, the service's own ledger."""
+        if self._reader is None and self._no_reader is None:
+            self._reader = self._make_reader(pool)
+            self._no_reader = self._reader is None
+        return self._reader
+
+    def _make_reader(self, pool):
+        from ...culling.policy import CullerUtilization
+
+        if self.inventory == "nvml" or (self.inventory == "simulated" and self.utilization_file):
+            return CullerUtilization(self.inventory, self.simulated_gpus, self.utilization_file, log)
+        if self.inventory == "swarm" and (pool is not None or self.db_url):
+            # Swarm: the per-node agents' readings in the ledger (stale ones read as unknown).
+            return CullerUtilization("swarm", 0, "", log, db_url=self.db_url,
+                                readings=pool.gpu_readings if pool is not None else None)
+        return None
+
+
+def settings_of(handler) -> Settings:
+    return handler.settings.setdefault("insight", Settings())
+
+
+async def servers(handler) -> list | None:
+    try:
+        return await hub_api(handler).active_servers()
+    except HubUnavailable as exc:
+        log.warning("No cull deadlines or wait estimates: %s", exc)
+        return None
+
+
+async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewer) -> dict:
+    """Fills gpus' "utilization" and queue rows' "estimate"/"estimate_s"; returns the viewer's
+    servers' cull deadlines {(user, server): datetime} and whether estimates were made."""
+    s = settings_of(handler)
+    now = datetime.now(UTC)
+    reader = s.utilization_reader(handler.pool)
+    if reader is not None:
+        readings = await asyncio.to_thread(lambda: [reader(g["host"], g["uuid"]) for g in gpus])
+        for g, value in zip(gpus, readings):
+            g["utilization"] = value
+    running = await servers(handler)
+    if running is None:
+        return {"cull": {}, "estimated": False}
+    cull = {}
+    for srv in running:
+        if srv.lease_id is not None and s.cull_timeout > 0:
+            cull[(srv.user, srv.name)] = estimate.cull_deadline(srv.last_activity, s.cull_timeout)
+    if queue:
+        try:
+            lengths = await handler.ledger(handler.pool.lease_lengths, LENGTHS)
+            leases = await handler.ledger(handler.pool.leases)
+        except PoolError as exc:
+            log.warning("No wait estimates: %s", exc)
+            return {"cull": cull, "estimated": False}
+        activity = {(srv.user, srv.name): srv.last_activity for srv in running}
+        holdings = []
+        for lease in leases:
+            last = activity.get((lease.user, lease.server_name))
+            idle = last is not None and (now - last).total_seconds() > s.idle_after
+            holdings.append(estimate.Holding(lease.started_at, len(lease.gpu_uuids),
+                                             cull.get((lease.user, lease.server_name)) if idle else None))
+        free = sum(1 for g in gpus if g["state"] == "free")
+        for row, seconds in zip(queue, estimate.waits([w["count"] for w in queue], free, holdings, now, lengths)):
+            row["estimate_s"] = None if seconds is None else round(seconds)
+            row["estimate"] = estimate.say(seconds)
+    return {"cull": cull, "estimated": bool(queue)}
+
+
+def cull_text(deadline: datetime | None, now: datetime) -> str:
+    if deadline is None:
+        return ""
+    minutes = max(0, round((deadline - now).total_seconds() / 60))
+    return (f"If it stays idle, it is culled at {deadline.strftime('%H:%M')} UTC (in {minutes} min); "
+            "any activity in it moves this on.")
+
+
+async def page_context(handler, viewer: views.Viewer, gpus: list[dict], queue: list[dict], active: list[dict]) -> dict:
+    info = await live(handler, gpus, queue, viewer)
+    now = datetime.now(UTC)
+    for lease in active:
+        lease["cull"] = cull_text(info["cull"].get((viewer.name, lease["server_name"])), now)
+    return {"estimate_note": estimate.NOTE if info["estimated"] else None}
+
+
+class WaitAPI(APIHandler):
+    """GET api/wait: the queue with estimated waits, GPU utilization, the caller's cull deadlines."""
+
+    async def get(self):
+        viewer = self.require_viewer()
+        gpus = views.gpu_rows(await self.call(self.pool.gpus), viewer)
+        queue = views.queue_rows(await self.call(self.pool.queue), viewer)
+        info = await live(self, gpus, queue, viewer)
+        mine = {f"{u}/{n}" if n else u: iso(t) for (u, n), t in info["cull"].items() if u == viewer.name}
+        self.write_json({"queue": queue, "note": estimate.NOTE,
+                         "utilization": {g["uuid"]: g["utilization"] for g in gpus},
+                         "cull_at": mine})
+
+
+def routes(prefix: str) -> list:
+    return [(url_path_join(prefix, "api", "wait"), WaitAPI)]

@@ -1,0 +1,92 @@
+"""The idle culler in the hub's config: its service, its role, and what the servers report.
+
+Called by apply_settings when GPUHUB_CULL is on (the default).  The culler itself is
+spawner/culling/culler.py; this is only what the hub's configuration says about it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..culling.culler import BUSY_SWITCH_ENV, SERVICE_NAME, singleuser_command
+from ..hub_service import without_named
+
+# The culler's role: only what it uses.
+CULLER_SCOPES = [
+    "list:users",
+    "read:users:activity",
+    "read:servers",
+    "delete:servers",
+    "admin:server_state",
+]
+
+def activity_interval(settings) -> int:
+    """Seconds between a single-user server's activity reports to the hub.
+
+    A busy kernel is seen only at these reports, so they must come well
+    inside the shortest idle timeout: a third of it, at most 300 s
+    (JupyterHub's default).
+    """
+    configured = getattr(settings, "activity_interval", 0)
+    if configured:
+        return configured
+    shortest = min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)
+    return max(1, min(300, shortest // 3))
+
+
+def culler_command(settings, python: str | None = None) -> list[str]:
+    cmd = [
+        python or sys.executable, "-m", "spawner.culling",
+        f"--cpu-timeout={settings.cull_timeout_cpu}",
+        f"--gpu-timeout={settings.cull_timeout_gpu}",
+        f"--timeout={min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)}",
+        f"--cull-every={settings.cull_every}",
+        f"--inventory={settings.inventory}",
+    ]
+    # Always explicit: the culler's own default depends on its inventory.
+    cmd.append(f"--gpu-idle-percent={settings.gpu_idle_percent:g}")
+    if settings.gpu_idle_percent > 0:
+        cmd.append(f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}")
+        if settings.inventory == "simulated":
+            cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
+            if settings.simulated_utilization_file:
+                cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
+    return cmd
+
+
+def configure_culler(c, settings) -> None:
+    """Add the GPU-aware idle culler to a hub config `c` (called by apply_settings).
+
+    Safe to call twice: it replaces its own service and role, and keeps any
+    others already configured.
+    """
+    section = c.JupyterHub
+    services = section.services if "services" in section else []
+    roles = section.load_roles if "load_roles" in section else []
+    from ..pool import ENV_DB_URL
+
+    # The culler records its intent in the ledger before each cull, and on Swarm reads the
+    # agents' readings there; the URL in the environment, not argv (ps shows argv).
+    service = {"name": SERVICE_NAME, "command": culler_command(settings),
+               "environment": {ENV_DB_URL: settings.pool_db_url}}
+    section.services = without_named(services, SERVICE_NAME) + [service]
+    section.load_roles = without_named(roles, SERVICE_NAME) + [{
+        "name": SERVICE_NAME,
+        "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
+        "scopes": list(CULLER_SCOPES),
+        "services": [SERVICE_NAME],
+    }]
+
+    interval = activity_interval(settings)
+    # The hub drops activity reports closer than activity_resolution to the
+    # last one; keep it finer than the reports, or busy kernels stop counting.
+    section.activity_resolution = max(1, min(30, interval))
+    keep_busy = getattr(settings, "cull_keep_busy", "extension")
+    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
+           # Read by the images' gpuhub_activity extension.
+           BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
+    c.GPUDockerSpawner.environment.update(env)
+    if keep_busy == "wrapper":
+        # Images without the extension: start jupyterhub-singleuser through
+        # the wrapper instead of the image's own command.
+        c.GPUDockerSpawner.cmd = singleuser_command()

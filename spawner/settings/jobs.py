@@ -1,0 +1,117 @@
+"""Batch jobs in the hub's config: the `custom:gpu-jobs` scope, who holds it, and what the
+gpu-pool service (which runs the jobs) and the notebook servers (which submit them) need.
+
+Called by apply_settings after the pool page's own configuration (GPUHUB_JOBS).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from ..containers import ContainerLimits
+from ..hub_service import without_named, write_when_config_loaded
+from ..jobs import JOBS_SCOPE
+from ..jobs.limits import JobLimits
+from ..jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
+from ..poolpage import SERVICE_NAME
+from ..profiles import DEFAULT_PROFILES
+from .pool_service import ACCESS_SCOPE, SERVICE_ROLE
+
+# What the service's own token needs besides the pool page's: users' groups and directory identity.
+JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
+# JupyterHub's `server` role, plus submitting jobs to the gpu-pool service.
+SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE, ACCESS_SCOPE]
+
+
+def job_limits(c) -> dict:
+    """The c.JobLimits options an admin set, checked here so that a mistake stops the hub at start."""
+    JobLimits(config=c)
+    return {k: v for k, v in c.JobLimits.items()}
+
+
+def job_settings(c, settings) -> JobSettings:
+    """What the service needs, read from the hub's config `c` (the spawner's own options)."""
+    spawner = c.GPUDockerSpawner
+    hub_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
+    host = c.Inventory.host if "host" in c.Inventory else settings.gpu_host
+    return JobSettings(
+        profiles=list(spawner.get("profiles") or c.GPULendingSpawner.get("profiles") or DEFAULT_PROFILES),
+        host=host or socket.gethostname(),  # the inventory's own default
+        network=spawner.get("network_name", settings.docker_network),
+        prefix=spawner.get("prefix", settings.container_prefix),
+        home_volume=spawner.get("home_volume_name", settings.home_volume),
+        home_mount_point=spawner.get("home_mount_point", JobSettings.home_mount_point),
+        home_volume_prep_image=spawner.get("home_volume_prep_image", ""),
+        fallback_uid=spawner.get("fallback_uid", JobSettings.fallback_uid),
+        fallback_gid=spawner.get("fallback_gid", JobSettings.fallback_gid),
+        shm_size=spawner.get("shm_size", JobSettings.shm_size),
+        max_seconds=settings.job_max_seconds,
+        log_max_bytes=settings.job_log_max_bytes,
+        bridge_ip=hub_ip,
+        pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
+        limits=job_limits(c),
+        container_limits=ContainerLimits(config=c).settings(),
+        reconcile_interval=float(c.Reconciler.get("interval", JobSettings.reconcile_interval)),
+        reconcile_min_age=float(c.Reconciler.get("min_lease_age", JobSettings.reconcile_min_age)),
+    )
+
+
+def write_when_loaded(settings, path: Path) -> None:
+    """In the hub: once every config file is loaded (the next turn of its event loop, long
+    before services start), write the service's settings from the final config to `path`,
+    so options set after hub_config (c.GPUDockerSpawner.profiles, c.GPUPool quotas) count."""
+    def render(hub) -> str | None:
+        from traitlets import TraitError
+
+        try:
+            return job_settings(hub.config, settings).to_env()
+        except TraitError as exc:  # c.JobLimits / c.ContainerLimits set wrong in a later config file
+            hub.log.critical("The jobs' settings are wrong: %s", exc)
+            hub.exit(1)
+            return None
+
+    write_when_config_loaded(path, render)
+
+
+def configure_jobs(c, settings) -> None:
+    """Add jobs to a hub config `c` whose gpu-pool service is configured (safe to call twice)."""
+    section = c.JupyterHub
+    custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
+    custom[JOBS_SCOPE] = {"description": "Submit, read and cancel your own GPU batch jobs"}
+    section.custom_scopes = custom
+
+    roles = list(section.load_roles) if "load_roles" in section else []
+    for role in roles:
+        if role.get("name") == "user" and JOBS_SCOPE not in role["scopes"]:
+            role["scopes"] = [*role["scopes"], JOBS_SCOPE]
+    service_role = next((r for r in roles if r.get("name") == SERVICE_ROLE),
+                        {"name": SERVICE_ROLE, "scopes": [], "services": [SERVICE_NAME]})
+    service_role = {**service_role, "scopes": [*service_role["scopes"],
+                                               *(s for s in JOB_SERVICE_SCOPES if s not in service_role["scopes"])]}
+    why = "; it reads users' groups and directory identity to run their jobs"
+    if why not in service_role.get("description", ""):
+        service_role["description"] = service_role.get("description", "The gpu-pool service") + why
+    section.load_roles = without_named(roles, SERVICE_ROLE) + [service_role]
+
+    js = job_settings(c, settings)
+    path = settings.data_dir / "gpu-jobs.json"
+    write_when_loaded(settings, path)
+    services = []
+    for spec in section.services:
+        if spec.get("name") == SERVICE_NAME:
+            env = {**spec.get("environment", {}), ENV_NAME: js.to_env(), FILE_ENV_NAME: str(path)}
+            if os.environ.get("DOCKER_HOST"):
+                env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+            allowed = [s for s in spec.get("oauth_client_allowed_scopes", []) if s != JOBS_SCOPE]
+            spec = {**spec, "environment": env, "oauth_client_allowed_scopes": [*allowed, JOBS_SCOPE]}
+        services.append(spec)
+    section.services = services
+
+    # Notebook servers submit jobs with their own token, to the service's bridge address.
+    c.GPUDockerSpawner.server_token_scopes = SERVER_TOKEN_SCOPES
+    if js.bridge_ip:
+        # update(): merges with what others add (the culler's), whether set or lazy.
+        c.GPUDockerSpawner.environment.update(
+            {"GPUHUB_JOBS_URL": f"http://{js.bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"})

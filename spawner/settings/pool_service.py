@@ -1,0 +1,133 @@
+"""The gpu-pool service in the hub's config: the service, its scopes and roles.
+
+Called by apply_settings when GPUHUB_POOL_PAGE is on (the default).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from jupyterhub.utils import url_path_join
+
+from ..hub_service import without_named
+from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
+from ..poolpage.hubapi import SERVICE_SCOPES
+from ..poolpage.limits import hand_over
+from .culler import activity_interval
+
+HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
+ADMIN_ROLE = "gpu-pool-admin"
+EXEC_ROLE = "gpu-pool-exec"
+SERVICE_ROLE = "gpu-pool-service"
+ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
+# The hub groups the directory login fills by its DN decision (DirectoryAuthenticator.role_groups);
+# the privileged roles go to these, never to a group named after a directory group's name.
+ADMIN_GROUP = "gpu-pool:admin"
+EXEC_GROUP = "gpu-pool:exec"
+
+
+def role_groups(settings) -> dict[str, list[str]]:
+    """{hub group: directory groups} for the directory login: who is a pool admin, who runs scripts."""
+    directory = getattr(settings, "directory", None)
+    if directory is None:
+        return {}
+    return {group: list(wanted) for group, wanted in ((ADMIN_GROUP, directory.admin_groups),
+                                                      (EXEC_GROUP, directory.exec_groups)) if wanted}
+
+
+def service_environment(settings) -> dict[str, str]:
+    """What the service process needs besides JupyterHub's own JUPYTERHUB_* variables."""
+    env = {
+        "GPUHUB_POOL_DB_URL": settings.pool_db_url,
+        "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
+        # For the culling deadlines and wait estimates (0: the hub does not cull).
+        "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
+        # A server whose last activity is older than two activity reports is idle now.
+        "GPUHUB_POOL_IDLE_AFTER": str(2 * activity_interval(settings)),
+        # For GPU utilization, read as the culler reads it.
+        "GPUHUB_INVENTORY": settings.inventory,
+        "GPUHUB_SIMULATED_GPUS": str(settings.simulated_gpus),
+        "GPUHUB_SIMULATED_UTILIZATION_FILE": settings.simulated_utilization_file or "",
+    }
+    if os.environ.get("DOCKER_HOST"):  # action scripts reach the hub's Docker as the spawner does
+        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    return env
+
+
+def configure_pool_page(c, settings) -> None:
+    """Add the gpu-pool service, its admin scope and its roles to a hub config `c`.
+
+    Every user may open the page (the `user` role gains the service's access
+    scope); GPUHUB_ADMIN_USERS and the members of the directory's admin groups
+    get `custom:gpu-pool:admin` (drain, undrain, end leases, everyone's usage);
+    GPUHUB_POOL_EXEC_USERS and the members of the directory's exec groups get
+    `custom:gpu-pool:exec` (action scripts in other people's servers).  Directory
+    members get them through the hub groups the directory login fills by DN
+    (ADMIN_GROUP, EXEC_GROUP).  Safe to call twice.
+    """
+    section = c.JupyterHub
+    services = section.services if "services" in section else []
+    roles = section.load_roles if "load_roles" in section else []
+    custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
+    custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, end leases, see every user's GPU usage "
+                                          "on the GPU pool page"}
+    custom[EXEC_SCOPE] = {"description": "Run action scripts in other people's running servers (as each "
+                                         "server's own user) from the GPU pool page and `gpu-pool exec`"}
+    section.custom_scopes = custom
+    environment = service_environment(settings)
+    hand_over(c, settings, environment)  # c.PoolServiceLimits
+    section.services = without_named(services, SERVICE_NAME) + [{
+        "name": SERVICE_NAME,
+        "display": True,
+        "oauth_no_confirm": True,
+        "url": f"http://127.0.0.1:{settings.pool_page_port}",
+        "command": [sys.executable, "-m", "spawner.poolpage"],
+        "environment": environment,
+        # OAuth tokens the page gets carry the admin scope when the user holds it.
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE, EXEC_SCOPE],
+    }]
+    roles = without_named(without_named(without_named(roles, ADMIN_ROLE), EXEC_ROLE), "user")
+    user_role = next((r for r in (section.load_roles if "load_roles" in section else [])
+                      if r.get("name") == "user"), None)
+    user_scopes = list(user_role["scopes"]) if user_role else ["self"]
+    if ACCESS_SCOPE not in user_scopes:
+        user_scopes.append(ACCESS_SCOPE)
+    roles.append({**(user_role or {"name": "user"}), "scopes": user_scopes})
+    by_directory = role_groups(settings)
+    roles.append({
+        "name": ADMIN_ROLE,
+        "description": "Administer the GPU pool from its page and API",
+        "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
+        "users": list(settings.admin_users),
+        "groups": [ADMIN_GROUP],
+    })
+    roles.append({
+        "name": EXEC_ROLE,
+        "description": "Run action scripts in other people's running servers",
+        "scopes": [EXEC_SCOPE],
+        "users": list(settings.pool_exec_users),
+        "groups": [EXEC_GROUP],
+    })
+    if by_directory:
+        auth = c.DirectoryAuthenticator
+        existing = dict(auth.role_groups) if "role_groups" in auth else {}
+        auth.role_groups = {**existing, **by_directory}
+    # The service's own token: find running servers, see their activity and
+    # profile, stop one (an admin ending a lease).
+    roles = without_named(roles, SERVICE_ROLE) + [{
+        "name": SERVICE_ROLE,
+        "description": "The GPU pool page: list running servers and stop one when a pool admin ends its lease",
+        "scopes": list(SERVICE_SCOPES),
+        "services": [SERVICE_NAME],
+    }]
+    section.load_roles = roles
+    # A "GPU pool" link in the hub's navigation bar (hub_templates/page.html).
+    paths = list(section.template_paths) if "template_paths" in section else []
+    if HUB_TEMPLATES not in paths:
+        section.template_paths = [HUB_TEMPLATES] + paths
+    template_vars = dict(section.template_vars) if "template_vars" in section else {}
+    base_url = section.base_url if "base_url" in section else "/"
+    template_vars["gpu_pool_url"] = url_path_join(base_url, "services", SERVICE_NAME) + "/"
+    section.template_vars = template_vars

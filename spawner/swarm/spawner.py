@@ -1,0 +1,298 @@
+"""GPUSwarmSpawner (`gpu-swarm`): one GPU pool across the nodes of a Docker Swarm.
+
+The Swarm engine of `lending.GPULendingSpawner`, on dockerspawner's
+`SwarmSpawner`: the ledger picks the node and the GPU uuids, the service is
+pinned to that node by a placement constraint, and its task gets exactly
+those GPUs through `NVIDIA_VISIBLE_DEVICES` (the GPU nodes run `nvidia` as
+their default runtime; Swarm services cannot take device requests).  CPU
+servers get `void`.  It is a `GPUDockerSpawner` in everything that is not the
+engine (profiles, leases, lock-down, home ownership, every c.GPUDockerSpawner
+option) and answers `lease_holders` from Swarm's tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import docker.errors
+from docker.types import (ContainerSpec, DriverConfig, EndpointSpec, Mount, NetworkAttachmentConfig,
+                          Placement, Resources, RestartPolicy, TaskTemplate)
+from docker.utils import parse_bytes
+from dockerspawner import SwarmSpawner
+from tornado import web
+from traitlets import Bool, Dict, List, Unicode, default
+
+from ..containers import hardened_host_config, lease_labels
+from ..docker.spawner import GPUDockerSpawner
+from ..homes import create_helper, helper_bounds, prepare_home_volume, wait_for_exit
+from ..labels import pool_identity
+from ..pool import PoolError
+from ..pool.queries import counts as counts_of
+from ..profiles import Profile, options_form_html
+from ..readiness import wait_for_server
+from .tasks import LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
+
+SQLITE_REFUSED = ("gpu-swarm lends the GPUs of several hosts from one ledger, which must be "
+                  "PostgreSQL (GPUPool.db_url / GPUHUB_POOL_DB_URL = postgresql+psycopg://...); "
+                  "an SQLite ledger lives on one machine.")
+
+
+class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
+    """Lends GPUs of any Swarm node from one locked pool (see the module docstring)."""
+
+    home_volume_driver_options = Dict(
+        {},
+        config=True,
+        help="""
+        Options of Docker's `local` volume driver for each user's home, so that
+        the same home is mounted on whichever node the server lands:
+        `{username}` is the escaped user name.  NFS (production):
+        `{"type": "nfs", "o": "addr=10.0.0.5,nfsvers=4,rw", "device":
+        ":/export/homes/{username}"}`.  Empty: a node-local volume (a user's
+        files then stay on the node where they were written).
+        """,
+    )
+    home_root_volume_options = Dict(
+        {},
+        config=True,
+        help="""
+        Options of Docker's `local` volume driver for the directory holding
+        every home (e.g. `":/export/homes"` over NFS).  The hub mounts it on
+        the manager, in a short-lived container without network or
+        capabilities, only to create a new user's home directory, owned by
+        their uid; the home's hand-over then follows the same rules as on one
+        host.  Needed when `home_volume_driver_options` name a directory per user.
+        """,
+    )
+    cpu_constraints = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="Swarm placement constraints of servers without GPUs, e.g. `[\"node.role==worker\"]` "
+        "or `[\"node.labels.cpu==true\"]`.  GPU servers are always pinned to their GPUs' node.",
+    )
+    generic_resource_guard = Bool(
+        False,
+        config=True,
+        help="""
+        Also reserve the leased number of GPUs as Swarm generic resources
+        (`GPU=N`), so Swarm itself refuses to overcommit a node's GPUs even if
+        something outside the ledger started GPU tasks there.  Swarm then picks
+        uuids of its own in `DOCKER_RESOURCE_GPU`, which the spawner ignores:
+        `NVIDIA_VISIBLE_DEVICES` names the ledger's.  Off by default: the
+        ledger already lends each GPU once.
+        """,
+    )
+
+    @default("inventory_kind")
+    def _default_inventory_kind(self):
+        return "swarm"
+
+    @default("use_internal_ip")
+    def _default_use_internal_ip(self):
+        return True
+
+    # Containers behind services are always removed with the service.
+    remove = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.pool.is_sqlite:
+            raise ValueError(SQLITE_REFUSED)
+
+    # Each reconcile pass covers every node of the Swarm (used by reconcile.start_in_hub).
+    @staticmethod
+    def reconcile_pass(pool, client, host, tracked, log, min_age):
+        from .reconcile import reconcile_swarm
+
+        return reconcile_swarm(pool, client, tracked, log, min_age)
+
+    # ---------------------------------------------------------------- profiles
+
+    def lease_hosts(self, profile: Profile) -> list[str] | None:
+        """The GPU nodes whose labels match the profile's `node_labels` (None: any node)."""
+        wanted = dict(profile.node_labels)
+        if not wanted:
+            return None
+        hosts = self.pool.inventory.hosts_matching(wanted)
+        if not hosts:
+            raise web.HTTPError(409, f"No GPU node carries the labels {wanted} that profile "
+                                f"{profile.display_name!r} asks for. Ask an administrator.")
+        return hosts
+
+    async def _render_options_form(self) -> str:
+        """The spawn form; a profile limited to some nodes shows the free GPUs of those nodes."""
+        allowed = self._allowed_profiles()
+        try:
+            statuses = await self._ledger(self.pool.gpus)
+        except PoolError:
+            return options_form_html(allowed, self.default_profile, None)
+        per_profile = {}
+        for profile in allowed:
+            if profile.gpus and profile.node_labels:
+                hosts = set(self.pool.inventory.hosts_matching(dict(profile.node_labels)))
+                per_profile[profile.slug] = counts_of([st for st in statuses if st.gpu.host in hosts], 0)
+        return options_form_html(allowed, self.default_profile, counts_of(statuses, 0), per_profile)
+
+    async def lease_for_start(self, profile: Profile) -> None:
+        # Nodes that joined, left, went down or were drained reach the ledger first.
+        inventory = self.pool.inventory
+        if hasattr(inventory, "forget_cache"):
+            inventory.forget_cache()
+        await self._ledger(self.pool.sync_inventory)
+        await super().lease_for_start(profile)
+
+    # ---------------------------------------------------------------- service
+
+    def _mounts(self, uid: int, gid: int) -> list[Mount]:
+        name = self._render_templates(self.home_volume_name)
+        options = {k: self._render_templates(v) for k, v in self.home_volume_driver_options.items()}
+        driver = DriverConfig("local", options=options) if options else None
+        return [
+            Mount(target=self.home_mount_point, source=name, type="volume", driver_config=driver,
+                  labels={"org.jupyter.gpuhub.user": self.user.name}),
+            Mount(target="/dev/shm", source=None, type="tmpfs", tmpfs_size=parse_bytes(self.shm_size)),
+        ]
+
+    def home_volume_create_kwargs(self) -> dict:
+        options = {k: self._render_templates(v) for k, v in self.home_volume_driver_options.items()}
+        return {"driver": "local", "driver_opts": options} if options else {}
+
+    async def create_object(self):
+        uid, gid = self.container_identity()
+        labels = lease_labels(self.user.name, self.name or "", self.gpu_uuids, self.gpu_host, self.lease_id,
+                              pool_identity(self.pool), self._config_digest(uid, gid))
+        env = self.get_env()
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(self.gpu_uuids) if self.gpu_uuids else "void"
+        hardening = hardened_host_config()
+        # Configured extras first: ours (identity, labels, environment, lock-down) win.
+        spec = {**self.extra_container_spec,
+                "image": self.image, "args": await self.get_command(), "env": env, "user": f"{uid}:{gid}",
+                "labels": labels, "mounts": self._mounts(uid, gid),
+                "cap_add": None, "cap_drop": hardening["cap_drop"]}
+        resources = Resources(
+            mem_limit=self.mem_limit, mem_reservation=self.mem_guarantee,
+            cpu_limit=int(self.cpu_limit * 1e9) if self.cpu_limit else None,
+            generic_resources={"GPU": len(self.gpu_uuids)} if self.gpu_uuids and self.generic_resource_guard else None,
+        )
+        # c.ContainerLimits: Swarm takes the pids limit among the task's resource limits (API 1.41).
+        limits = self.container_limits
+        resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
+        constraints = [f"node.hostname=={self.gpu_host}"] if self.gpu_uuids else list(self.cpu_constraints)
+        task = TaskTemplate(
+            container_spec=ContainerSpec(**spec), resources=resources,
+            # A server that exits stays exited: the hub sees it die and its lease ends.  With
+            # the generic-resource guard, Swarm may reject a first task and needs retries.
+            restart_policy=(RestartPolicy(condition="on-failure", max_attempts=3)
+                            if self.generic_resource_guard else RestartPolicy(condition="none")),
+            placement=Placement(constraints=constraints or None),
+            networks=[NetworkAttachmentConfig(self.network_name)] if self.network_name else [],
+            log_driver=DriverConfig(limits.log_driver, options=limits.log_options()),
+        )
+        # dnsrr: no virtual IP (no IPVS needed); the hub reaches the task's own address.
+        service = await self.docker("create_service", task, name=self.service_name, labels=labels,
+                                    endpoint_spec=EndpointSpec(mode="dnsrr"))
+        while not await self.docker("tasks", filters={"service": self.service_name}):
+            await asyncio.sleep(0.1)
+        return service
+
+    async def get_task(self):
+        """The service's task; one on a node that is down counts as gone ("down")."""
+        task = await SwarmSpawner.get_task(self)
+        if task and task.get("NodeID"):
+            states = await asyncio.to_thread(node_states, self.client)
+            if states.get(task["NodeID"]) == "down":
+                return {**task, "Status": {**task.get("Status", {}), "State": "down"}}
+        return task
+
+    async def start_object(self):
+        """Wait until the task runs, checking every 0.2 s (SwarmSpawner backs off up to 11 s)."""
+        while True:
+            task = await self.get_task()
+            if not task:
+                raise RuntimeError(f"Service {self.service_name} has no task")
+            status = task.get("Status") or {}
+            state = (status.get("State") or "").lower()
+            if state == "running":
+                return
+            if state == "rejected" and self.generic_resource_guard:
+                pass  # Swarm often rejects the first task of a generic-resource service, then retries
+            elif state not in LIVE_TASK_STATES:
+                # Rejected, failed, or on a node that went down: say why, in Swarm's words.
+                raise web.HTTPError(500, f"Your server's task did not start on {self.gpu_host or 'a node'}: "
+                                    f"{state} ({status.get('Err') or status.get('Message') or 'no reason given'})")
+            await asyncio.sleep(0.2)
+
+    async def _task_running(self) -> bool:
+        try:
+            task = await self.get_task()
+        except Exception:
+            return True  # unknown is not gone: the hub's own check decides
+        return bool(task) and (task.get("Status") or {}).get("State") in LIVE_TASK_STATES
+
+    async def get_ip_and_port(self):
+        task = await self.get_task()
+        ip = task_ip(task, self.network_name) if task else None
+        if not ip:
+            raise RuntimeError(f"Service {self.service_name} has no address on {self.network_name}")
+        return ip, self.port
+
+    async def run_post_stop_hook(self):
+        # JupyterHub skips stop() for a server that poll found dead (a task that
+        # exited, a node that went down): its service still exists.  Remove it,
+        # so that nothing can run it again, before the lease is settled.
+        try:
+            if await self.get_object() is not None:
+                await self.remove_object()
+        except Exception as exc:  # the lease then stays lent; the reconciler retries
+            self.log.warning("Could not remove service %s: %s", self.service_name, exc)
+        await super().run_post_stop_hook()
+
+    async def lease_holders(self, lease_id: int) -> list[str]:
+        return await asyncio.to_thread(lease_holders_in, self.client, lease_id, pool_identity(self.pool))
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def _make_home_directory(self, image: str, uid: int, gid: int) -> None:
+        """Create the user's directory under the shared homes root (once), owned by them."""
+        if not self.home_root_volume_options:
+            return
+        root = f"{self.prefix}-homes-root"
+        try:
+            await self.docker("inspect_volume", root)
+        except docker.errors.NotFound:
+            await self.docker("create_volume", name=root, driver="local",
+                              driver_opts=dict(self.home_root_volume_options))
+        user_dir = self._render_templates("{username}")
+        script = (f'd=/mnt/homes/{user_dir}; [ -d "$d" ] || {{ mkdir -p "$d.new" && chown {uid}:{gid} "$d.new" '
+                  f'&& mv "$d.new" "$d"; }}')
+        prep = await create_helper(
+            self, image=self.home_volume_prep_image or image, entrypoint=["/bin/sh", "-c"],
+            command=[script], user="0:0", network_disabled=True,
+            host_config=self.client.create_host_config(
+                binds={root: {"bind": "/mnt/homes", "mode": "rw"}}, network_mode="none",
+                cap_drop=["ALL"], cap_add=["CHOWN"], security_opt=["no-new-privileges"],
+                **helper_bounds(self)))
+        try:
+            await self.docker("start", prep["Id"])
+            code = await wait_for_exit(self, prep["Id"], 60)
+            if code is None:
+                raise web.HTTPError(503, f"Creating the home directory of {self.user.name} took longer than "
+                                    "60 s; start again in a moment.")
+            if code != 0:
+                raise web.HTTPError(500, f"Could not create the home directory of {self.user.name}")
+        finally:
+            await self.docker("remove_container", prep["Id"], force=True)
+
+    async def start_server(self, profile: Profile):
+        uid, gid = self.container_identity()
+        self._emit(50, "Preparing your home")
+        await self._make_home_directory(profile.image, uid, gid)
+        await prepare_home_volume(self, profile.image, uid, gid)
+        where = f" on {self.gpu_host}" if self.gpu_host else ""
+        self._emit(60, f"Creating your service from {profile.image}{where}")
+        result = await SwarmSpawner.start(self)
+        self._emit(80, "Service started; waiting for JupyterLab")
+        await wait_for_server(self, result, is_running=self._task_running)
+        return result
+
