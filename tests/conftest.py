@@ -41,6 +41,8 @@ pytest_plugins = [
 FIXED_PORT_UNITS = {
     "samba-ad": ("samba_ad", {"tests/integration/test_auth_directory.py", "tests/integration/test_auth_hub.py",
                               "tests/integration/test_upgrade.py", "tests/integration/test_ssh_directory_ad.py"}),
+    # One Swarm per machine (the manager is the session's dockerd): its modules share one worker.
+    "swarm": ("swarm_cluster", {"tests/integration/test_swarm.py", "tests/integration/test_ssh_swarm.py"}),
 }
 LONG_MODULES_FIRST = [  # by their time in a run (longest first)
     "test_failure_paths.py", "test_swarm.py", "test_apt_install.py", "test_gpu_spawner.py", "test_jobs.py", "test_auth_hub.py",
