@@ -196,15 +196,34 @@ def test_ssh_session_keeps_its_server_from_being_culled_and_the_host_key_survive
     assert "tf-gpu-1" in r.stderr
 
 
-def test_gateway_limits_connections_per_user_with_a_message(make_hub, tmp_path):
-    hub, port = ssh_hub(make_hub, "c.SSHGateway.max_connections_per_user = 1\n")
-    hub.create_user("alice")
-    hub.start_server("alice")
+def test_ssh_waits_in_the_gpu_queue_saying_so_and_limits_connections_per_user(make_hub, tmp_path):
+    hub, port = ssh_hub(make_hub, "c.SSHGateway.max_connections_per_user = 1\n", GPUHUB_SIMULATED_GPUS="1")
     client = SSHClient(port, tmp_path / "ssh")
-    held = client.popen("alice", "sleep 300", password=DUMMY_PASSWORD)
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+    # Alice's last profile has a GPU; Bob holds the only one.
+    hub.start_server("alice", {"profile": "tf-gpu-1"})
+    hub.stop_server("alice")
+    hub.start_server("bob", {"profile": "tf-gpu-1"})
+    waiting = client.popen("alice", "echo in", password=DUMMY_PASSWORD)
     try:
-        wait_for(lambda: "1 SSH connections open" in client.ssh("alice", "true", password=DUMMY_PASSWORD).stderr,
-                 60, "the second connection to be refused with the limit's message", hub)
+        # Her connection started her last profile, which waits in the queue for Bob's GPU ...
+        wait_for(lambda: [w for w in hub.ledger().queue() if w.user == "alice"], 120, "alice to queue", hub)
+        hub.stop_server("bob")
+        out, err = waiting.communicate(timeout=240)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    # ... and she was told where she stood, then got in.
+    assert (waiting.returncode, out.strip()) == (0, "in"), err
+    assert "tf-gpu-1" in err and "you are 1st in the queue" in err, err
+
+    held = client.popen("alice", "echo held; sleep 300", password=DUMMY_PASSWORD)
+    try:
+        assert held.stdout.readline().strip() == "held"  # logged in, its session running
+        r = client.ssh("alice", "echo second", password=DUMMY_PASSWORD)
+        assert r.returncode == 255 and "second" not in r.stdout
+        assert "You have 1 SSH connections open" in r.stderr and "max_connections_per_user = 1" in r.stderr
     finally:
         held.terminate()
         held.wait(30)
