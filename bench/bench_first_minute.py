@@ -48,8 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import environment  # noqa: E402
-from tests.fixtures.hub import cleanup_hub, prepare_hub  # noqa: E402
-from tests.fixtures.kernels import Kernel  # noqa: E402
+from devservices.hub import cleanup_hub, prepare_hub  # noqa: E402
+from devservices.kernels import Kernel  # noqa: E402
 
 # The last commit whose images shipped no bytecode.
 BASELINE_REV = "7c70838"

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import environment, median  # noqa: E402
-from tests.fixtures.hub import cleanup_hub, prepare_hub, wait_for  # noqa: E402
+from devservices.hub import cleanup_hub, prepare_hub, wait_for  # noqa: E402
 
 CULL_TIMEOUT_GPU = 900
 

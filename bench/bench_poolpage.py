@@ -37,7 +37,7 @@ from spawner.pool import GPUPool  # noqa: E402
 from spawner.pool.schema import audit_table, lease_gpus_table, leases_table, queue_log_table  # noqa: E402
 from spawner.poolpage import ADMIN_SCOPE, app  # noqa: E402
 from spawner.poolpage.handlers import base as handlers  # noqa: E402
-from tests.fixtures.services import free_port  # noqa: E402
+from devservices.ports import free_port  # noqa: E402
 
 REQUESTS = [("page", ""), ("page, 30 days", "?period=30d"), ("api/usage", "api/usage"),
             ("api/occupancy", "api/occupancy"), ("api/occupancy.csv, 30 days", "api/occupancy.csv?period=30d")]

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import environment  # noqa: E402
-from tests.fixtures.hub import cleanup_hub, prepare_hub, wait_for  # noqa: E402
+from devservices.hub import cleanup_hub, prepare_hub, wait_for  # noqa: E402
 
 SETTLE_S = 5.0
 TICKING = ["sh", "-c", "while :; do echo tick; sleep 0.2; done"]

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import environment  # noqa: E402
-from tests.fixtures.hub import cleanup_hub, prepare_hub  # noqa: E402
+from devservices.hub import cleanup_hub, prepare_hub  # noqa: E402
 
 STOCK_CULLER = """
 import sys

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import alternate_spawns, environment, print_storm, spawn_bench_arguments, storm_user  # noqa: E402
-from tests.fixtures.hub import cleanup_hub, prepare_hub  # noqa: E402
+from devservices.hub import cleanup_hub, prepare_hub  # noqa: E402
 
 PLAIN_DOCKERSPAWNER = """
 c.JupyterHub.spawner_class = "docker"

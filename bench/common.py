@@ -1,5 +1,5 @@
 """What the benchmarks share with the test fixtures: dockerd, the notebook image, a bridge,
-and real hubs made by tests/fixtures/hub.py (so a benchmark measures the tested setup)."""
+and real hubs made by devservices/hub.py (so a benchmark measures the tested setup)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def environment(image: str | None = None):
         client.networks.get(NETWORK)
     except docker.errors.NotFound:
         client.networks.create(NETWORK, driver="bridge")
-    from tests.fixtures.hub import ensure_chp
+    from devservices.hub import ensure_chp
 
     ensure_chp()
     return client, image, NETWORK

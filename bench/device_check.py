@@ -6,7 +6,7 @@ docs/contributing/device-check.md for how to download them):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target .whl/site .whl/*.whl && PYTHONPATH=.whl/site PYTHONUNBUFFERED=1 timeout 240 python3 bench/device_check.py
 
-Here, with no GPU: the same code against the project's NVML stand-in (tests/fixtures/nvml.py),
+Here, with no GPU: the same code against the project's NVML stand-in (devservices/fake_nvml.py),
 the busy phase played by the stand-in's utilisation and a clock that does not wait:
 
     .venv/bin/python bench/device_check.py --dry-run
@@ -406,7 +406,7 @@ def render(rows: list[Row]) -> str:
 
 def standin_nvml():
     """Three GPUs: an H200 with MIG off, one with two MIG instances, an L4 without MIG."""
-    from tests.fixtures.nvml import FakeNVML
+    from devservices.fake_nvml import FakeNVML
 
     return FakeNVML({
         0: {"uuid": "GPU-00000000-0000-0000-0000-0000000000a0", "name": "NVIDIA H200", "mib": 143771,
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     try:
         if args.dry_run:
-            title = "device check, dry run (NVML stand-in tests/fixtures/nvml.py, virtual clock)"
+            title = "device check, dry run (NVML stand-in devservices/fake_nvml.py, virtual clock)"
             dry_run(host=args.host or "dry-run-node", report=report)
         else:
             title = "device check on the real NVML"

@@ -25,8 +25,30 @@ from concurrent.futures import ThreadPoolExecutor
 import docker.errors
 from tornado import web
 
+from typing import Any, Protocol
+
 from .containers import ContainerLimits
 from .labels import LABEL_HOME_OWNER, LABEL_USER
+
+
+class HomeOwner(Protocol):
+    """What `prepare_home_volume` asks of its caller: a server's spawner (every engine) or a
+    job's stand-in (jobs/runner.py), so both follow the same rules."""
+
+    user: Any  # .name
+    home_volume_name: str
+    home_mount_point: str
+    home_volume_prep_image: str
+    home_prep_timeout: float
+    fallback_uid: int
+    fallback_gid: int
+
+    def _render_templates(self, template: str) -> str: ...
+    async def docker(self, method: str, *args, **kwargs) -> Any: ...
+    def has_directory_identity(self) -> bool: ...
+    def home_volume_create_kwargs(self) -> dict:
+        """Extra `create_volume` arguments: an engine may put homes on shared storage (Swarm)."""
+        ...
 
 MARKER = ".gpuhub-owner"
 MOUNT = "/mnt/home"
@@ -137,7 +159,7 @@ async def _recorded_owner(spawner, name: str, image: str) -> str | None:
         await spawner.docker("remove_container", reader["Id"], force=True)
 
 
-async def prepare_home_volume(spawner, image: str, uid: int, gid: int) -> None:
+async def prepare_home_volume(spawner: HomeOwner, image: str, uid: int, gid: int) -> None:
     """Make the user's home volume theirs (see the module docstring); raise HTTPError if refused."""
     owner = f"{uid}:{gid}"
     name = spawner._render_templates(spawner.home_volume_name)
@@ -151,7 +173,7 @@ async def prepare_home_volume(spawner, image: str, uid: int, gid: int) -> None:
         # The label says whom the volume was made for (labels never change).
         volume = {"Labels": {LABEL_USER: spawner.user.name, LABEL_HOME_OWNER: owner}}
         # An engine may put homes on shared storage (Swarm: the local driver's NFS options).
-        extra = spawner.home_volume_create_kwargs() if hasattr(spawner, "home_volume_create_kwargs") else {}
+        extra = spawner.home_volume_create_kwargs()
         await spawner.docker("create_volume", name=name, labels=volume["Labels"], **extra)
         if owner == fallback:
             # Docker's copy-up from the image gives a new volume to the image's

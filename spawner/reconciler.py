@@ -99,13 +99,13 @@ def start_in_hub(config=None) -> None:
         return
     app = JupyterHub.instance()
     from .lending.admission import take_over_spawn_limit
-    from .lending.spawner import shared_pool
+    from .lending.spawner import GPULendingSpawner, shared_pool
 
     def tracked() -> set[int]:
         ids = set()
         for user in list(app.users.values()):
             for spawner in list(user.spawners.values()):
-                if hasattr(spawner, "leases_in_hand"):
+                if isinstance(spawner, GPULendingSpawner):
                     ids |= spawner.leases_in_hand()
         return ids
 

@@ -32,7 +32,7 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 PROBE_USER = "gpu-pool doctor"
 BASE_IMAGE = "gpuhub/debian-base:latest"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
-LABEL_DOCTOR = f"{PREFIX}.doctor"
+LABEL_DOCTOR = f"{PREFIX}.doctor"  # on every container the doctor runs: gpu-probe, image-check
 TOOLKIT_FIX = ("install the NVIDIA Container Toolkit (nvidia-container-toolkit), run "
                "`nvidia-ctk runtime configure --runtime=docker`, then restart dockerd")
 
@@ -388,7 +388,7 @@ class Doctor:
             image, entrypoint=["cat", "/proc/1/environ"], command=[], network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
             name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}",
-            labels={LABEL_DOCTOR: "1"}, **self._bounds(), device_requests=[
+            labels={LABEL_DOCTOR: "gpu-probe"}, **self._bounds(), device_requests=[
                 docker.types.DeviceRequest(driver="nvidia", device_ids=[gpu], capabilities=[["gpu"]])])
         try:
             container.start()
@@ -429,6 +429,31 @@ class Doctor:
                          "build it here or `docker load` it: the hub never pulls images")
                 continue
             self.results.append(cuda_fit(image, labels, count, self.driver_cuda))
+            self.results.append(self._busy_kernel_check(image))
+
+    def _busy_kernel_check(self, image: str) -> Result:
+        """Does the image carry the gpuhub_activity extension (a busy kernel counts as activity)?"""
+        name = f"image {image}: busy kernels"
+        container = None
+        try:
+            container = self.docker.containers.create(
+                image, entrypoint=["python3", "-c", "import gpuhub_activity"], command=[], network_mode="none",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
+                name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}", labels={LABEL_DOCTOR: "image-check"},
+                **self._bounds())
+            container.start()
+            code = container.wait(timeout=60).get("StatusCode")
+        except Exception as e:
+            return Result(name, WARN, f"could not look inside it: {_one_line(e)}")
+        finally:
+            if container is not None:
+                with contextlib.suppress(Exception):
+                    container.remove(force=True)
+        if code == 0:
+            return Result(name, OK, "the gpuhub_activity extension counts a working kernel as activity")
+        return Result(name, WARN, "no gpuhub_activity extension: a cell that computes without printing looks "
+                      "idle, and the culler may stop it", "install the extension in the image (images/jupyter/, "
+                      "as images/Dockerfile does), or build it with `make images`")
 
     def check_ledger(self) -> None:
         from ..pool import GPUPool, HostConflict, PoolError, PoolUnavailable
@@ -479,17 +504,14 @@ def data_dir_of(config: Config, fallback: Path) -> Path:
 
 
 def target_from_env(hub_user: str, env=None, env_file_problems=()) -> Target:
-    """GPUHUB_* settings, read as hub_config/jupyterhub_config.py reads them (without making the data dir)."""
+    """GPUHUB_* settings, read as hub_config/jupyterhub_config.py reads them (outside the hub that only sets values)."""
     from ..settings import apply_settings, load_settings
 
     env = os.environ if env is None else env
     settings = load_settings(env)
-    existed = settings.data_dir.is_dir()
     config = Config()
     with contextlib.redirect_stderr(io.StringIO()):  # the hub's start-up notes are not the doctor's
         apply_settings(config, settings)
-    if not existed:
-        settings.data_dir.rmdir()  # apply_settings made it; the doctor only looks
     notes = [(f"line {number} ({key}) of the settings file: {problem}; systemd and a shell read it "
               "differently", "see the rule at the top of hub_config/examples/production.env")
              for number, key, problem in env_file_problems]

@@ -25,9 +25,8 @@ extension, `gpuhub_activity` (images/jupyter/), that counts a working kernel
 as activity through jupyter-server's documented `*_last_activity` settings
 hook, but not a kernel that only waits for a person (an `input()` or pdb
 prompt, a debugger stopped at a breakpoint).  The image's own start command
-stays as it is.  For images without the extension, `SINGLEUSER_BOOT` wraps
-jupyterhub-singleuser to the same end (busy is busy, prompts included);
-GPUHUB_CULL_KEEP_BUSY=wrapper turns it on.
+stays as it is; `gpu-pool doctor` warns about a profile image without the
+extension.
 
 Before the culler stops a GPU server it records its intent in the ledger
 (`record_cull`); the spawner reads it when the stop arrives and ends the lease
@@ -60,53 +59,6 @@ SERVICE_NAME = "idle-culler"
 BUSY_ACTIVITY_SETTING = "gpuhub_busy_kernels_last_activity"
 # The container environment variable that turns the extension off.
 BUSY_SWITCH_ENV = "GPUHUB_BUSY_KERNELS_ACTIVITY"
-
-# For images without the gpuhub_activity extension (GPUHUB_CULL_KEEP_BUSY=
-# wrapper): runs inside the notebook container as `python3 -c SINGLEUSER_BOOT
-# [args]` in place of `jupyterhub-singleuser [args]`.  Kept free of any import
-# from this package: the container has only jupyterhub-singleuser and
-# jupyter-server.  Unlike the extension it cannot tell a kernel waiting for
-# input from a working one.  In an image that has the extension it steps aside.
-SINGLEUSER_BOOT = f"""
-import sys
-import importlib.util
-sys.argv[0] = "jupyterhub-singleuser"
-try:
-    if importlib.util.find_spec("gpuhub_activity") is not None:
-        raise ImportError("the image's gpuhub_activity extension does it")
-    from datetime import datetime, timezone
-    from jupyterhub.singleuser.extension import JupyterHubSingleUser
-
-    _notify_activity = JupyterHubSingleUser.notify_activity
-
-    async def notify_activity(self):
-        # A busy kernel is activity: a long cell must not look idle because
-        # it prints nothing.  Checked at each report to the hub.
-        app = self.serverapp
-        km = app.kernel_manager
-        for kernel_id in list(km.list_kernel_ids()):
-            try:
-                state = getattr(km.get_kernel(kernel_id), "execution_state", None)
-            except KeyError:
-                continue
-            if state == "busy":
-                app.web_app.settings[{BUSY_ACTIVITY_SETTING!r}] = datetime.now(timezone.utc)
-                break
-        return await _notify_activity(self)
-
-    JupyterHubSingleUser.notify_activity = notify_activity
-except ImportError as exc:
-    # The extension is there, or Jupyter Server < 2: run unchanged.
-    print("gpuhub: the wrapper leaves busy kernels alone:", exc, file=sys.stderr)
-from jupyterhub.singleuser import main
-sys.exit(main())
-"""
-
-
-def singleuser_command(python: str = "python3") -> list[str]:
-    """The container command that starts jupyterhub-singleuser with busy-kernel activity."""
-    return [python, "-c", SINGLEUSER_BOOT]
-
 
 # ------------------------------------------------------------ the culler app
 

@@ -92,6 +92,14 @@ class Inventory(LoggingConfigurable):
         """The hosts whose GPUs this inventory speaks for: their GPUs it no longer lists are missing."""
         return {self.host}
 
+    def use_readings(self, readings) -> None:
+        """Take the ledger's reader of the agents' GPU readings (`GPUPool.gpu_readings`).
+
+        Only an inventory of other machines' GPUs (Swarm) uses it; one machine reads its own."""
+
+    def forget_cache(self) -> None:
+        """Drop what was read from elsewhere, so the next call reads it afresh (Swarm: the manager)."""
+
     def cuda_driver_version(self) -> tuple[int, int] | None:
         """Highest CUDA version the host's driver supports, e.g. (12, 4); None if unknown."""
         return None
@@ -196,6 +204,14 @@ class StaticInventory(Inventory):
         ]
         return sorted(units, key=lambda g: (g.host, g.index, g.uuid))
 
+    def use_readings(self, readings) -> None:
+        """Take the ledger's reader of the agents' GPU readings (`GPUPool.gpu_readings`).
+
+        Only an inventory of other machines' GPUs (Swarm) uses it; one machine reads its own."""
+
+    def forget_cache(self) -> None:
+        """Drop what was read from elsewhere, so the next call reads it afresh (Swarm: the manager)."""
+
     def cuda_driver_version(self) -> tuple[int, int] | None:
         return parse_cuda_version(self.cuda_version)
 
@@ -257,6 +273,14 @@ class SimulatedInventory(Inventory):
             )
             for i in range(self.count)
         ]
+
+    def use_readings(self, readings) -> None:
+        """Take the ledger's reader of the agents' GPU readings (`GPUPool.gpu_readings`).
+
+        Only an inventory of other machines' GPUs (Swarm) uses it; one machine reads its own."""
+
+    def forget_cache(self) -> None:
+        """Drop what was read from elsewhere, so the next call reads it afresh (Swarm: the manager)."""
 
     def cuda_driver_version(self) -> tuple[int, int] | None:
         return parse_cuda_version(self.cuda_version)
@@ -392,6 +416,14 @@ class NVMLInventory(Inventory):
                 )
             )
         return units
+
+    def use_readings(self, readings) -> None:
+        """Take the ledger's reader of the agents' GPU readings (`GPUPool.gpu_readings`).
+
+        Only an inventory of other machines' GPUs (Swarm) uses it; one machine reads its own."""
+
+    def forget_cache(self) -> None:
+        """Drop what was read from elsewhere, so the next call reads it afresh (Swarm: the manager)."""
 
     def cuda_driver_version(self) -> tuple[int, int] | None:
         nv = self.nvml

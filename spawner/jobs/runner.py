@@ -68,6 +68,9 @@ class _HomeOwner:
     def has_directory_identity(self) -> bool:
         return self._directory
 
+    def home_volume_create_kwargs(self) -> dict:
+        return {}  # a job's home is the volume of this host's Docker engine
+
     def _render_templates(self, template: str) -> str:
         from dockerspawner import DockerSpawner
 

@@ -253,7 +253,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._wakeups = Wakeups()
         self._watches: dict[Any, QueueWatch] = {}  # event loop -> its waiters' watch
         self._owner = f"{socket.gethostname()}:{os.getpid()}"[:NAME_MAX]
-        if hasattr(inventory, "use_readings"):
+        if inventory is not None:
             # An inventory of other machines' GPUs (Swarm) learns their utilisation from the ledger.
             inventory.use_readings(self.gpu_readings)
 
@@ -324,7 +324,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._read(inventory_sync.check_host_identity, units)
 
     def _sync_inventory(self, conn, units) -> None:
-        hosts = self.inventory.hosts() if hasattr(self.inventory, "hosts") else self.inventory.host
+        hosts = self.inventory.hosts()
         inventory_sync.sync(conn, hosts, units, self._store.now(conn), self.log)
 
     # --- policy (policy.py, placement.py) ---------------------------------------

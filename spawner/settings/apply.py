@@ -51,9 +51,13 @@ def _inside_the_hub() -> bool:
 
 
 def apply_settings(c, settings: Settings) -> None:
-    """Fill a traitlets config object from `settings`."""
+    """Fill a traitlets config object from `settings`.
+
+    Outside a hub process (`gpu-pool --config`, `gpu-pool doctor`, tests) this only sets
+    values.  In the hub, loading its config is its start: `start_with_the_hub` then makes what
+    the start needs (JupyterHub offers no earlier hook; its database lives in the data directory).
+    """
     data = settings.data_dir
-    data.mkdir(parents=True, exist_ok=True)
 
     c.JupyterHub.bind_url = settings.bind_url
     if settings.ssl_cert:
@@ -138,6 +142,14 @@ def apply_settings(c, settings: Settings) -> None:
 
         configure_ssh(c, settings)
 
+    if _inside_the_hub():
+        start_with_the_hub(settings)
+
+
+def start_with_the_hub(settings: Settings) -> None:
+    """What the hub needs made when it starts: its data directory, and the reconciler's task
+    (scheduled on the hub's loop; it first waits until the hub has started)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     from ..reconciler import start_in_hub
 
     start_in_hub()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ..culling.culler import BUSY_SWITCH_ENV, SERVICE_NAME, singleuser_command
+from ..culling.culler import BUSY_SWITCH_ENV, SERVICE_NAME
 from ..hub_service import without_named
 
 # The culler's role: only what it uses.
@@ -86,7 +86,3 @@ def configure_culler(c, settings) -> None:
            # Read by the images' gpuhub_activity extension.
            BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
     c.GPUDockerSpawner.environment.update(env)
-    if keep_busy == "wrapper":
-        # Images without the extension: start jupyterhub-singleuser through
-        # the wrapper instead of the image's own command.
-        c.GPUDockerSpawner.cmd = singleuser_command()

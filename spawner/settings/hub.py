@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -80,16 +81,19 @@ class Settings:
 
 
 def _keep_busy(env: Mapping[str, str]) -> str:
-    """GPUHUB_CULL_KEEP_BUSY: "extension" (true), "wrapper" or "off" (false)."""
+    """GPUHUB_CULL_KEEP_BUSY: "extension" (true) or "off" (false); "wrapper" is deprecated."""
     raw = env.get("GPUHUB_CULL_KEEP_BUSY", "").strip().lower()
     if raw in ("", "1", "true", "yes", "on", "extension"):
         return "extension"
     if raw == "wrapper":
-        return "wrapper"
+        # It started jupyterhub-singleuser through a `python -c` patch of a private method.
+        print("WARNING: GPUHUB_CULL_KEEP_BUSY=wrapper is deprecated and now means true: busy kernels "
+              "count as activity through the images' gpuhub_activity extension only; `gpu-pool doctor` "
+              "names a profile image without it.", file=sys.stderr)
+        return "extension"
     if raw in ("0", "false", "no", "off"):
         return "off"
-    raise SettingsError(f"GPUHUB_CULL_KEEP_BUSY={raw!r} must be true (the images' extension), "
-                        "wrapper (images without it) or false")
+    raise SettingsError(f"GPUHUB_CULL_KEEP_BUSY={raw!r} must be true (the images' extension) or false")
 
 
 def _readable_file(env: Mapping[str, str], name: str) -> str:

@@ -75,8 +75,7 @@ class _SwarmAsDocker:
 def reconcile_swarm(pool, docker_client, tracked_lease_ids, log=None, min_age: float = 30.0) -> ReconcileReport:
     """One pass per GPU node of the Swarm (see the module docstring)."""
     inventory = pool.inventory
-    if hasattr(inventory, "forget_cache"):
-        inventory.forget_cache()
+    inventory.forget_cache()
     pool.sync_inventory()  # nodes that joined, left, went down or were drained
     api = getattr(docker_client, "api", docker_client)
     view = _SwarmAsDocker(api, pool_identity(pool))

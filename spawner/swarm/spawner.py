@@ -137,8 +137,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     async def lease_for_start(self, profile: Profile) -> None:
         # Nodes that joined, left, went down or were drained reach the ledger first.
         inventory = self.pool.inventory
-        if hasattr(inventory, "forget_cache"):
-            inventory.forget_cache()
+        inventory.forget_cache()
         await self._ledger(self.pool.sync_inventory)
         await super().lease_for_start(profile)
 

@@ -82,5 +82,7 @@ def test_the_doctors_probe_is_bounded(hub_env, docker_client, docker_faults):  #
     docker_faults.after("POST", r"/containers/[^/]+/start$", record_probe)
     code, results, _ = doctor(dict(hub_env, DOCKER_HOST=docker_faults.url))
     assert by_check(results)["one-GPU container"]["status"] == "ok", results
-    # The defaults (no c.ContainerLimits here): a helper's 64 processes, 3 log files of 10 MB.
-    assert seen == [(64, {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}})], seen
+    # The defaults (no c.ContainerLimits here): a helper's 64 processes, 3 log files of 10 MB, for
+    # the GPU probe and each image's look inside.
+    expected = (64, {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "3"}})
+    assert seen and all(s == expected for s in seen), seen

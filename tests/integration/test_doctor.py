@@ -67,6 +67,8 @@ def test_a_host_set_up_like_this_one_passes_every_check(hub_env, notebook_image)
     gpu = SimulatedInventory.uuid_for(HOST, 0)
     assert checks["one-GPU container"]["status"] == "ok" and gpu in checks["one-GPU container"]["detail"]
     assert checks["docker"]["detail"].startswith("Docker Engine ")
+    # The project's images carry the busy-kernel extension; the doctor looked inside.
+    assert checks[f"image {notebook_image}: busy kernels"]["status"] == "ok"
 
 
 def test_text_output_has_one_line_per_check_and_the_fixes(hub_env):
@@ -185,7 +187,7 @@ def _probe_containers(docker_client, prefix: str, since: float) -> list[str]:
     """Names of the doctor's containers made since `since` whose name starts with `prefix`
     (the daemon's own event log, read up to now: the doctor has finished by then)."""
     events = docker_client.events(since=int(since), until=int(time.time()) + 1, decode=True,
-                                  filters={"type": "container", "event": "create", "label": LABEL_DOCTOR})
+                                  filters={"type": "container", "event": "create", "label": f"{LABEL_DOCTOR}=gpu-probe"})
     names = [e["Actor"]["Attributes"].get("name", "") for e in events]
     return [n for n in names if n.startswith(prefix)]
 

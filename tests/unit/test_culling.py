@@ -12,7 +12,6 @@ from traitlets.config import Config
 from spawner.culling.culler import (
     BUSY_SWITCH_ENV,
     SERVICE_NAME,
-    SINGLEUSER_BOOT,
     GPUCullPolicy,
     GPUIdleCuller,
     CullerUtilization,
@@ -309,13 +308,14 @@ def test_busy_kernels_count_through_the_images_extension_and_the_image_keeps_its
         assert c.GPUDockerSpawner.environment.to_dict()["update"][BUSY_SWITCH_ENV] == "1"
 
 
-def test_the_wrapper_only_for_images_without_the_extension():
+def test_the_wrapper_is_deprecated_and_means_the_extension(capsys):
+    # It patched a private method of jupyterhub-singleuser through `python -c`; the images'
+    # extension does the job, and the image's own start command is never replaced.
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY="wrapper"))
-    assert c.GPUDockerSpawner.cmd == ["python3", "-c", SINGLEUSER_BOOT]
-    compile(SINGLEUSER_BOOT, "<singleuser boot>", "exec")
-    assert "spawner" not in SINGLEUSER_BOOT  # the container has no copy of this package
-    assert 'find_spec("gpuhub_activity")' in SINGLEUSER_BOOT  # steps aside for the extension
+    assert "cmd" not in c.GPUDockerSpawner
+    assert c.GPUDockerSpawner.environment.to_dict()["update"][BUSY_SWITCH_ENV] == "1"
+    assert "GPUHUB_CULL_KEEP_BUSY=wrapper is deprecated" in capsys.readouterr().err
 
 
 def test_busy_kernels_turned_off():

@@ -4,6 +4,7 @@ directory's rules, the report; and a ledger the doctor can reach without Docker.
 from __future__ import annotations
 
 import os
+import types
 import pwd
 from pathlib import Path
 
@@ -215,3 +216,47 @@ def test_the_doctor_warns_about_settings_lines_a_shell_reads_differently(monkeyp
     (warning,) = d.results
     assert warning.status == WARN and "line 3 (GPUHUB_DUMMY_PASSWORD)" in warning.detail
     assert "x y" not in warning.detail + warning.fix and "production.env" in warning.fix
+
+
+def test_a_profile_image_without_the_busy_kernel_extension_is_named(tmp_path):
+    # Without gpuhub_activity a cell that computes silently looks idle: the culler may stop it.
+    class Container:
+        def __init__(self, image):
+            self.image = image
+
+        def start(self):
+            pass
+
+        def wait(self, timeout):
+            return {"StatusCode": 0 if self.image == "ours" else 1}
+
+        def remove(self, force):
+            pass
+
+    class Images:
+        class images:
+            @staticmethod
+            def get(name):
+                return types.SimpleNamespace(labels={})
+
+        class containers:
+            made = []
+
+            @classmethod
+            def create(cls, image, **kwargs):
+                cls.made.append(kwargs)
+                return Container(image)
+
+    c = Config()
+    c.GPUDockerSpawner.profiles = [{"slug": "a", "display_name": "A", "image": "ours", "gpus": 0},
+                                   {"slug": "b", "display_name": "B", "image": "theirs", "gpus": 0}]
+    d = doctor.Doctor(doctor.Target(c, tmp_path, ME))
+    d.docker = Images()
+    d.check_images()
+    busy = {r.check: r for r in d.results if r.check.endswith("busy kernels")}
+    assert busy["image ours: busy kernels"].status == doctor.OK
+    assert busy["image theirs: busy kernels"].status == doctor.WARN
+    assert "culler may stop it" in busy["image theirs: busy kernels"].detail
+    # The look inside is a locked-down container: no network, no capabilities, not root.
+    made = Images.containers.made[0]
+    assert made["network_mode"] == "none" and made["cap_drop"] == ["ALL"] and made["user"] != "0"

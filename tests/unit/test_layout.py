@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = ["spawner", "hub_config", "devservices", "images"]
+# What ships, and what runs beside it (the demos in devservices/, the benchmarks): none imports tests/.
+SHIPPED = ["spawner", "hub_config", "devservices", "images", "bench"]
 
 
 def _import_statements(path: Path):

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from spawner.settings import SettingsError, load_settings
+from traitlets.config import Config
+
+from spawner.settings import SettingsError, apply_settings, load_settings
 
 
 def test_defaults_listen_on_loopback_with_nvml_and_directory_login():
@@ -291,3 +293,16 @@ def test_bad_https_settings_name_the_setting(tls_files, tmp_path, which, setting
     with pytest.raises(SettingsError) as err:
         load_settings(env)
     assert setting in str(err.value) and words in str(err.value)
+
+
+def test_loading_the_config_outside_a_hub_only_sets_values(tmp_path):
+    # gpu-pool --config and gpu-pool doctor read the hub's config: they must not make its data
+    # directory, a Docker network or the reconciler's task (the doctor used to undo the first).
+    from spawner import reconciler
+
+    data = tmp_path / "not-yet"
+    c = Config()
+    apply_settings(c, load_settings({"GPUHUB_DATA_DIR": str(data)}))
+    assert c.JupyterHub.cookie_secret_file == str(data / "jupyterhub_cookie_secret")
+    assert not data.exists()
+    assert reconciler._hub_task is None

@@ -66,11 +66,6 @@ def test_dockerspawner_inspects_its_object_through_get_object():
     assert "get_object" in _source(DockerSpawner.poll)
 
 
-# JupyterHubSingleUser.notify_activity (spawner/culling/culler.py's GPUHUB_CULL_KEEP_BUSY=wrapper) lives in
-# the notebook images, not in the hub's environment: tests/integration/test_upstream_contract_image.py
-# checks it inside the notebook image.
-
-
 def test_hub_auth_get_user_is_async_on_request_and_caches_on_the_handler():
     # spawner/poolpage/handlers.py and spawner/ssh/keys_api.py (whose loop also relays SSH traffic)
     # ask the hub who a request is in prepare(), without blocking the loop, then rely on HubAuth
@@ -80,3 +75,12 @@ def test_hub_auth_get_user_is_async_on_request_and_caches_on_the_handler():
     assert "sync" in inspect.signature(HubAuth.get_user).parameters
     source = _source(HubAuth._get_user)
     assert "handler._cached_hub_user" in source and "hasattr(handler, '_cached_hub_user')" in source
+
+
+def test_dockerspawner_escapes_a_user_name_with_its_own_escape():
+    # spawner/jobs/runner.py renders a job's home volume name with DockerSpawner._escape, so a job
+    # mounts the very volume the user's server does.
+    assert isinstance(inspect.getattr_static(DockerSpawner, "_escape"), staticmethod)
+    assert DockerSpawner._escape("a.b@c") == "a-2eb-40c"
+    # ...and it is the default of the `escape` trait that a server's {username} goes through.
+    assert "return self._escape" in _source(DockerSpawner._escape_default.func)
