@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import environment, percentile  # noqa: E402
-from tests.fixtures.hub import DUMMY_PASSWORD, cleanup_hub, prepare_hub  # noqa: E402
-from tests.fixtures.ssh import SSHClient, ssh_env, wait_for_gateway  # noqa: E402
+from devservices.hub import DUMMY_PASSWORD, cleanup_hub, prepare_hub  # noqa: E402
+from devservices.ssh_client import SSHClient, ssh_env, wait_for_gateway  # noqa: E402
 
 
 def cipher_rates(megabytes: int = 50) -> dict[str, float]:

@@ -15,6 +15,7 @@ from typing import Mapping
 from urllib.parse import urlparse
 
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
+from ..ssh.settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
 from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
 
@@ -74,7 +75,7 @@ class Settings:
     job_log_max_bytes: int = 1024 * 1024
     ssh: bool = False  # GPUHUB_SSH: the SSH gateway (gpu-ssh service); it opens a port, so off by default
     ssh_page_port: int = 8092  # GPUHUB_SSH_PAGE_PORT: the service's web page (keys), behind the proxy
-    ssh_port: int | None = None  # GPUHUB_SSH_PORT: sets c.SSHGateway.port (its default when unset)
+    ssh_port: int = SSHGateway.port.default_value  # GPUHUB_SSH_PORT: c.SSHGateway.port (its default, read there)
     ssh_address: str = ""  # GPUHUB_SSH_ADDRESS: sets c.SSHGateway.address (its default when unset)
     directory: "DirectorySettings | None" = None
     extra: dict = field(default_factory=dict)
@@ -253,8 +254,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if ssh and ssh_page_port in (hub_port, proxy_api_port, public_port, pool_page_port):
         raise SettingsError(f"GPUHUB_SSH_PAGE_PORT ({ssh_page_port}) must differ from the hub's, the proxy "
                             "API's, the pool page's and GPUHUB_BIND_URL's ports")
-    ssh_port = (env_int(env, "GPUHUB_SSH_PORT", 0, minimum=1) if env.get("GPUHUB_SSH_PORT", "").strip()
-                else None)
+    ssh_port = env_int(env, "GPUHUB_SSH_PORT", Settings.ssh_port, minimum=1)
+    if ssh and ssh_port in (hub_port, proxy_api_port, public_port, pool_page_port, ssh_page_port):
+        raise SettingsError(f"GPUHUB_SSH_PORT ({ssh_port}) must differ from the hub's other ports")
 
     return Settings(
         bind_url=bind_url,

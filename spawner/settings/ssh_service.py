@@ -23,8 +23,7 @@ def configure_ssh(c, settings) -> None:
     state_dir = settings.data_dir / "ssh"
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     hand_over = state_dir / "gateway.json"
-    if settings.ssh_port is not None:
-        c.SSHGateway.port = settings.ssh_port
+    c.SSHGateway.port = settings.ssh_port  # a config file loaded later may still set another
     if settings.ssh_address:
         c.SSHGateway.address = settings.ssh_address
     # Written from the hub's final config (options set after hub_config count); it holds the
