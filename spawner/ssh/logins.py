@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import import_module
 
@@ -54,12 +56,19 @@ def may_reach_server(scopes, name: str) -> bool:
     return bool(wanted & set(scopes or ()))
 
 
+# A key login's directory check is remembered this long: anyone may offer a person's public key
+# (it is public), and without the cache each offer would cost a directory lookup.
+STANDING_SECONDS = 30.0
+STANDING_ENTRIES = 10000
+
+
 class Logins:
     def __init__(self, authenticator, hub: HubClient, keys: KeyStore, timeout: float):
         self.authenticator = authenticator
         self.hub = hub
         self.keys = keys
         self.timeout = timeout
+        self._standings: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
 
     async def _bounded(self, coro):
         return await asyncio.wait_for(coro, self.timeout)
@@ -71,6 +80,18 @@ class Logins:
         return Verdict(name)
 
     async def _standing(self, name: str) -> Verdict:
+        now = time.monotonic()
+        cached = self._standings.get(name)
+        if cached is not None and now - cached[0] < STANDING_SECONDS:
+            return cached[1]
+        verdict = await self._fresh_standing(name)
+        self._standings[name] = (now, verdict)
+        self._standings.move_to_end(name)
+        while len(self._standings) > STANDING_ENTRIES:
+            self._standings.popitem(last=False)
+        return verdict
+
+    async def _fresh_standing(self, name: str) -> Verdict:
         check = getattr(self.authenticator, "check_standing", None)
         if check is not None:
             message = await self._bounded(check(name))
