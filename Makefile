@@ -19,7 +19,7 @@ VARIANTS ?= mkl
 TEST_PACKAGES := debootstrap slapd ldap-utils samba samba-common-bin openssl postgresql \
 	chromium chromium-driver systemd openssh-client
 
-.PHONY: help venv deps docker test-packages lint images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
+.PHONY: help venv deps docker test-packages lint typecheck images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
@@ -27,6 +27,7 @@ help:
 	@echo "make test    run the whole test suite (unit + integration, real services)"
 	@echo "make images  build the notebook images (VARIANTS='mkl cuda')"
 	@echo "make lint    the linter (ruff), also run first by make test"
+	@echo "make typecheck  the type checker (mypy on spawner/), run by make test after lint"
 	@echo "make docs    build the documentation site into docs/_build/html (warnings are errors)"
 	@echo "make bench   run the benchmarks and print their tables"
 	@echo "make install install on a server: /opt/jupyterhub-gpu, images, settings, systemd unit (as root)"
@@ -78,7 +79,12 @@ test-cuda-image: deps docker
 lint: venv
 	$(PY) -m ruff check .
 
-test: lint deps docker test-packages
+# The type checker on the package (what it checks: [tool.mypy] in pyproject.toml); under a
+# minute, before anything starts.
+typecheck: venv
+	$(PY) -m mypy
+
+test: lint typecheck deps docker test-packages
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit: venv

@@ -15,7 +15,7 @@ import sys
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 from traitlets import TraitError
@@ -23,6 +23,9 @@ from traitlets.config import Config
 
 from ..inventory.machine import Inventory, image_cuda_version
 from ..labels import LABEL_CUDA, PREFIX
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 # The NVML and inventory checks import nothing of the hub's web stack (profiles need tornado,
 # the spawner JupyterHub), so they also run on a bare GPU machine (bench/device_check.py).
@@ -151,8 +154,14 @@ class Doctor:
         self.target = target
         self.results: list[Result] = []
         self.inventory: Inventory | None = None
-        self.docker = None
+        self.docker: DockerClient | None = None
         self.driver_cuda: tuple[int, int] | None = None
+
+    def _docker(self) -> DockerClient:
+        """The client check_docker made; its callers check first that Docker answered."""
+        if self.docker is None:
+            raise RuntimeError("Docker was used although it did not answer")
+        return self.docker
 
     def add(self, check: str, status: str, detail: str, fix: str = "") -> None:
         self.results.append(Result(check, status, detail, fix))
@@ -268,7 +277,7 @@ class Doctor:
         candidates = [p.image for p in profiles if not p.gpus] + [BASE_IMAGE] + [p.image for p in profiles]
         for image in candidates:
             try:
-                self.docker.images.get(image)
+                self._docker().images.get(image)
                 return image
             except Exception:
                 continue
@@ -283,6 +292,8 @@ class Doctor:
         """
         from ..pool import EndReason, GPUPool, PoolError
 
+        if self.inventory is None:  # `units` came from it
+            raise RuntimeError("The GPU probe ran without an inventory")
         try:
             pool = GPUPool(config=self.target.config, inventory=self.inventory)
         except TraitError as e:
@@ -384,7 +395,7 @@ class Doctor:
         """Run `cat /proc/1/environ` as PID 1, no network, no capabilities, with one GPU."""
         import docker.types
 
-        container = self.docker.containers.create(
+        container = self._docker().containers.create(
             image, entrypoint=["cat", "/proc/1/environ"], command=[], network_mode="none",
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
             name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}",
@@ -436,7 +447,7 @@ class Doctor:
         name = f"image {image}: busy kernels"
         container = None
         try:
-            container = self.docker.containers.create(
+            container = self._docker().containers.create(
                 image, entrypoint=["python3", "-c", "import gpuhub_activity"], command=[], network_mode="none",
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
                 name=f"{self.container_prefix}-doctor-{uuid.uuid4().hex[:8]}", labels={LABEL_DOCTOR: "image-check"},
@@ -498,8 +509,9 @@ def data_dir_of(config: Config, fallback: Path) -> Path:
     if hub.get("cookie_secret_file", None):
         return Path(hub.cookie_secret_file).resolve().parent
     db_url = hub.get("db_url", None)
-    if db_url and make_url(db_url).get_backend_name() == "sqlite" and make_url(db_url).database:
-        return Path(make_url(db_url).database).resolve().parent
+    url = make_url(db_url) if db_url else None
+    if url is not None and url.get_backend_name() == "sqlite" and url.database:
+        return Path(url.database).resolve().parent
     return fallback.resolve()
 
 

@@ -53,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)  # a _Parser: the subparsers take parents of their own class
     common.add_argument("--db-url", default=argparse.SUPPRESS, help=f"ledger database URL (or set {ENV_DB_URL})")
     common.add_argument("--config", default=argparse.SUPPRESS, metavar="PATH",
                         help="a jupyterhub_config.py to read c.GPUPool from")
@@ -334,6 +334,8 @@ def _run(args, pool: GPUPool, out) -> int:
             raise CLIError(f"No lease {args.lease_id} in the ledger")
         ended = pool.release(args.lease_id, args.reason)
         lease = pool.lease(args.lease_id)
+        if lease is None:  # only a cancelled acquire erases its lease, and this one was there above
+            raise CLIError(f"Lease {args.lease_id} vanished from the ledger while it was released", 1)
         if ended:
             text = (f"Released lease {lease.id} of {lease.user}/{_server(lease.server_name)} "
                     f"({len(lease.gpu_uuids)} GPU(s)) as {args.reason}.")
@@ -379,7 +381,7 @@ def _doctor(args, out) -> int:
         config, base_dir = load_config(config_path)
         if config.GPUPool.get("db_url", None):
             config.GPUPool.db_url = absolute_sqlite_url(config.GPUPool.db_url, base_dir)
-        target = doctor.Target(config, doctor.data_dir_of(config, Path(base_dir)), hub_user)
+        target = doctor.Target(config, doctor.data_dir_of(config, Path(base_dir or os.getcwd())), hub_user)
     else:
         try:
             target = doctor.target_from_env(hub_user, env_file_problems=args.env_file_problems)

@@ -37,11 +37,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import TYPE_CHECKING, Any
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
 # The policy and the culler's utilisation reader live in policy.py (no culler, no tornado).
 from .policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, Verdict  # noqa: F401
+
+if TYPE_CHECKING:
+    from ..pool import GPUPool
 
 
 SERVICE_NAME = "idle-culler"
@@ -69,7 +73,7 @@ def _load_idle_culler():
     return IdleCuller
 
 
-IdleCuller = _load_idle_culler()
+IdleCuller: Any = _load_idle_culler()  # jupyterhub-idle-culler ships no type information
 
 
 class GPUIdleCuller(IdleCuller):
@@ -184,7 +188,7 @@ class GPUIdleCuller(IdleCuller):
         except Exception as exc:  # the cull goes ahead; its lease then ends as `stopped`
             self.log.warning("Could not record the cull of GPU lease %s in the ledger: %s", lease_id, exc)
 
-    _ledger = None
+    _ledger: GPUPool | None = None
 
 
     def start(self):
@@ -202,8 +206,12 @@ class GPUIdleCuller(IdleCuller):
         replace an inherited "ignore" and stop the event loop cleanly.
         """
         from tornado.ioloop import IOLoop
+        from tornado.platform.asyncio import BaseAsyncIOLoop
 
-        loop = IOLoop.current().asyncio_loop
+        current = IOLoop.current()
+        if not isinstance(current, BaseAsyncIOLoop):  # tornado >= 5 runs every IOLoop on asyncio
+            raise RuntimeError(f"The culler needs tornado's asyncio IOLoop, not {type(current).__name__}")
+        loop = current.asyncio_loop
 
         def stop(sig: signal.Signals) -> None:
             self.log.info("Received %s: the culler stops", sig.name)

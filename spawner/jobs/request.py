@@ -103,7 +103,7 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
     try:
         profile = choose_profile({"profile": body["profile"]}, profiles, user_groups)
     except web.HTTPError as exc:
-        raise BadJob(exc.log_message, exc.status_code) from None
+        raise BadJob(exc.log_message or str(exc), exc.status_code) from None
     return Submission(
         profile=profile,
         command=check_command(body.get("command")),

@@ -251,7 +251,8 @@ class JobRunner:
             self._hold_place(job)
         task = asyncio.create_task(self._run(job))
         self._tasks[job.id] = task
-        task.add_done_callback(lambda _t, i=job.id: self._tasks.pop(i, None))
+        job_id = job.id
+        task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
 
     async def _run(self, job: Job) -> None:
         try:
@@ -259,16 +260,20 @@ class JobRunner:
             if profile is None:
                 await self._finish(job, FAILED, message=f"profile {job.profile!r} is no longer configured")
                 return
+            # `job` stays the latest record (never None): the `finally` below needs its id.
             if job.state == QUEUED:
-                job = await self._lease(job, profile)
-                if job is None:
+                leased = await self._lease(job, profile)
+                if leased is None:
                     return
+                job = leased
                 self._tell(job.id)
             if job.state == STARTING:
-                job = await self._launch(job, profile)
-                if job is not None:
-                    self._tell(job.id)
-            if job is not None and job.state == RUNNING:
+                launched = await self._launch(job, profile)
+                if launched is None:
+                    return
+                job = launched
+                self._tell(job.id)
+            if job.state == RUNNING:
                 await self._watch(job)
         except asyncio.CancelledError:
             raise  # the service stops; the job runs on and is taken up again

@@ -493,7 +493,7 @@ class GPULendingSpawner(Spawner):
             admission.leave(id(self))
 
     @staticmethod
-    def reconcile_pass(pool: GPUPool, client, host: str, tracked: set[int], log, min_age: float):
+    def reconcile_pass(pool: GPUPool, client, host: str, tracked: set[int], log, min_age: float, /):
         """One reconcile pass of this engine: the ledger's leases against what the engine runs.
 
         Returns a `reconciler.ReconcileReport`; runs in a thread (blocking calls are fine)."""

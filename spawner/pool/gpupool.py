@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import ColumnElement
 from sqlalchemy.engine import Engine, make_url
 from traitlets import Any as AnyTrait
 from traitlets import Dict, Float, Int, TraitError, Unicode, validate
@@ -36,7 +37,7 @@ from .gpu_readings import PoolReadings
 from .policy import limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store
-from .validation import Request
+from .validation import HostChoice, Request
 from .waiting import QueueWatch, Wait, Wakeups
 
 
@@ -333,7 +334,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """(limit, where it comes from) for a user in `groups`; None = no limit."""
         return limit_for(groups, self.group_gpu_limits, self.max_gpus_per_user)
 
-    def _make_request(self, user, server_name, count, groups, host) -> Request:
+    def _make_request(self, user, server_name, count, groups, host: HostChoice) -> Request:
         default_host = (self.inventory.host if self.inventory is not None
                         and not getattr(self.inventory, "multi_host", False) else None)
         return validation.make_request(user, server_name, count, groups, host, default_host)
@@ -345,7 +346,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
     # --- acquiring (grant.py, waiting.py) -----------------------------------------
 
     def check_request(
-        self, user: str, count: int, groups: Iterable[str] = (), host: str | None = None, server_name: str = ""
+        self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = ""
     ) -> None:
         """Refuse up front a request that can never be met: bad input, too big, over quota.
 
@@ -357,7 +358,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups)))
 
     def try_acquire(
-        self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: str | None = None
+        self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None
     ) -> Lease | None:
         """Lend `count` GPUs of one host now, in one transaction, or return None.
 
@@ -378,7 +379,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         groups: Iterable[str] = (),
         timeout: float = 60.0,
         on_wait: Callable[[int, int, int], Any] | None = None,
-        host: str | None = None,
+        host: HostChoice = None,
     ) -> Lease:
         """Lend `count` GPUs of one host, waiting up to `timeout` seconds in the fair queue.
 
@@ -412,7 +413,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
                 wakeups=self._wakeups, log=self.log, on_idle=lambda: self._watches.pop(loop, None))
         return watch
 
-    def _look(self, mine: dict, known: dict | None = None) -> dict:
+    def _look(self, mine: dict, known: dict | None = None) -> dict[int, grant.View] | None:
         return self._read(lambda conn: grant.look(self._store, conn, mine, self.waiter_stale_after,
                                                   self.backfill_window, self._topology.choose, known))
 
@@ -455,7 +456,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
     def leases(self, user: str | None = None, host: str | None = None) -> list[Lease]:
         """Active leases, oldest first, optionally of one user or host."""
-        where = leases_table.c.ended_at.is_(None)
+        where: ColumnElement[bool] = leases_table.c.ended_at.is_(None)
         if user is not None:
             where &= leases_table.c.user_name == validation.name(user, "The user name")
         if host is not None:

@@ -6,7 +6,7 @@ store compiles each once to plain SQLite SQL for its fast path (store.py).
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, bindparam, delete, func, insert, select, update
 
 from .schema import gpus_table as _g
 from .schema import lease_gpus_table as _lg
@@ -43,12 +43,10 @@ _waiters_that_matter: dict[int, object] = {}
 def waiters_that_matter(full_hosts: int):
     stmt = _waiters_that_matter.get(full_hosts)
     if stmt is None:
-        where = _w.c.heartbeat_at < bindparam("alive_since")
+        where: ColumnElement[bool] | None = None
         if full_hosts:
-            where = where | _w.c.hosts.is_(None) | _w.c.hosts.not_in(
+            where = (_w.c.heartbeat_at < bindparam("alive_since")) | _w.c.hosts.is_(None) | _w.c.hosts.not_in(
                 [bindparam(f"full{i}") for i in range(full_hosts)])
-        else:
-            where = None
         stmt = select(*_WAITER_COLUMNS)
         stmt = _waiters_that_matter[full_hosts] = (stmt.where(where) if where is not None else stmt).order_by(_w.c.id)
     return stmt

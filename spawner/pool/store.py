@@ -90,8 +90,8 @@ def _compile(stmt) -> _Compiled:
     return entry[1]
 
 
-def as_utc(value) -> datetime | None:
-    """A datetime column read on either path (SQLite's fast path gives text)."""
+def as_utc(value: str | datetime) -> datetime:
+    """A NOT NULL datetime column read on either path (SQLite's fast path gives text)."""
     if isinstance(value, str):
         try:  # naive UTC text (UTCDateTime); parsing the zone is 15x cheaper than replace(tzinfo=)
             return datetime.fromisoformat(value + "+00:00")
@@ -417,7 +417,7 @@ class Store:
                         conn.execution_options(gpu_pool_write=True)
                     with self._bounded(conn), conn.begin():
                         if write and engine.dialect.name == "postgresql":
-                            locked_at = conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX).first()[-1]
+                            locked_at = conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX).one()[-1]
                             conn.info[_NOW_KEY] = locked_at.astimezone(UTC)
                         try:
                             return fn(conn, *args)

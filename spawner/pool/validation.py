@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from .models import EndReason, InvalidRequest
 from .schema import NAME_MAX
@@ -25,7 +25,11 @@ class Request:
     hosts: tuple[str, ...] | None
 
 
-def make_request(user, server_name, count, groups, host, default_host: str | None) -> Request:
+# What a caller may name as the request's host: one, several, or None (the default).
+HostChoice = str | list[str] | tuple[str, ...] | None
+
+
+def make_request(user, server_name, count, groups, host: HostChoice, default_host: str | None) -> Request:
     """`host` (one name, or a list of names) restricts the request to those hosts; by
     default the inventory's host, or any."""
     hosts = None
@@ -90,6 +94,10 @@ def reason(value: EndReason | str) -> str:
         raise InvalidRequest(f"Unknown end reason {value!r}; use one of {choices}") from None
 
 
+@overload
+def aware(value: datetime, what: str) -> datetime: ...
+@overload
+def aware(value: datetime | None, what: str) -> datetime | None: ...
 def aware(value: datetime | None, what: str) -> datetime | None:
     """Naive datetimes are taken as UTC."""
     if value is None:

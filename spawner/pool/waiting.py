@@ -79,7 +79,7 @@ class QueueWatch:
     """
 
     def __init__(self, look: Callable, beat: Callable, poll_interval: float, heartbeat_interval: float,
-                 wakeups: Wakeups, log, on_idle: Callable[[], None]):
+                 wakeups: Wakeups, log, on_idle: Callable[[], object]):
         self.look = look
         self.beat = beat
         self.poll_interval = poll_interval
@@ -127,12 +127,13 @@ class QueueWatch:
                         self.log.warning("GPU ledger error while %d request(s) wait; retrying: %s", len(mine), exc)
                     failing = True
                     views = exc
-                for wid, watched in list(self.waiters.items()) if views is not None else ():
-                    if wid in mine:
-                        view = views if isinstance(views, PoolError) else views.get(wid)
-                        if view != watched.last:  # only a waiter whose place changed wakes
-                            watched.last = watched.view = view
-                            watched.seen.set()
+                if views is not None:  # None: nothing a waiter could learn has changed
+                    for wid, watched in list(self.waiters.items()):
+                        if wid in mine:
+                            view = views if isinstance(views, PoolError) else views.get(wid)
+                            if view != watched.last:  # only a waiter whose place changed wakes
+                                watched.last = watched.view = view
+                                watched.seen.set()
                 next_beat = last_beat + self.heartbeat_interval - loop.time()
                 # Releases come in bursts (a hub stopping many servers, a spawn after a spawn):
                 # one read after a short pause serves the whole burst.
@@ -260,6 +261,11 @@ class Wait:
         watched_id: int | None = None
         position = 0
         started = loop.time()
+
+        def unwatch() -> None:
+            if watch is None or watched_id is None:  # set together with `watched`
+                raise RuntimeError("A queue wait's watch is missing while it watches")
+            watch.remove(watched_id)
         try:
             outcome = await self._attempt_retrying(req, None, True, deadline, poll_interval, wake)
             while True:
@@ -272,7 +278,7 @@ class Wait:
                         )
                     return outcome.lease
                 if watched is not None and outcome.waiter_id != watched_id:
-                    watch.remove(watched_id)  # queued again under a new row
+                    unwatch()  # queued again under a new row
                     watched = watched_id = None
                 waiter_id = outcome.waiter_id
                 free, total = outcome.free, outcome.total
@@ -312,7 +318,7 @@ class Wait:
                     new_position, free, total = view.position, view.free, view.total
         except BaseException:
             if watched is not None:
-                watch.remove(watched_id)
+                unwatch()
                 watched = None
             if waiter_id is not None:
                 try:
@@ -322,7 +328,7 @@ class Wait:
             raise
         finally:
             if watched is not None:
-                watch.remove(watched_id)
+                unwatch()
 
     async def _call_on_wait(self, on_wait, position: int, wanted: int, free: int) -> None:
         try:

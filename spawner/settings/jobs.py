@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 from ..containers import ContainerLimits
 from ..hub_service import without_named, write_when_config_loaded
@@ -86,7 +87,7 @@ def configure_jobs(c, settings) -> None:
     for role in roles:
         if role.get("name") == "user" and JOBS_SCOPE not in role["scopes"]:
             role["scopes"] = [*role["scopes"], JOBS_SCOPE]
-    service_role = next((r for r in roles if r.get("name") == SERVICE_ROLE),
+    service_role: dict[str, Any] = next((r for r in roles if r.get("name") == SERVICE_ROLE),
                         {"name": SERVICE_ROLE, "scopes": [], "services": [SERVICE_NAME]})
     service_role = {**service_role, "scopes": [*service_role["scopes"],
                                                *(s for s in JOB_SERVICE_SCOPES if s not in service_role["scopes"])]}

@@ -31,10 +31,13 @@ def start_agent(tmp_path, url: str, utilization_file) -> subprocess.Popen:
     secret = tmp_path / "ledger-url"  # as a Docker secret hands it over
     secret.write_text(url + "\n")
     secret.chmod(0o600)
-    return subprocess.Popen(
+    log = (tmp_path / "agent.log").open("w")
+    agent = subprocess.Popen(
         [sys.executable, "-m", "spawner.cli", "agent", "--db-url-file", str(secret), "--inventory", "simulated",
          "--host", NODE, "--simulated-gpus", "2", "--utilization-file", str(utilization_file), "--interval", "0.3"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+        stdout=log, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    agent.log_path = tmp_path / "agent.log"  # type: ignore[attr-defined]
+    return agent
 
 
 def wait_for(what, predicate, timeout=30.0):
@@ -51,12 +54,12 @@ def stop(agent: subprocess.Popen) -> tuple[int, str]:
     if agent.poll() is None:
         agent.send_signal(signal.SIGTERM)
     try:
-        out, _ = agent.communicate(timeout=20)
+        agent.wait(timeout=20)
     except subprocess.TimeoutExpired:
         agent.kill()
-        out, _ = agent.communicate()
-        raise AssertionError(f"the agent ignored SIGTERM:\n{out}") from None
-    return agent.returncode, out
+        agent.wait()
+        raise AssertionError(f"the agent ignored SIGTERM:\n{agent.log_path.read_text()}") from None
+    return agent.returncode, agent.log_path.read_text()
 
 
 def gpu_server(uuids):
@@ -113,7 +116,9 @@ def test_agent_survives_an_unreachable_ledger_and_reports_once_it_is_there(
     util.write_text(json.dumps({}))
     agent = start_agent(tmp_path, url, util)
     try:
-        time.sleep(2.0)
+        # It failed to report (and says so once); the readings below prove it kept retrying.
+        wait_for("the failed report", lambda: "The GPU ledger is unreachable" in agent.log_path.read_text()
+                 or agent.poll() is not None)
         assert agent.poll() is None, "the agent exited on an unreachable ledger"
         assert create_database(postgres_server, name) == url
         pool = GPUPool(db_url=url)

@@ -352,6 +352,8 @@ class ActionHandler(FormHandler):
         if not answers_at_once(len(servers), timeout):
             self.redirect(url_path_join(self.settings["prefix"], "exec", run.id))
             return
+        if run.task is None:  # start_exec always sets it
+            raise RuntimeError(f"Run {run.id} was started without its task")
         await asyncio.shield(run.task)
         self.render_page("exec_result.html", result=run.as_dict(), script=script, refresh=False)
 

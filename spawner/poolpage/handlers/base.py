@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
@@ -26,7 +27,15 @@ NO_EXEC = (f"Running action scripts in other people's servers needs the {EXEC_SC
 LEDGER_TIMEOUT = 10.0
 
 
-class Unframed:
+if TYPE_CHECKING:
+    _Handler = web.RequestHandler
+else:
+    # A mixin at run time: a RequestHandler base here would put tornado's methods above
+    # HubAuthenticated's in BaseHandler's method order.
+    _Handler = object
+
+
+class Unframed(_Handler):
     """No answer of the service may be framed: a user's own server shares the hub's origin
     (without subdomain_host) and could otherwise put an admin's page under its clicks."""
 

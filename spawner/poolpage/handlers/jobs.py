@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import quote
 
 from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from ...jobs import JOBS_SCOPE
@@ -34,6 +37,11 @@ _STREAMS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-pool-log-op
 
 
 class JobsMixin:
+    # Supplied by the handler it is mixed into (declared for the type checker only).
+    settings: dict[str, Any]
+    current_user: Any
+    call: Callable[..., Coroutine[Any, Any, Any]]
+
     @property
     def runner(self) -> JobRunner:
         runner = self.settings.get("jobs")
@@ -144,9 +152,10 @@ class JobLogsAPI(JobsMixin, APIHandler):
             self._gone = asyncio.Event()
             followed = job.id
             try:
-                job = await self.until_it_runs(job)
-                if job is None:
+                running = await self.until_it_runs(job)
+                if running is None:
                     return  # the reader went away meanwhile
+                job = running
                 if job.active and job.container and await self.stream(job):
                     return self.finish()
             finally:
@@ -167,15 +176,18 @@ class JobLogsAPI(JobsMixin, APIHandler):
         """The job once it has left the queue and its start (None if the reader left first):
         woken by the runner when it moves the job on; the ledger is read again only then, and
         every RECHECK_SECONDS for a job another host's service runs."""
+        reader_gone = self._gone
+        if reader_gone is None:  # get() makes it when a follow starts
+            raise RuntimeError("A job log's follow was used before get() started it")
         while job.state in (QUEUED, STARTING):
             moved = asyncio.ensure_future(self.runner.moved(job.id).wait())
-            gone = asyncio.ensure_future(self._gone.wait())
+            gone = asyncio.ensure_future(reader_gone.wait())
             try:
                 await asyncio.wait({moved, gone}, timeout=RECHECK_SECONDS, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 moved.cancel()
                 gone.cancel()
-            if self._gone.is_set():
+            if reader_gone.is_set():
                 return None
             job = await self.call(self.runner.ledger.get, job.id) or job
         return job
@@ -185,6 +197,11 @@ class JobLogsAPI(JobsMixin, APIHandler):
         is already gone.  Docker is opened on a thread, within PoolServiceLimits.docker_timeout."""
         import docker.errors
 
+        reader_gone = self._gone
+        if reader_gone is None:  # get() makes it when a follow starts
+            raise RuntimeError("A job log's follow was used before get() started it")
+        if not job.container:
+            return False  # no container (yet or any more): nothing to follow; get() checks first
         limits: PoolServiceLimits = self.settings["limits"]
         loop = asyncio.get_running_loop()
         opening = loop.run_in_executor(_STREAMS, open_stream, job.container, limits.docker_timeout)
@@ -199,7 +216,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
                                      f"{limits.docker_timeout:g} s; try again in a moment") from None
         self._follow = follow = LogFollow(source, limits.log_buffer_chunks, client=api)
         try:
-            if self._gone.is_set():
+            if reader_gone.is_set():
                 return True
             while (chunk := await follow.next_chunk()) is not None:
                 self.write(chunk)
@@ -208,7 +225,8 @@ class JobLogsAPI(JobsMixin, APIHandler):
                 except asyncio.TimeoutError:
                     log.info("A follower of job %s's log took nothing for %g s; dropped it",
                              job.id, limits.log_stall_timeout)
-                    self.request.connection.close()
+                    if isinstance(self.request.connection, HTTP1Connection):  # what tornado's server gives
+                        self.request.connection.close()
                     break
                 except StreamClosedError:
                     break  # the reader left

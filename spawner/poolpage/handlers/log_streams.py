@@ -15,8 +15,17 @@ import concurrent.futures
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from ..limits import PoolServiceLimits
+
+
+class LogSource(Protocol):
+    """What LogFollow reads: Docker's CancellableStream, or any iterator of bytes with close()."""
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+    def close(self) -> None: ...
 
 
 class TooMany(Exception):
@@ -70,7 +79,7 @@ class LogFollow:
     the pump thread when it ends (tests and benchmarks watch it).
     """
 
-    def __init__(self, source: Iterator[bytes], chunks: int, done: Callable[[], None] | None = None,
+    def __init__(self, source: LogSource, chunks: int, done: Callable[[], None] | None = None,
                  client=None):
         self.source = source
         self.client = client  # the Docker API client of the stream, closed when the pump ends
