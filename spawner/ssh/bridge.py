@@ -97,7 +97,7 @@ class DownstreamSession(asyncssh.SSHServerSession):
         asyncio.get_running_loop().call_soon(self._hold)
 
     def _hold(self) -> None:
-        if self.up_chan is None and not self._closed:
+        if self.up_chan is None and not self._closed and self.chan is not None:
             self.chan.pause_reading()
 
     async def _open_upstream(self):
@@ -176,15 +176,16 @@ class DownstreamSession(asyncssh.SSHServerSession):
 
     # -- endings
     def upstream_closed(self, up: UpstreamSession) -> None:
-        if self._closed:
+        chan = self.chan
+        if self._closed or chan is None:
             return
         try:
             if up.exit_status is not None:
-                self.chan.exit(up.exit_status)
+                chan.exit(up.exit_status)
             elif up.exit_signal is not None:
-                self.chan.exit_with_signal(*up.exit_signal)
+                chan.exit_with_signal(*up.exit_signal)
             else:
-                self.chan.close()
+                chan.close()
         except (OSError, asyncssh.Error):
             pass
 

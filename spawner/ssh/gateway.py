@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any, cast
 
 import asyncssh
 from asyncssh.forward import SSHForwarder
@@ -31,7 +32,7 @@ LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 # OpenSSH clients would pick first if offered (bench/bench_ssh.py), and every relayed byte is
 # decrypted and encrypted again on each leg.  Every maintained client has it (OpenSSH >= 6.2, PuTTY >= 0.76).
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-HOST_KEY_TYPES = (("ssh_host_ed25519_key", "ssh-ed25519", {}), ("ssh_host_rsa_key", "ssh-rsa", {"key_size": 3072}))
+HOST_KEY_TYPES: tuple[tuple[str, str, dict[str, Any]], ...] = (("ssh_host_ed25519_key", "ssh-ed25519", {}), ("ssh_host_rsa_key", "ssh-rsa", {"key_size": 3072}))
 
 
 class UserFacingError(RuntimeError):
@@ -119,6 +120,8 @@ class Connection(asyncssh.SSHServer):
         return False
 
     async def _checked(self, username: str, check, counts: bool) -> bool:
+        conn = self.conn
+        assert conn is not None  # set in connection_made, before any login
         throttle = self.gateway.throttle
         keys = (f"source:{self.source}", f"account:{username.lower()[:128]}")
         if counts:
@@ -129,17 +132,17 @@ class Connection(asyncssh.SSHServer):
         if verdict.ok:
             refusal = self.gateway.user_limit_refusal(verdict.name)
             if refusal:
-                self.conn.send_auth_banner(refusal + "\r\n")
+                conn.send_auth_banner(refusal + "\r\n")
                 return False
             self.name = verdict.name
             return True
         if verdict.message:
-            self.conn.send_auth_banner(verdict.message + "\r\n")
+            conn.send_auth_banner(verdict.message + "\r\n")
         if counts:
             throttle.failed(*keys)
             self.failures += 1
             if self.failures >= self.settings["max_auth_attempts"]:
-                self.conn.disconnect(asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE,
+                conn.disconnect(asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE,
                                      f"Too many failed logins ({self.failures}); connect again to retry")
         return False
 
@@ -187,7 +190,7 @@ class Connection(asyncssh.SSHServer):
     async def _forward(self, dest_host: str, dest_port: int):
         try:
             upstream = await self.upstream(None)
-            _, peer = await upstream.create_connection(SSHForwarder, dest_host, dest_port)
+            _, peer = await upstream.create_connection(cast(Any, SSHForwarder), dest_host, dest_port)
         except asyncssh.ChannelOpenError:
             raise
         except Exception as exc:
@@ -221,11 +224,13 @@ class Connection(asyncssh.SSHServer):
     async def upstream(self, chan) -> asyncssh.SSHClientConnection:
         """The connection to the sshd in this person's container (their server started first
         if need be); one per gateway connection, shared by its channels."""
+        name = self.name
+        assert name is not None  # channels open only after the login
         async with self._upstream_lock:
             if self._upstream is not None and not self._upstream.is_closed():
                 return self._upstream
-            endpoint = await self.gateway.running_server(self.name, lambda m: self._say(chan, m))
-            keys = ServerKeys(self.gateway.state_dir, self.name, "")
+            endpoint = await self.gateway.running_server(name, lambda m: self._say(chan, m))
+            keys = ServerKeys(self.gateway.state_dir, name, "")
             trusted = [keys.host_key().convert_to_public()]
             error: Exception | None = None
             for _ in range(20):  # sshd starts with the server; give it a few seconds
@@ -309,6 +314,7 @@ class Gateway:
         return None
 
     def logged_in(self, c: Connection) -> None:
+        assert c.name is not None
         self._unauth_done(c)
         self.by_user.setdefault(c.name, set()).add(c)
 

@@ -65,7 +65,7 @@ def parse_key(line: str, max_bytes: int, min_rsa_bits: int) -> tuple[asyncssh.SS
     if algorithm not in ALLOWED_ALGORITHMS:
         raise KeyRefused(f"Keys of type {algorithm} are not accepted; use ssh-ed25519, ecdsa or rsa")
     if algorithm == "ssh-rsa":
-        bits = key.pyca_key.key_size if hasattr(key, "pyca_key") else 0
+        bits = getattr(getattr(key, "pyca_key", None), "key_size", 0)
         if bits and bits < min_rsa_bits:
             raise KeyRefused(f"That RSA key has {bits} bits; at least {min_rsa_bits} are needed")
     parts = line.split(None, 2)

@@ -64,7 +64,7 @@ class Base(HubOAuthenticated, web.RequestHandler):
         return user["name"]
 
 
-class KeysAPI(Base):
+class JSONHandler(Base):
     def write_json(self, data, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
@@ -78,6 +78,8 @@ class KeysAPI(Base):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"status": status_code, "message": message}))
 
+
+class KeysAPI(JSONHandler):
     def get(self):
         self.write_json({"keys": [k.public() for k in self.store.keys(self.me())]})
 
@@ -102,7 +104,7 @@ class KeysAPI(Base):
         self.write_json({"key": entry.public()}, 201)
 
 
-class KeyAPI(KeysAPI):
+class KeyAPI(JSONHandler):
     def delete(self, fingerprint: str):
         name = self.me()
         fingerprint = unquote(fingerprint)

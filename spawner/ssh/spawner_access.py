@@ -3,6 +3,7 @@ sshd listens for the gateway.  A mixin of the engines' spawner (both Docker and 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from traitlets import Int, Unicode
@@ -25,6 +26,10 @@ class SSHAccess(Configurable):
     """Hands each server its SSH keys (when the hub's SSH gateway is on) and publishes where
     its sshd listens once it started; withdraws that when it stops.  Its options are set as
     `c.GPUDockerSpawner.ssh_*` (the engines' spawners inherit them) or `c.SSHAccess.ssh_*`."""
+
+    if TYPE_CHECKING:  # from the Spawner this is mixed into
+        user: Any
+        name: str
 
     ssh_state_dir = Unicode(
         "",
