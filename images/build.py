@@ -5,7 +5,10 @@
 
 Python packages are fetched on the host by the host's own pip (its index,
 mirrors, CA bundle and proxy settings all apply) into a wheelhouse that only
-the builder stage sees.  The image tag is a hash of every input (Dockerfile,
+the builder stage sees; the in-lab extension's npm packages likewise by the
+host's own npm (its registry, CA file, proxy), from the committed lock file,
+into jupyter/labextension/node_modules of the build context.  Neither
+configuration ever enters the context.  The image tag is a hash of every input (Dockerfile,
 requirements, variant, base image id, the hub's JupyterHub version), so an
 unchanged image is never rebuilt.  Prints the image reference on stdout.
 """
@@ -78,17 +81,52 @@ def workflow_files() -> list[Path]:
 
 
 # Files and folders of images/ copied into every build context.
-CONTEXT_FILES = ["Dockerfile", "start-notebook.sh", "start-sshd.sh", "bytecode.py", "gpu-job"]
+CONTEXT_FILES = ["Dockerfile", "start-notebook.sh", "start-sshd.sh", "bytecode.py"]
 CONTEXT_DIRS = ["skel", "jupyter"]
 BYTECODE_MODES = ("warmup", "all", "none")
+# What a local build of the in-lab extension leaves (never committed, never an input: the
+# image builds its own from the sources and the lock file).
+BUILD_OUTPUTS = ("__pycache__", "node_modules", "lib", "build", "tsconfig.tsbuildinfo", "*.egg-info")
+LABEXTENSION = HERE / "jupyter" / "labextension"
+# Installed in the builder stage's pip build environment only (the images' own package is
+# built with it), so fetched into the wheelhouse but not in requirements.txt.
+BUILD_REQUIREMENTS = "hatchling>=1.21\n"
+
+
+def _is_output(path: Path) -> bool:
+    rel = path.relative_to(HERE).parts
+    return path.suffix == ".pyc" or any(Path(part).match(pattern) for part in rel for pattern in BUILD_OUTPUTS)
 
 
 def _context_paths() -> list[Path]:
     paths = [HERE / name for name in CONTEXT_FILES]
     for name in CONTEXT_DIRS:
-        paths += [p for p in (HERE / name).rglob("*")
-                  if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+        paths += [p for p in (HERE / name).rglob("*") if not _is_output(p)]
     return sorted(paths)
+
+
+def fill_node_modules(cache: Path) -> Path:
+    """The in-lab extension's npm packages, exactly as its lock file says, installed by the
+    host's npm (its own registry and TLS settings) into a cache keyed by the lock file;
+    returns that node_modules folder.  No install scripts run: the packages are only read
+    by the TypeScript compiler and the JupyterLab builder in the image build."""
+    lock = LABEXTENSION / "package-lock.json"
+    key = hashlib.sha256((LABEXTENSION / "package.json").read_bytes() + lock.read_bytes()).hexdigest()[:16]
+    target = cache / "npm" / key
+    if not (target / ".complete").exists():
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        shutil.copy2(LABEXTENSION / "package.json", target)
+        shutil.copy2(lock, target)
+        if shutil.which("npm") is None:
+            raise SystemExit("build: npm is needed on the host to fetch the JupyterLab extension's packages "
+                             "(with the host's own npm settings); install Node.js and npm")
+        log("fetching the JupyterLab extension's npm packages with the host's npm settings")
+        run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"], cwd=target,
+            stdout=sys.stderr)
+        (target / ".complete").touch()
+    return target / "node_modules"
 
 
 def inputs_hash(variant: str, base_image: str, requirements: str, bytecode: str = "warmup") -> str:
@@ -128,7 +166,7 @@ def fill_wheelhouse(requirements: str, python_version: str, wheelhouse: Path) ->
     the image's Python (which need not be the host's)."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
     req = wheelhouse / "requirements.txt"
-    req.write_text(requirements)
+    req.write_text(requirements + BUILD_REQUIREMENTS)
     # Binary wheels only: the builder stage then needs no compiler and no network.
     run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(wheelhouse),
          "--only-binary=:all:", "--python-version", python_version, "-r", str(req)])
@@ -209,7 +247,7 @@ def _build_locked(variant: str, base_image: str, repo: str, bytecode: str) -> st
         shutil.rmtree(context)
     context.mkdir(parents=True)
     python_version = image_python_version(base_image)
-    wheel_key = hashlib.sha256(f"{python_version}\n{requirements}".encode()).hexdigest()[:16]
+    wheel_key = hashlib.sha256(f"{python_version}\n{requirements}{BUILD_REQUIREMENTS}".encode()).hexdigest()[:16]
     wheel_cache = CACHE / "wheelhouse" / wheel_key
     if not (wheel_cache / ".complete").exists():
         log(f"fetching wheels for {variant} (Python {python_version}) with the host's pip settings")
@@ -221,8 +259,9 @@ def _build_locked(variant: str, base_image: str, repo: str, bytecode: str) -> st
     for name in CONTEXT_FILES:
         shutil.copy2(HERE / name, context / name)
     for name in CONTEXT_DIRS:
-        shutil.copytree(HERE / name, context / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(HERE / name, context / name, ignore=shutil.ignore_patterns(*BUILD_OUTPUTS, "*.pyc"))
+    shutil.copytree(fill_node_modules(CACHE), context / "jupyter" / "labextension" / "node_modules",
+                    copy_function=os.link, symlinks=True)
     if VARIANTS[variant].get("workflow"):
         # The workflow goes into the skel: the image keeps a pristine copy under
         # /opt/gpuhub/skel, and start-notebook.sh copies it to the user's home.

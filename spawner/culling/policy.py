@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Awaitable, Callable
 
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
@@ -32,6 +32,32 @@ def _user_of(server: dict) -> str:
     parts = [p for p in (server.get("url") or "").split("/") if p]
     user = parts[parts.index("user") + 1] if "user" in parts[:-1] else "?"
     return f"{user}/{server['name']}" if server.get("name") else user
+
+
+def is_gpu_server(state: dict | None) -> bool:
+    """Whether a server's spawner state (from its REST model) holds a GPU lease."""
+    state = state or {}
+    return bool(state.get("gpu_uuids")) or state.get("gpu_lease_id") is not None
+
+
+def idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float) -> float:
+    """Seconds of inactivity after which the culler stops this server: the one rule the
+    culler applies (GPUCullPolicy.decide) and the deadline the pool service shows in
+    JupyterLab and on its page (cull_deadline)."""
+    return gpu_timeout if is_gpu_server(state) else cpu_timeout
+
+
+def cull_deadline(last_activity: datetime | None, state: dict | None, cpu_timeout: float,
+                  gpu_timeout: float) -> datetime | None:
+    """When the culler stops this server if nothing happens in it before: its last
+    activity (which a busy kernel keeps moving, see images/jupyter/gpuhub_activity) plus its
+    idle limit.  The culler acts at its first check after that (every `cull_every` s).
+    None when no activity is recorded yet (the culler then keeps it) or culling is off
+    (a limit of 0)."""
+    limit = idle_limit(state, cpu_timeout, gpu_timeout)
+    if last_activity is None or limit <= 0:
+        return None
+    return last_activity + timedelta(seconds=limit)
 
 
 class GPUCullPolicy:
@@ -99,7 +125,7 @@ class GPUCullPolicy:
                 self._warned_no_state = True
             state = {}
         uuids = list(state.get("gpu_uuids") or [])
-        is_gpu = bool(uuids) or state.get("gpu_lease_id") is not None
+        is_gpu = is_gpu_server(state)
         idle = inactive.total_seconds() if inactive is not None else None
 
         if is_gpu and self.gpu_rule_enabled:
@@ -108,7 +134,7 @@ class GPUCullPolicy:
                 return Verdict(True, f"its GPUs stayed under {self.gpu_idle_percent:g}% for "
                                      f"{low_for:.1f} s (limit {self.gpu_idle_seconds:g} s)")
 
-        limit = self.gpu_timeout if is_gpu else self.cpu_timeout
+        limit = idle_limit(state, self.cpu_timeout, self.gpu_timeout)
         kind = "GPU" if is_gpu else "CPU"
         if idle is None:
             return Verdict(False, "no activity recorded yet")

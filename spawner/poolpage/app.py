@@ -30,6 +30,7 @@ from .handlers import actions as actions_api
 from .handlers import history as history_api
 from .handlers import wait as insight
 from .handlers import jobs as jobs_api
+from .handlers import lab as lab_api
 from . import views
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .limits import PoolServiceLimits
@@ -118,7 +119,8 @@ class PageHandler(BaseHandler):
 
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one."""
-    return history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
+    return (history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
+            + lab_api.routes(prefix))
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,

@@ -71,10 +71,3 @@ def say(seconds: float | None) -> str:
     if minutes < 90:
         return f"about {minutes} min (estimate)"
     return f"about {seconds / 3600:.1f} h (estimate)"
-
-
-def cull_deadline(last_activity: datetime | None, timeout_s: int) -> datetime | None:
-    """When an idle GPU server is culled if nothing happens (None: the hub does not cull)."""
-    if last_activity is None or timeout_s <= 0:
-        return None
-    return last_activity + timedelta(seconds=timeout_s)

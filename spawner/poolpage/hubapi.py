@@ -40,6 +40,11 @@ class Server:
     gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
 
     @property
+    def state(self) -> dict:
+        """The part of the spawner's state the culler's rule reads (culling.policy.is_gpu_server)."""
+        return {"gpu_lease_id": self.lease_id, "gpu_uuids": list(self.gpu_uuids)}
+
+    @property
     def label(self) -> str:
         return f"{self.user}/{self.name}" if self.name else self.user
 
@@ -90,6 +95,13 @@ class HubAPI:
             if not nxt:
                 return servers
             offset = nxt["offset"]
+
+    async def servers_of_user(self, name: str) -> list[Server]:
+        """One user's running or starting servers (an empty list for an unknown user)."""
+        r = await self._call("GET", f"/users/{quote(name, safe='')}", ok=(200, 404))
+        if r.code == 404:
+            return []
+        return servers_of(json.loads(r.body))
 
     async def stop_server(self, user: str, server: str) -> bool:
         """Ask the hub to stop a server: True when it stopped, False while it stops (202)."""

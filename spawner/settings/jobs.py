@@ -110,9 +110,10 @@ def configure_jobs(c, settings) -> None:
         services.append(spec)
     section.services = services
 
-    # Notebook servers submit jobs with their own token, to the service's bridge address.
+    # Notebook servers submit jobs with their own token, to the service's bridge address;
+    # their JupyterLab reads its GPU status there too (images/jupyter/gpuhub_activity/lab.py).
     c.GPUDockerSpawner.server_token_scopes = SERVER_TOKEN_SCOPES
     if js.bridge_ip:
+        url = f"http://{js.bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"
         # update(): merges with what others add (the culler's), whether set or lazy.
-        c.GPUDockerSpawner.environment.update(
-            {"GPUHUB_JOBS_URL": f"http://{js.bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"})
+        c.GPUDockerSpawner.environment.update({"GPUHUB_JOBS_URL": url, "GPUHUB_POOL_URL": url})

@@ -44,6 +44,11 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
         # For the culling deadlines and wait estimates (0: the hub does not cull).
         "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
+        "GPUHUB_CULL_TIMEOUT_CPU": str(settings.cull_timeout_cpu if settings.cull else 0),
+        "GPUHUB_CULL_EVERY": str(settings.cull_every if settings.cull else 0),
+        # The culler's GPU-idle rule, told in JupyterLab's GPU panel (0: off).
+        "GPUHUB_GPU_IDLE_PERCENT": f"{settings.gpu_idle_percent if settings.cull else 0:g}",
+        "GPUHUB_GPU_IDLE_SECONDS": f"{settings.gpu_idle_minutes * 60:g}",
         # A server whose last activity is older than two activity reports is idle now.
         "GPUHUB_POOL_IDLE_AFTER": str(2 * activity_interval(settings)),
         # For GPU utilization, read as the culler reads it.

@@ -26,8 +26,8 @@ BEGIN, END = markers("cli-reference", "tests/harness/cli_reference.py")
 
 
 def gpu_job_parser() -> argparse.ArgumentParser:
-    """gpu-job's parser, loaded from the script the images install."""
-    path = REPO / "images" / "gpu-job"
+    """gpu-job's parser, loaded from the module the images' package installs as `gpu-job`."""
+    path = REPO / "images" / "jupyter" / "gpuhub_job" / "__init__.py"
     loader = importlib.machinery.SourceFileLoader("gpu_job", str(path))
     spec = importlib.util.spec_from_loader("gpu_job", loader)
     module = importlib.util.module_from_spec(spec)

@@ -109,7 +109,7 @@ def test_workflow_changes_rebuild_tensorflow_images_only(tmp_path, monkeypatch):
 def test_extension_and_bytecode_changes_rebuild_every_image(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "image_id", lambda ref: None)   # no Docker needed
     images = tmp_path / "images"
-    shutil.copytree(build.HERE, images, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(build.HERE, images, ignore=shutil.ignore_patterns(*build.BUILD_OUTPUTS, "*.pyc"))
     monkeypatch.setattr(build, "HERE", images)
 
     def hashes(bytecode="warmup"):
@@ -125,3 +125,31 @@ def test_extension_and_bytecode_changes_rebuild_every_image(tmp_path, monkeypatc
         assert len({before[variant], after_extension[variant], after_bytecode[variant]}) == 3
     # Measurement builds (all / none) never share a tag with the shipped images.
     assert len(set(hashes("all").values()) | set(hashes("none").values()) | set(after_bytecode.values())) == 9
+
+
+def test_lab_extension_sources_rebuild_and_local_build_outputs_do_not(tmp_path, monkeypatch):
+    """The TypeScript and the lock file are inputs of every image; what a local `npm ci` or
+    `tsc` leaves beside them (node_modules, lib, build) is not, and never enters a context."""
+    monkeypatch.setattr(build, "image_id", lambda ref: None)
+    images = tmp_path / "images"
+    shutil.copytree(build.HERE, images, ignore=shutil.ignore_patterns(*build.BUILD_OUTPUTS, "*.pyc"))
+    monkeypatch.setattr(build, "HERE", images)
+
+    def digest():
+        return build.inputs_hash("minimal", "base:1", build.requirements_text("minimal"))
+
+    before = digest()
+    ext = images / "jupyter" / "labextension"
+    for output in ("node_modules/x/index.js", "lib/index.js", "tsconfig.tsbuildinfo"):
+        (ext / output).parent.mkdir(parents=True, exist_ok=True)
+        (ext / output).write_text("built here")
+    (images / "jupyter" / "build" / "labextension").mkdir(parents=True)
+    (images / "jupyter" / "build" / "labextension" / "package.json").write_text("{}")
+    assert digest() == before
+    assert not any("node_modules" in p.parts or "lib" in p.parts for p in build._context_paths())
+    source = ext / "src" / "index.ts"
+    source.write_text(source.read_text() + "\n// changed\n")
+    assert digest() != before
+    lock = ext / "package-lock.json"
+    lock.write_text(lock.read_text().replace("{", "{ ", 1))
+    assert len({before, digest()}) == 2

@@ -166,7 +166,8 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     # notebook servers submit with their own token, to the bridge address
     assert {JOBS_SCOPE, ACCESS_SCOPE} <= set(c.GPUDockerSpawner.server_token_scopes)
     env = c.GPUDockerSpawner.environment.get_value({})
-    assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": "http://172.30.0.1:9123/services/gpu-pool/"}
+    url = "http://172.30.0.1:9123/services/gpu-pool/"
+    assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": url, "GPUHUB_POOL_URL": url}
     assert json.loads(service["environment"][ENV_NAME])["prefix"] == "gpuhub"
     # the hub's final config, written at its start, wins over what was known here
     path = tmp_path / "gpu-jobs.json"

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from spawner.culling.policy import cull_deadline
 from spawner.inventory import SimulatedInventory
 from spawner.pool import EndReason, GPUPool
 from spawner.pool.timeline import Timeline
@@ -115,8 +116,11 @@ def test_wait_estimates_follow_lease_lengths_and_cull_deadlines():
     assert estimate.waits([1], 0, [estimate.Holding(now - 9 * H, 1)], now, lengths) == [None]  # longer than any
     assert [estimate.say(s) for s in (None, 30, 1500, 5400 * 2)] == [
         "unknown", "soon (estimate)", "about 25 min (estimate)", "about 3.0 h (estimate)"]
-    assert estimate.cull_deadline(now, 900) == now + timedelta(seconds=900)
-    assert estimate.cull_deadline(now, 0) is None
+    gpu = {"gpu_lease_id": 7, "gpu_uuids": ["GPU-1"]}
+    assert cull_deadline(now, gpu, 3600, 900) == now + timedelta(seconds=900)
+    assert cull_deadline(now, {}, 3600, 900) == now + timedelta(seconds=3600)
+    assert cull_deadline(now, gpu, 3600, 0) is None
+    assert cull_deadline(None, gpu, 3600, 900) is None
 
 
 def test_action_script_targets_and_limits():

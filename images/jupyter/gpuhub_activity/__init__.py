@@ -1,4 +1,5 @@
-"""gpuhub_activity: a jupyter-server extension that counts a working kernel as activity.
+"""gpuhub_activity: a jupyter-server extension that counts a working kernel as activity,
+and serves the in-lab GPU status (lab.py: GET gpuhub/status, POST gpuhub/keep).
 
 Installed and enabled in GPU JupyterHub's notebook images
 (etc/jupyter/jupyter_server_config.d/gpuhub.json), so the image's own start
@@ -216,6 +217,9 @@ class BusyKernelActivity(LoggingConfigurable):
 
 
 def _load_jupyter_server_extension(serverapp):
+    from . import lab
+
+    lab.load(serverapp)  # the in-lab status, whether busy kernels count or not
     activity = BusyKernelActivity(serverapp)
     if not activity.enabled:
         serverapp.log.info("gpuhub_activity: off (%s)", ENV_SWITCH)

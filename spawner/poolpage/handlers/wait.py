@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from jupyterhub.utils import url_path_join
 
+from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
 from ...pool.models import PoolError, iso
 from .. import estimate
@@ -30,13 +31,23 @@ class Settings:
     """The service's environment (service.py writes it)."""
 
     def __init__(self, env=os.environ):
+        # The culler's idle limits (0: the hub does not cull), read as the culler reads them.
         self.cull_timeout = int(env.get("GPUHUB_CULL_TIMEOUT_GPU", "0") or 0)
+        self.cull_timeout_cpu = int(env.get("GPUHUB_CULL_TIMEOUT_CPU", "0") or 0)
+        self.cull_every = int(env.get("GPUHUB_CULL_EVERY", "0") or 0)
+        self.gpu_idle_percent = float(env.get("GPUHUB_GPU_IDLE_PERCENT", "0") or 0)
+        self.gpu_idle_seconds = float(env.get("GPUHUB_GPU_IDLE_SECONDS", "0") or 0)
         self.idle_after = int(env.get("GPUHUB_POOL_IDLE_AFTER", "600") or 600)
         self.inventory = env.get("GPUHUB_INVENTORY", "")
         self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
         self.utilization_file = env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "")
         self.db_url = ledger_env(ENV_DB_URL, env)
         self._reader = self._no_reader = None
+
+    def deadline(self, server) -> datetime | None:
+        """When the culler stops `server` (a hubapi.Server) if it stays idle: the policy's
+        rule (culling/policy.py), the culler's own."""
+        return cull_deadline(server.last_activity, server.state, self.cull_timeout_cpu, self.cull_timeout)
 
     def utilization_reader(self, pool=None):
         """A callable (host, uuid) -> percent or None, or None where nothing gives it.
@@ -88,7 +99,7 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
     cull = {}
     for srv in running:
         if srv.lease_id is not None and s.cull_timeout > 0:
-            cull[(srv.user, srv.name)] = estimate.cull_deadline(srv.last_activity, s.cull_timeout)
+            cull[(srv.user, srv.name)] = s.deadline(srv)
     if queue:
         try:
             lengths = await handler.ledger(handler.pool.lease_lengths, LENGTHS)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """gpu-job: run a command on leased GPUs as a batch job, from a notebook server's terminal.
 
     gpu-job submit --profile tf-gpu-1 -- python train.py --epochs 5 --model_path model.keras

@@ -1,0 +1,157 @@
+"""GET api/lab: what a person's JupyterLab shows about their own server (images/jupyter).
+
+The notebook server asks with its own token (its scopes include access to this
+service, see jobs/config.py SERVER_TOKEN_SCOPES) through the `gpuhub_activity`
+server extension, which the in-lab extension polls.  The answer is about the caller
+only, whoever they are (a pool admin's server token carries no admin scope, and the
+handler ignores it anyway): their server's lease and its GPUs with the pool's
+readings (the numbers of the pool page), the idle-cull deadline by the culler's own
+rule (culling/policy.py cull_deadline), their queued and running jobs, and the pool's free
+GPUs per profile (which everyone may see on the page).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import UTC, datetime, timedelta
+
+from jupyterhub.utils import url_path_join
+from tornado import web
+
+from ...culling.policy import idle_limit, is_gpu_server
+from ...pool.jobs import QUEUED, RUNNING
+from ...pool.models import EndReason, PoolError, iso
+from .. import views
+from ..hubapi import HubUnavailable
+from .actions import hub_api
+from .base import APIHandler, log
+from .wait import settings_of
+
+# A server name as JupyterHub allows it, bounded (the hub itself caps names at 255).
+SERVER_NAME = re.compile(r"^[^/\x00-\x1f]{0,255}$")
+# How long an ended lease is still told about ("an admin ended your lease").
+ENDED_NOTICE = timedelta(hours=1)
+# At most this many of the caller's jobs are listed (the newest first).
+MAX_JOBS = 20
+
+
+def free_per_profile(gpus: list[dict], profiles) -> list[dict]:
+    """Each GPU profile and whether it could start now: a lease is on one host, so what
+    counts is the most free GPUs on any one host."""
+    per_host: dict[str, int] = {}
+    for g in gpus:
+        if g["state"] == "free":
+            per_host[g["host"]] = per_host.get(g["host"], 0) + 1
+    best = max(per_host.values(), default=0)
+    return [{"slug": p.slug, "display_name": p.display_name, "gpus": p.gpus, "available": best >= p.gpus}
+            for p in profiles if p.gpus > 0]
+
+
+def lease_part(lease, gpus: list[dict], now: datetime) -> dict:
+    mine = [g for g in gpus if g["lease_id"] == lease.id]
+    return {
+        "id": lease.id,
+        "since": iso(lease.started_at),
+        "host": lease.host,
+        "gpu_hours": round(lease.gpu_hours(until=now), 3),
+        "gpus": [{k: g[k] for k in ("index", "uuid", "model", "memory_mib", "utilization", "drained", "drained_at")}
+                 for g in mine],
+    }
+
+
+def ended_part(history: list, server: str, now: datetime) -> dict | None:
+    """The server's last lease, when it ended within ENDED_NOTICE (so JupyterLab can say why)."""
+    ended = [l for l in history if l.server_name == server and l.ended_at is not None
+             and now - l.ended_at <= ENDED_NOTICE]
+    if not ended:
+        return None
+    last = max(ended, key=lambda l: l.ended_at)
+    return {"id": last.id, "ended_at": iso(last.ended_at), "reason": last.end_reason,
+            "by_admin": last.end_reason == EndReason.ADMIN.value}
+
+
+class LabAPI(APIHandler):
+    """GET api/lab?server=NAME: the caller's own server, as their JupyterLab shows it."""
+
+    async def get(self):
+        viewer = self.require_viewer()
+        # Only ever the caller's own things, whatever scopes the token has.
+        viewer = views.Viewer(name=viewer.name)
+        server = self.get_argument("server", "")
+        if not SERVER_NAME.match(server):
+            raise web.HTTPError(400, "server must be a server name of at most 255 characters")
+        now = datetime.now(UTC)
+        s = settings_of(self)
+        gpus = views.gpu_rows(await self.call(self.pool.gpus), viewer)
+        reader = s.utilization_reader(self.pool)
+        leases = [l for l in await self.call(self.pool.leases, viewer.name) if l.server_name == server]
+        lease = leases[0] if leases else None
+        if lease is not None and reader is not None:
+            mine = [g for g in gpus if g["lease_id"] == lease.id]
+            values = await asyncio.to_thread(lambda: [reader(g["host"], g["uuid"]) for g in mine])
+            for g, value in zip(mine, values):
+                g["utilization"] = value
+        ended = None
+        if lease is None:
+            ended = ended_part(await self.call(self.pool.history, viewer.name, now - ENDED_NOTICE), server, now)
+        self.write_json({
+            "user": viewer.name,
+            "server": server,
+            "now": iso(now),
+            "lease": lease_part(lease, gpus, now) if lease is not None else None,
+            "ended": ended,
+            "cull": await self.cull_part(viewer.name, server, s),
+            "jobs": self.jobs_part(viewer.name),
+            "free": {"gpus": sum(1 for g in gpus if g["state"] == "free"),
+                     "profiles": self.profiles_part(gpus)},
+            "pool_url": self.settings["prefix"],
+        })
+
+    async def cull_part(self, user: str, server: str, s) -> dict:
+        part = {"at": None, "idle_limit_s": None, "check_every_s": s.cull_every or None,
+                "culling": s.cull_timeout > 0 or s.cull_timeout_cpu > 0, "busy_kernels_count": True,
+                "last_activity": None, "gpu_idle_rule": None}
+        if not part["culling"]:
+            return part
+        try:
+            mine = [srv for srv in await hub_api(self).servers_of_user(user) if srv.name == server]
+        except HubUnavailable as exc:
+            log.warning("No cull deadline for %s: %s", user, exc)
+            return {**part, "error": "The hub did not say when this server was last active"}
+        if mine:
+            srv = mine[0]
+            deadline = s.deadline(srv)
+            part.update(at=iso(deadline) if deadline else None, last_activity=iso(srv.last_activity),
+                        idle_limit_s=idle_limit(srv.state, s.cull_timeout_cpu, s.cull_timeout))
+            if is_gpu_server(srv.state) and s.gpu_idle_percent > 0:
+                # The culler's other rule (GPUCullPolicy): GPUs under this for this long, whatever
+                # the activity says.
+                part["gpu_idle_rule"] = {"percent": s.gpu_idle_percent, "seconds": s.gpu_idle_seconds}
+        return part
+
+    def jobs_part(self, user: str) -> list[dict] | None:
+        runner = self.settings.get("jobs")
+        if runner is None:
+            return None  # jobs are off on this hub
+        prefix = self.settings["prefix"]
+        rows = [j for j in runner.snapshot if j["user"] == user and j["state"] in (QUEUED, RUNNING)]
+        rows.sort(key=lambda j: j["id"], reverse=True)
+        return [{"id": j["id"], "state": j["state"], "profile": j["profile"], "command": j["command"],
+                 "submitted_at": j["submitted_at"], "started_at": j["started_at"],
+                 "url": url_path_join(prefix, "jobs", str(j["id"])),
+                 "logs_url": url_path_join(prefix, "api", "jobs", str(j["id"]), "logs")}
+                for j in rows[:MAX_JOBS]]
+
+    def profiles_part(self, gpus: list[dict]) -> list[dict]:
+        runner = self.settings.get("jobs")
+        if runner is None:
+            return []
+        try:
+            return free_per_profile(gpus, runner.profiles.values())
+        except (PoolError, AttributeError):
+            return []
+
+
+def routes(prefix: str) -> list:
+    return [(url_path_join(prefix, "api", "lab"), LabAPI)]
