@@ -40,7 +40,7 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
 ]
 
 _FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups",
-           "job_max_seconds", "job_network", "node_labels"}
+           "job_max_seconds", "job_network", "node_labels", "idle_timeout", "max_age"}
 
 
 class ProfileConfigError(ValueError):
@@ -64,6 +64,10 @@ class Profile:
     job_network: bool = False
     node_labels: tuple[tuple[str, str], ...] = ()
     """Swarm node labels the GPUs must come from, e.g. (("gpu.model", "a100"),)."""
+    # Culling (spawner/culling/deadline.py): seconds of inactivity before this profile's servers
+    # are culled (None: the hub's GPU or CPU timeout), and the most seconds one may run at all.
+    idle_timeout: int | None = None
+    max_age: int | None = None
 
     def allows(self, user_groups: Iterable[str]) -> bool:
         """An empty group list means everyone may use the profile."""
@@ -91,6 +95,10 @@ class Profile:
         job_max = raw.get("job_max_seconds")
         if job_max is not None and (not isinstance(job_max, int) or isinstance(job_max, bool) or job_max <= 0):
             raise ProfileConfigError(f"profile {raw['slug']!r}: 'job_max_seconds' must be a positive integer")
+        for key in ("idle_timeout", "max_age"):
+            value = raw.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise ProfileConfigError(f"profile {raw['slug']!r}: {key!r} must be a positive number of seconds")
         if not isinstance(raw.get("job_network", False), bool):
             raise ProfileConfigError(f"profile {raw['slug']!r}: 'job_network' must be true or false")
         labels = raw.get("node_labels") or {}
@@ -110,6 +118,8 @@ class Profile:
             groups=tuple(groups),
             description=raw.get("description", ""),
             node_labels=tuple(sorted(labels.items())),
+            idle_timeout=raw.get("idle_timeout"),
+            max_age=raw.get("max_age"),
         )
 
 

@@ -32,7 +32,7 @@ pytest_plugins = [
 #
 # A module runs whole on one worker, so its module-scoped fixtures start once.
 # Modules that use a service bound to fixed ports (Samba AD listens on 389 and
-# 636) form one work unit, so only one worker ever starts it; a module that
+# 636), or the machine's one Swarm, form one work unit, so only one worker ever starts it; a module that
 # uses it without being listed here stops the run with a message (below).
 # Long modules are handed out first (`--no-loadscope-reorder` keeps this order)
 # so no worker is left alone with a long module at the end.
@@ -41,8 +41,10 @@ pytest_plugins = [
 FIXED_PORT_UNITS = {
     "samba-ad": ("samba_ad", {"tests/integration/test_auth_directory.py", "tests/integration/test_auth_hub.py",
                               "tests/integration/test_upgrade.py", "tests/integration/test_ssh_directory_ad.py"}),
-    # One Swarm per machine (the manager is the session's dockerd): its modules share one worker.
-    "swarm": ("swarm_cluster", {"tests/integration/test_swarm.py", "tests/integration/test_ssh_swarm.py"}),
+    # One Swarm per machine (the manager is the shared dockerd): its modules share one
+    # session's `swarm_cluster`, on one worker.
+    "swarm": ("swarm_cluster", {"tests/integration/test_swarm.py", "tests/integration/test_swarm_jobs.py",
+                                "tests/integration/test_swarm_scripts.py", "tests/integration/test_ssh_swarm.py"}),
 }
 LONG_MODULES_FIRST = [  # by their time in a run (longest first)
     "test_failure_paths.py", "test_swarm.py", "test_apt_install.py", "test_gpu_spawner.py", "test_jobs.py", "test_auth_hub.py",

@@ -8,12 +8,19 @@ Without --images_path it trains on scikit-learn's bundled 8x8 digits (works
 offline); with it, on the MNIST files in that directory.  Prints one line per
 epoch with its time, then a `summary: {...}` JSON line.  --device cpu hides
 the GPUs, to compare a GPU run against a CPU run of the same model.
+
+--strategy multiworker trains data-parallel over the workers of a cluster job
+(`gpu-job submit --workers 2 ... -- python train.py --strategy multiworker`):
+tf.distribute.MultiWorkerMirroredStrategy reads the cluster from TF_CONFIG,
+each worker trains on its share of every batch, and only the chief (worker 0)
+writes the model to --model_path.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -32,6 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=32, help="images per step (default 32)")
     parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
                         help="cpu: hide GPUs; gpu: fail unless TensorFlow sees one (default auto)")
+    parser.add_argument("--strategy", choices=["single", "multiworker"], default="single",
+                        help="multiworker: MultiWorkerMirroredStrategy over TF_CONFIG's workers, "
+                             "--batch_size images per worker (default single)")
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")
@@ -40,8 +50,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def cluster_task() -> tuple[int, int]:
+    """(workers, this worker's index) from TF_CONFIG, as a cluster job sets it; ValueError if unusable."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        raise ValueError("--strategy multiworker needs TF_CONFIG (a cluster job sets it: "
+                         "gpu-job submit --workers 2 ...)")
+    try:
+        config = json.loads(raw)
+        workers = config["cluster"]["worker"]
+        index = int(config["task"]["index"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError("TF_CONFIG is not of the form {\"cluster\": {\"worker\": [...]}, "
+                         "\"task\": {\"type\": \"worker\", \"index\": i}}") from None
+    if not 0 <= index < len(workers):
+        raise ValueError(f"TF_CONFIG's task index {index} is not one of its {len(workers)} workers")
+    return len(workers), index
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    workers, task = 1, 0
+    if args.strategy == "multiworker":
+        try:
+            workers, task = cluster_task()
+        except ValueError as exc:
+            print(f"train.py: {exc}", file=sys.stderr)
+            return 2
+    chief = task == 0
     try:
         model_path = cnn_example.check_model_path(args.model_path)
         data = cnn_example.load_dataset(args.images_path)
@@ -55,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import tensorflow as tf
 
+    # Made before anything else touches TensorFlow's runtime: it sets up the collective ops.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if args.strategy == "multiworker" else None
     gpus = tf.config.list_physical_devices("GPU")
     if args.device == "gpu" and not gpus:
         print("train.py: --device gpu, but TensorFlow sees no GPU "
@@ -62,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     device = f"GPU x{len(gpus)}" if gpus else "CPU"
     onednn = cnn_example.onednn_enabled()
+    role = f"; worker {task} of {workers}{' (chief)' if chief else ''}" if strategy is not None else ""
     print(f"TensorFlow {tf.__version__} on {device} (oneDNN {'on' if onednn else 'off'}); data: {data.source} "
-          f"({len(data.y_train)} train / {len(data.y_test)} test, {data.x_train.shape[1]}x{data.x_train.shape[2]})",
-          flush=True)
+          f"({len(data.y_train)} train / {len(data.y_test)} test, {data.x_train.shape[1]}x{data.x_train.shape[2]})"
+          f"{role}", flush=True)
 
     epoch_seconds: list[float] = []
 
@@ -80,10 +119,22 @@ def main(argv: list[str] | None = None) -> int:
 
     keras.utils.set_random_seed(0)
     height, width = data.x_train.shape[1:3]
-    model = cnn_example.build_model(height, width)
-    model.fit(data.x_train[..., None], data.y_train, epochs=args.epochs, batch_size=args.batch_size,
-              verbose=0, callbacks=[EpochTimer()])
-    loss, accuracy = model.evaluate(data.x_test[..., None], data.y_test, verbose=0)
+    if strategy is None:
+        model = cnn_example.build_model(height, width)
+        model.fit(data.x_train[..., None], data.y_train, epochs=args.epochs, batch_size=args.batch_size,
+                  verbose=0, callbacks=[EpochTimer()])
+        loss, accuracy = model.evaluate(data.x_test[..., None], data.y_test, verbose=0)
+    else:
+        model, loss, accuracy = train_multiworker(tf, keras, strategy, data, args, workers, EpochTimer())
+    if not chief:
+        # The same model as the chief's (it is one model); the chief alone writes it.
+        print(f"test accuracy {accuracy:.4f}; worker {task} leaves the model to the chief")
+        print("summary: " + json.dumps({
+            "tensorflow": tf.__version__, "device": device, "strategy": args.strategy, "workers": workers,
+            "task": task, "epochs": args.epochs, "epoch_seconds": [round(s, 4) for s in epoch_seconds],
+            "test_accuracy": round(float(accuracy), 4), "model_path": None,
+        }), flush=True)
+        return 0
 
     # Save next to the target and rename, so a failed save leaves no half-written model.
     model_path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,9 +149,59 @@ def main(argv: list[str] | None = None) -> int:
         "tensorflow": tf.__version__, "device": device, "onednn": onednn, "source": data.source,
         "epochs": args.epochs, "epoch_seconds": [round(s, 4) for s in epoch_seconds],
         "test_accuracy": round(float(accuracy), 4), "test_loss": round(float(loss), 4),
-        "model_path": str(model_path),
+        "model_path": str(model_path), "strategy": args.strategy, "workers": workers, "task": task,
     }), flush=True)
     return 0
+
+
+def train_multiworker(tf, keras, strategy, data, args, workers: int, timer):
+    """Data-parallel training over the cluster: (the model, its test loss, its test accuracy).
+
+    A loop of its own rather than model.fit: Keras 3's fit cannot take a multi-worker
+    strategy's batches (keras-team/keras#20585).  Each step every worker computes the
+    gradients of its share of one global batch, the optimizer sums them across the
+    workers (all-reduce), and every worker applies the same update: one model on all."""
+    import numpy as np
+
+    global_batch = args.batch_size * workers
+    with strategy.scope():  # the variables are mirrored on every worker
+        model = cnn_example.build_model(*data.x_train.shape[1:3])
+    optimizer = model.optimizer
+    per_example = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+    train = tf.data.Dataset.from_tensor_slices((data.x_train[..., None], data.y_train))
+    train = train.shuffle(len(data.y_train), seed=0).repeat().batch(global_batch)
+    options = tf.data.Options()
+    # Every worker reads the same arrays: shard by element (not by files, there are none).
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    batches = iter(strategy.experimental_distribute_dataset(train.with_options(options)))
+
+    @tf.function
+    def train_step(iterator):
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                probs = model(x, training=True)
+                loss = tf.nn.compute_average_loss(per_example(y, probs), global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            right = tf.reduce_sum(tf.cast(tf.argmax(probs, axis=1) == tf.cast(y, tf.int64), tf.float32))
+            return loss, right
+        loss, right = strategy.run(step, args=next(iterator))
+        total = tf.distribute.ReduceOp.SUM
+        return strategy.reduce(total, loss, axis=None), strategy.reduce(total, right, axis=None)
+
+    steps = math.ceil(len(data.y_train) / global_batch)
+    for epoch in range(args.epochs):
+        timer.on_epoch_begin(epoch)
+        losses, right = [], 0.0
+        for _ in range(steps):
+            loss, correct = train_step(batches)
+            losses.append(float(loss))
+            right += float(correct)
+        timer.on_epoch_end(epoch, {"loss": float(np.mean(losses)), "accuracy": right / (steps * global_batch)})
+    # The model is the same on every worker: each scores it on the whole test set, locally.
+    probs = np.asarray(model(data.x_test[..., None], training=False))
+    loss = float(np.mean(np.asarray(per_example(data.y_test, probs))))
+    return model, loss, float(np.mean(probs.argmax(axis=1) == data.y_test))
 
 
 if __name__ == "__main__":

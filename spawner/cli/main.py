@@ -74,7 +74,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--user")
     p.add_argument("--since", help="start of the period (ISO date or datetime, UTC unless it has a zone)")
     p.add_argument("--until", help="end of the period (default: now)")
-    sub.add_parser("queue", parents=[common], help="requests waiting for GPUs")
+    sub.add_parser("queue", parents=[common], help="requests waiting for GPUs, in the order they are served")
+    p = sub.add_parser("book", parents=[common], help="book GPUs for a user or a group over a time window")
+    p.add_argument("--user", help="who the booking is for (default: you)")
+    p.add_argument("--group", help="book for this group's members (a course, a deadline)")
+    p.add_argument("--count", type=int, default=1, help="how many GPUs of one host (1)")
+    p.add_argument("--start", required=True, help="the window's start (ISO date-time, UTC unless it has a zone)")
+    p.add_argument("--end", required=True, help="the window's end")
+    p.add_argument("--host", help="book on this host (default: any with room)")
+    sub.add_parser("bookings", parents=[common], help="bookings not yet over")
+    p = sub.add_parser("unbook", parents=[common], help="cancel a booking")
+    p.add_argument("booking_id", type=int)
+    sub.add_parser("fairshare", parents=[common],
+                   help="every user's and group's recent (decayed) GPU use, share and priority, like sshare")
     for name, what in (("drain", "stop lending a GPU (its current lease runs on)"), ("undrain", "lend a GPU again")):
         p = sub.add_parser(name, parents=[common], help=what)
         p.add_argument("uuid")
@@ -311,9 +323,29 @@ def _run(args, pool: GPUPool, out) -> int:
         })
     elif args.command == "queue":
         queue = pool.queue()
-        rows = [[w.position, w.user, _server(w.server_name), w.count, _time(w.since)] for w in queue]
-        emit(_table(["POS", "USER", "SERVER", "GPUS", "SINCE"], rows) if rows else "No requests waiting.",
+        rows = [[w.position, w.user, _server(w.server_name), w.count, _time(w.since), w.why] for w in queue]
+        emit(_table(["POS", "USER", "SERVER", "GPUS", "SINCE", "WHY"], rows) if rows else "No requests waiting.",
              [w.to_dict() for w in queue])
+    elif args.command == "fairshare":
+        emit(fairshare_text(pool.fairshare()), pool.fairshare())
+    elif args.command == "book":
+        start, end = _parse_time(args.start, "start"), _parse_time(args.end, "end")
+        if start is None or end is None:
+            raise CLIError("--start and --end are required")
+        b = pool.book(args.user or _operator(), args.count, start, end, group=args.group, host=args.host,
+                      by=_operator())
+        emit(f"Booked {len(b.gpu_uuids)} GPU(s) on {b.host} ({', '.join(b.gpu_uuids)}) for "
+             f"{'group ' + b.group if b.group else b.user} from {_time(b.starts_at)} to {_time(b.ends_at)} "
+             f"(booking {b.id}).", b.to_dict())
+    elif args.command == "bookings":
+        found = pool.bookings()
+        rows = [[b.id, b.user, b.group or "", b.host, len(b.gpu_uuids), _time(b.starts_at), _time(b.ends_at)]
+                for b in found]
+        emit(_table(["ID", "USER", "GROUP", "HOST", "GPUS", "FROM", "TO"], rows) if rows else "No bookings.",
+             [b.to_dict() for b in found])
+    elif args.command == "unbook":
+        b = pool.cancel_booking(args.booking_id, _operator(), admin=True)
+        emit(f"Cancelled booking {b.id} of {b.user}.", b.to_dict())
     elif args.command in ("drain", "undrain"):
         status = getattr(pool, args.command)(args.uuid, host=args.host, by=_operator())
         if args.command == "drain":
@@ -432,6 +464,24 @@ def _agent(args) -> int:
     finally:
         pool.close()
     return 0
+
+
+def fairshare_text(data: dict) -> str:
+    """`gpu-pool fairshare`'s tables (see GPUPool.fairshare)."""
+    days = data["half_life_s"] / 86400
+    head = (f"Queue order: {data['order']}; recent use = GPU-hours with a half-life of {days:g} days; requests "
+            f"waiting over {data['fifo_after_s']:g} s go in arrival order.")
+    users = [[u["user"], f"{u['recent_gpu_hours']:.2f}", f"{u['total_gpu_hours']:.2f}", f"{u['share']:g}",
+              f"{u['standing']:.2f}", f"{u['priority']:.4f}"] for u in data["users"]]
+    groups = [[g["group"], f"{g['recent_gpu_hours']:.2f}", "-" if g["share"] is None else f"{g['share']:g}",
+               "-" if g["standing"] is None else f"{g['standing']:.2f}"] for g in data["groups"]]
+    parts = [head,
+             _table(["USER", "RECENT GPU-H", "TOTAL GPU-H", "SHARE", "STANDING", "PRIORITY"], users)
+             if users else "No GPU use yet."]
+    if groups:
+        parts.append(_table(["GROUP", "RECENT GPU-H", "SHARE", "STANDING"], groups))
+        parts.append("Groups without a share (GPUPool.fairshare_group_shares) do not count in the order.")
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

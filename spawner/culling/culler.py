@@ -41,8 +41,18 @@ from typing import TYPE_CHECKING, Any
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
-# The policy and the culler's utilisation reader live in policy.py (no culler, no tornado).
-from .policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy, Verdict  # noqa: F401
+# The policy and the culler's utilisation reader live in policy.py (no culler, no tornado);
+# the deadline rule the pages share with it in deadline.py.
+from .deadline import CullRules
+from .policy import (  # noqa: F401
+    DEFAULT_GPU_IDLE_PERCENT,
+    CullerUtilization,
+    GPUCullPolicy,
+    LedgerBookings,
+    LedgerBudgets,
+    LedgerContention,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from ..pool import GPUPool
@@ -92,6 +102,19 @@ class GPUIdleCuller(IdleCuller):
         "culled.  Usually shorter than `cpu_timeout`: an idle GPU blocks a colleague.",
     ).tag(config=True)
 
+    gpu_contended_timeout = Int(
+        0,
+        help="Seconds a GPU server may stay inactive while a request waits for GPUs on its host (read "
+        "from the ledger named by GPU_POOL_DB_URL).  Shorter than `gpu_timeout`: an idle GPU then keeps "
+        "someone waiting.  0 turns it off; when nobody waits, `gpu_timeout` holds.",
+    ).tag(config=True)
+
+    profile_limits = Unicode(
+        "",
+        help="Per-profile idle limits and maximum ages as JSON (deadline.CullRules.to_json), written "
+        "by the hub from its profiles' `idle_timeout` and `max_age`.",
+    ).tag(config=True)
+
     gpu_idle_percent = Float(
         5.0,
         help="Cull a GPU server whose leased GPUs all read under this utilization (percent) for "
@@ -137,6 +160,8 @@ class GPUIdleCuller(IdleCuller):
         **IdleCuller.aliases,
         "cpu-timeout": "GPUIdleCuller.cpu_timeout",
         "gpu-timeout": "GPUIdleCuller.gpu_timeout",
+        "gpu-contended-timeout": "GPUIdleCuller.gpu_contended_timeout",
+        "profile-limits": "GPUIdleCuller.profile_limits",
         "gpu-idle-percent": "GPUIdleCuller.gpu_idle_percent",
         "gpu-idle-seconds": "GPUIdleCuller.gpu_idle_seconds",
         "inventory": "GPUIdleCuller.inventory",
@@ -147,9 +172,15 @@ class GPUIdleCuller(IdleCuller):
 
     @default("timeout")
     def _default_timeout(self):
-        # The culler only asks the arbiter about servers it sees; the arbiter
-        # then holds CPU servers to their longer limit.
-        return min(self.cpu_timeout, self.gpu_timeout)
+        # The arbiter decides with the rules (culling/deadline.py); this is the shortest of them.
+        return int(self.rules().shortest)
+
+    def rules(self) -> CullRules:
+        if self.profile_limits:
+            rules = CullRules.from_json(self.profile_limits)
+            return CullRules(self.cpu_timeout, self.gpu_timeout, self.gpu_contended_timeout, rules.profile_idle,
+                             rules.profile_max_age)
+        return CullRules(self.cpu_timeout, self.gpu_timeout, self.gpu_contended_timeout)
 
     @default("cull_arbiter_hook")
     def _default_arbiter(self):
@@ -157,7 +188,25 @@ class GPUIdleCuller(IdleCuller):
         if self.gpu_idle_percent > 0 and self.inventory != "static":
             utilization = CullerUtilization(self.inventory, self.simulated_gpus, self.utilization_file, self.log,
                                        self.reading_max_age)
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
+
+        contention = over_budget = booked_out = None
+        url = ledger_env(ENV_DB_URL)
+        if url:
+            # The ledger: who waits (the contended timeout) and the budgets (its lending hub's).
+            if self._ledger is None:
+                self._ledger = GPUPool(db_url=url, log=self.log)
+            if self.gpu_contended_timeout > 0:
+                contention = LedgerContention(self._ledger.queue, self.log)
+            over_budget = LedgerBudgets(self._ledger, self.log)
+            booked_out = LedgerBookings(self._ledger, self.log)
+        elif self.gpu_contended_timeout > 0:
+            self.log.warning("gpu_contended_timeout is set but %s is not: the usual idle limits hold", ENV_DB_URL)
         return GPUCullPolicy(
+            rules=self.rules(),
+            contention=contention,
+            over_budget=over_budget,
+            booked_out=booked_out,
             cpu_timeout=self.cpu_timeout,
             gpu_timeout=self.gpu_timeout,
             gpu_idle_percent=self.gpu_idle_percent,
@@ -167,11 +216,12 @@ class GPUIdleCuller(IdleCuller):
             on_cull=self.record_cull,
         )
 
-    async def record_cull(self, server: dict) -> None:
-        """Note in the ledger, before the DELETE, that this GPU server is being culled.
+    async def record_cull(self, server: dict, reason: str = "culled") -> None:
+        """Note in the ledger, before the DELETE, that this GPU server is being culled, and why.
 
         JupyterHub tells a spawner nothing of who stopped it: the spawner reads this intent
-        when the stop arrives and ends the lease `culled` (without it: `stopped`)."""
+        when the stop arrives and ends the lease `culled` (or `budget`, when its user's GPU-hours
+        ran out; without an intent: `stopped`)."""
         lease_id = (server.get("state") or {}).get("gpu_lease_id")
         if lease_id is None:
             return  # a CPU server: no lease to end
@@ -184,7 +234,7 @@ class GPUIdleCuller(IdleCuller):
         try:
             if self._ledger is None:
                 self._ledger = GPUPool(db_url=url, log=self.log)
-            await asyncio.to_thread(self._ledger.record_end_intent, lease_id, "culled", SERVICE_NAME)
+            await asyncio.to_thread(self._ledger.record_end_intent, lease_id, reason, SERVICE_NAME)
         except Exception as exc:  # the cull goes ahead; its lease then ends as `stopped`
             self.log.warning("Could not record the cull of GPU lease %s in the ledger: %s", lease_id, exc)
 

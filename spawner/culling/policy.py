@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Awaitable, Callable
+
+from .deadline import CullRules
+from .deadline import idle_limit as rules_idle_limit
 
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
 # (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
@@ -25,6 +28,7 @@ DEFAULT_GPU_IDLE_PERCENT = 5.0
 class Verdict:
     cull: bool
     reason: str
+    end_reason: str = "culled"  # what the lease's end records (budget: its GPU-hours ran out)
 
 
 def _user_of(server: dict) -> str:
@@ -40,21 +44,26 @@ def is_gpu_server(state: dict | None) -> bool:
     return bool(state.get("gpu_uuids")) or state.get("gpu_lease_id") is not None
 
 
-def idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float) -> float:
+def idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float, rules: CullRules | None = None,
+               contended: bool = False) -> float:
     """Seconds of inactivity after which the culler stops this server: the one rule the
-    culler applies (GPUCullPolicy.decide) and the deadline the pool service shows in
-    JupyterLab and on its page (cull_deadline)."""
-    return gpu_timeout if is_gpu_server(state) else cpu_timeout
+    culler applies (GPUCullPolicy.decide, through deadline.idle_limit) and the deadline the
+    pool service shows in JupyterLab and on its page (cull_deadline).  `rules`: the hub's
+    (profiles' limits, the contended timeout, which applies when `contended`)."""
+    rules = rules or CullRules(cpu_timeout, gpu_timeout)
+    profile = (state or {}).get("profile")
+    return rules_idle_limit(rules, is_gpu_server(state), profile if isinstance(profile, str) else None,
+                            contended)[0]
 
 
 def cull_deadline(last_activity: datetime | None, state: dict | None, cpu_timeout: float,
-                  gpu_timeout: float) -> datetime | None:
+                  gpu_timeout: float, rules: CullRules | None = None, contended: bool = False) -> datetime | None:
     """When the culler stops this server if nothing happens in it before: its last
     activity (which a busy kernel keeps moving, see images/jupyter/gpuhub_activity) plus its
     idle limit.  The culler acts at its first check after that (every `cull_every` s).
     None when no activity is recorded yet (the culler then keeps it) or culling is off
     (a limit of 0)."""
-    limit = idle_limit(state, cpu_timeout, gpu_timeout)
+    limit = idle_limit(state, cpu_timeout, gpu_timeout, rules, contended)
     if last_activity is None or limit <= 0:
         return None
     return last_activity + timedelta(seconds=limit)
@@ -77,10 +86,23 @@ class GPUCullPolicy:
         utilization: Callable[[str, str], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         log=None,
-        on_cull: Callable[[dict], Awaitable[None]] | None = None,
+        rules: CullRules | None = None,
+        contention: Callable[[str], bool] | None = None,
+        over_budget: Callable[[int], str | None] | None = None,
+        booked_out: Callable[[int], str | None] | None = None,
+        on_cull: Callable[..., Awaitable[None]] | None = None,
     ):
         self.cpu_timeout = cpu_timeout
         self.gpu_timeout = gpu_timeout
+        # The idle limits (culling/deadline.py: the pages show the same); contention(host): whether a
+        # request waits for GPUs on that host now.
+        self.rules = rules or CullRules(cpu_timeout, gpu_timeout)
+        self.contention = contention
+        # over_budget(lease id): why the lease's GPU-hour budget is used up (it is then marked to
+        # end with reason `budget`), or None.
+        self.over_budget = over_budget
+        # booked_out(lease id): why its GPU is booked by someone else now (it then ends `booking`).
+        self.booked_out = booked_out
         self.gpu_idle_percent = gpu_idle_percent
         self.gpu_idle_seconds = gpu_idle_seconds
         self.utilization = utilization
@@ -134,13 +156,29 @@ class GPUCullPolicy:
                 return Verdict(True, f"its GPUs stayed under {self.gpu_idle_percent:g}% for "
                                      f"{low_for:.1f} s (limit {self.gpu_idle_seconds:g} s)")
 
-        limit = idle_limit(state, self.cpu_timeout, self.gpu_timeout)
+        lease_id = state.get("gpu_lease_id")
+        if is_gpu and self.booked_out is not None and isinstance(lease_id, int):
+            booked = self.booked_out(lease_id)
+            if booked:
+                return Verdict(True, booked, "booking")
+        if is_gpu and self.over_budget is not None and isinstance(lease_id, int):
+            used_up = self.over_budget(lease_id)
+            if used_up:
+                return Verdict(True, f"its GPU-hour budget is used up ({used_up})", "budget")
+        profile = state.get("profile") or (server.get("user_options") or {}).get("profile")
+        if not isinstance(profile, str):
+            profile = None
+        max_age = self.rules.profile_max_age.get(profile or "", 0.0)
+        age = _age(server.get("started"))
+        if max_age > 0 and age is not None and age >= max_age:
+            return Verdict(True, f"running for {age:.1f} s, profile {profile}'s maximum age {max_age:g} s")
+        contended = bool(is_gpu and self.contention is not None and self.contention(state.get("gpu_host", "")))
+        limit, source = rules_idle_limit(self.rules, is_gpu, profile, contended)
         kind = "GPU" if is_gpu else "CPU"
         if idle is None:
             return Verdict(False, "no activity recorded yet")
-        if idle >= limit:
-            return Verdict(True, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
-        return Verdict(False, f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s)")
+        why = f"{kind} server inactive for {idle:.1f} s (limit {limit:g} s: {source})"
+        return Verdict(limit > 0 and idle >= limit, why)
 
     def __call__(self, *, inactive: timedelta | None, inactive_limit: int, server: dict, **kwargs):
         """The jupyterhub-idle-culler `cull_arbiter_hook` signature: True to cull (awaitable with `on_cull`)."""
@@ -151,13 +189,93 @@ class GPUCullPolicy:
             else:
                 self.log.debug("Keeping %s: %s", _user_of(server), verdict.reason)
         if verdict.cull and inactive is not None and self.on_cull is not None:
-            return self._after(self.on_cull(server))
+            return self._after(self.on_cull(server, verdict.end_reason))
         return verdict.cull
 
     @staticmethod
     async def _after(recorded: Awaitable[None]) -> bool:
         await recorded
         return True
+
+
+def _age(started: str | None) -> float | None:
+    """Seconds since a server model's `started` (ISO 8601), or None."""
+    if not started:
+        return None
+    try:
+        at = datetime.fromisoformat(started.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (datetime.now(UTC) - (at if at.tzinfo else at.replace(tzinfo=UTC))).total_seconds()
+
+
+class LedgerContention:
+    """Whether a request waits for GPUs on a host, read from the ledger's queue in the culler.
+
+    One read serves a cull pass (kept `max_age` seconds); a ledger that cannot be read
+    counts as nobody waiting: the usual, longer timeout holds."""
+
+    def __init__(self, queue: Callable[[], list], log=None, max_age: float = 5.0, clock=time.monotonic):
+        self.queue = queue
+        self.log = log
+        self.max_age = max_age
+        self.clock = clock
+        self._read_at: float | None = None
+        self._hosts: list = []
+
+    def waiting_hosts(self) -> list:
+        now = self.clock()
+        if self._read_at is None or now - self._read_at >= self.max_age:
+            try:
+                self._hosts = [w.hosts for w in self.queue()]
+            except Exception as exc:  # the ledger is away: nobody counts as waiting
+                if self.log is not None:
+                    self.log.warning("Cannot read the GPU queue (using the usual idle limit): %s", exc)
+                self._hosts = []
+            self._read_at = now
+        return self._hosts
+
+    def __call__(self, host: str) -> bool:
+        from .deadline import contended
+
+        return contended(host, self.waiting_hosts())
+
+
+class LedgerBudgets:
+    """The culler's budget check: the ledger's `lease_over_budget`, a failing ledger read as 'not over'."""
+
+    def __init__(self, pool, log=None):
+        self.pool = pool
+        self.log = log
+
+    def __call__(self, lease_id: int) -> str | None:
+        try:
+            found = self.pool.lease_over_budget(lease_id)
+        except Exception as exc:  # never cull on a ledger that cannot be read
+            if self.log is not None:
+                self.log.warning("Cannot check the GPU-hour budget of lease %s: %s", lease_id, exc)
+            return None
+        return None if found is None else found.message(self.pool.budgets().period_s)
+
+
+class LedgerBookings:
+    """The culler's booking check: the ledger's `lease_booked_out`; a failing ledger reads as 'not booked'."""
+
+    def __init__(self, pool, log=None):
+        self.pool = pool
+        self.log = log
+
+    def __call__(self, lease_id: int) -> str | None:
+        try:
+            found = self.pool.lease_booked_out(lease_id)
+        except Exception as exc:
+            if self.log is not None:
+                self.log.warning("Cannot check the bookings of lease %s: %s", lease_id, exc)
+            return None
+        if found is None:
+            return None
+        return (f"its GPU is booked by someone else from {found.starts_at.strftime('%H:%M')} UTC "
+                f"(booking {found.id})")
 
 
 class CullerUtilization:

@@ -5,7 +5,9 @@ Each GPU node lists its GPUs once, in its dockerd's `node-generic-resources`
 `gpu.memory`, `gpu.cuda`): the pool learns them from `docker node ls` on the
 manager, so the admin types nothing twice.  Only nodes that are `ready` and
 `active` lend: a node that is down, drained or paused, or that left, is
-listed as a host whose GPUs are missing, so the ledger lends none of them.
+listed as a host whose GPUs are missing, so the ledger lends none of them; a
+node back from down lends a GPU only once the task it was told to stop on it
+meanwhile has stopped.
 Live utilisation (and a node's driver CUDA version without a `gpu.cuda`
 label) comes from the per-node agent's readings in the ledger (spawner/inventory/agent.py).
 """
@@ -133,6 +135,7 @@ class SwarmInventory(Inventory):
         units: list[GPU] = []
         names: dict[str, int] = {}
         nodes = [n for n in self.nodes() if node_gpus(n)]
+        withheld = self.withheld()
         for node in nodes:
             host = (node.get("Description") or {}).get("Hostname", "")
             names[host] = names.get(host, 0) + 1
@@ -143,13 +146,33 @@ class SwarmInventory(Inventory):
                 continue
             if not node_lends(node):
                 continue
+            held = withheld.get(host, set())
             labels = (node.get("Spec") or {}).get("Labels") or {}
             model = labels.get(LABEL_MODEL, "GPU")
             mib = memory_mib(labels.get(LABEL_MEMORY))
             for index, uuid in enumerate(node_gpus(node)):
+                if uuid in held:
+                    continue  # a task told to stop may still run on it (a node back from down)
                 units.append(GPU(host, uuid, index, model, mib))
         self.hosts()
         return sorted(units, key=lambda g: (g.host, g.index))
+
+    def withheld(self) -> dict[str, set[str]]:
+        """hostname -> GPU uuids of tasks that were told to stop but whose node has not reported
+        them stopped (swarm/tasks.py: withheld_gpus): not lent until it has."""
+        from ..swarm.tasks import node_states, withheld_gpus
+
+        api = self._docker().api
+        try:
+            tasks = api.tasks()
+            states = node_states(api)
+        except Exception as exc:
+            raise InventoryError(f"cannot list the Swarm's tasks: {exc}") from None
+        hostnames = {n["ID"]: (n.get("Description") or {}).get("Hostname", "") for n in self.nodes()}
+        by_node: dict[str, list[dict]] = {}
+        for task in tasks:
+            by_node.setdefault(hostnames.get(task.get("NodeID", ""), ""), []).append(task)
+        return {host: withheld_gpus(ts, states) for host, ts in by_node.items() if host}
 
     def hosts_matching(self, wanted: dict[str, str]) -> list[str]:
         """GPU hosts whose node labels include every `wanted` key=value (all of them when empty)."""

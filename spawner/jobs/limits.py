@@ -74,6 +74,20 @@ class JobLimits(Configurable):
         """,
     )
 
+    max_workers = Int(
+        4,
+        config=True,
+        help="""Most containers (workers) one cluster job may ask for (`"workers": N`,
+        `gpu-job submit --workers N`).
+
+        A cluster's workers each get the profile's GPUs, CPUs and memory, and
+        are granted together or not at all, so N also bounds what one
+        submission holds at once: N x the profile's GPUs, and N x its CPUs
+        toward `max_cpus`.  A submission above it is refused with HTTP 400
+        naming this limit.  1 turns clusters off.
+        """,
+    )
+
     profile_limits = Dict(
         config=True,
         help="""Caps of one profile's jobs per user, on top of `max_running` and `max_queued`:
@@ -84,6 +98,12 @@ class JobLimits(Configurable):
         submission beyond a profile's `queued` cap is refused with HTTP 429.
         """,
     )
+
+    @validate("max_workers")
+    def _check_workers(self, proposal):
+        if proposal.value < 1:
+            raise TraitError("JobLimits.max_workers must be >= 1 (1: no cluster jobs)")
+        return proposal.value
 
     @validate("max_running", "max_queued")
     def _check_count(self, proposal):
@@ -115,19 +135,21 @@ class JobLimits(Configurable):
         return self.profile_limits.get(slug, {}).get(key)
 
     @staticmethod
-    def job_cpus(profile: Profile, host_cpus: int | None = None) -> float:
-        """The CPUs a job of `profile` counts toward the quota."""
-        return profile.cpu_limit or float(host_cpus or os.cpu_count() or 1)
+    def job_cpus(profile: Profile, host_cpus: int | None = None, workers: int = 1) -> float:
+        """The CPUs a job of `profile` (of `workers` containers) counts toward the quota."""
+        return (profile.cpu_limit or float(host_cpus or os.cpu_count() or 1)) * workers
 
-    def check_submission(self, profile: Profile, active: Iterable[tuple[str, str]]) -> None:
-        """Refuse (BadJob 429/403) a new job of `profile` for a user whose active jobs are
-        `active`: (profile slug, state) pairs, state 'queued' or holding."""
+    def check_submission(self, profile: Profile, active: Iterable[tuple[str, str]], workers: int = 1) -> None:
+        """Refuse (BadJob 429/403) a new job of `profile` (a cluster of `workers`) for a user whose
+        active jobs are `active`: (profile slug, state) pairs, state 'queued' or holding."""
         active = list(active)
-        cpus = self.job_cpus(profile)
+        cpus = self.job_cpus(profile, workers=workers)
         if self.max_cpus is not None and cpus > self.max_cpus:
-            raise BadJob(f"Profile {profile.slug}'s jobs use {_cpus(cpus)}, but one user's jobs may use at most "
-                         f"{_cpus(self.max_cpus)} at once (JobLimits.max_cpus); choose a smaller profile or "
-                         "ask an administrator", 403)
+            what = f"Profile {profile.slug}'s jobs use" if workers == 1 else \
+                f"{workers} workers of profile {profile.slug} use"
+            raise BadJob(f"{what} {_cpus(cpus)}, but one user's jobs may use at most "
+                         f"{_cpus(self.max_cpus)} at once (JobLimits.max_cpus); choose a smaller profile"
+                         f"{' or fewer workers' if workers > 1 else ''} or ask an administrator", 403)
         queued = [slug for slug, state in active if state == "queued"]
         running = len(active) - len(queued)
         if len(queued) >= self.max_queued:
@@ -141,9 +163,9 @@ class JobLimits(Configurable):
                          f"of this profile may wait at once (JobLimits.profile_limits). Try again once one "
                          f"has started, or {CANCEL_HINT}.", 429)
 
-    def wait_reason(self, profile: Profile, running: Iterable[tuple[str, float]]) -> str | None:
-        """Why a job of `profile` may not start now, beside the user's running jobs
-        (`running`: (profile slug, CPUs) pairs); None when it may."""
+    def wait_reason(self, profile: Profile, running: Iterable[tuple[str, float]], workers: int = 1) -> str | None:
+        """Why a job of `profile` (of `workers` containers) may not start now, beside the user's
+        running jobs (`running`: (profile slug, CPUs) pairs); None when it may."""
         running = list(running)
         if len(running) >= self.max_running:
             return (f"waiting: you have {_jobs(len(running))} running, the most one user may run at once "
@@ -156,7 +178,7 @@ class JobLimits(Configurable):
                     "when one ends")
         if self.max_cpus is not None:
             used = sum(c for _, c in running)
-            wanted = self.job_cpus(profile)
+            wanted = self.job_cpus(profile, workers=workers)
             if used + wanted > self.max_cpus + 1e-9:
                 return (f"waiting: your running jobs use {used:g} of your {_cpus(self.max_cpus)} "
                         f"(JobLimits.max_cpus) and this one needs {wanted:g}; it starts when they leave room")

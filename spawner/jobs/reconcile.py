@@ -1,14 +1,14 @@
-"""Keep job leases and job containers in agreement, with the servers' guarantees.
+"""Keep job leases and job units (containers, services) in agreement, with the servers' guarantees.
 
 The hub's reconciler leaves job leases alone (no hub server holds them); this
 pass, run by the gpu-pool service at start and every `reconcile_interval` (the hub's
 `c.Reconciler.interval` when set, else 30 s):
 
 - a job lease whose job has ended, is missing, or holds another lease (and is
-  older than `c.Reconciler.min_lease_age`, else `MIN_AGE`): its containers are removed, and the lease ends once
-  Docker confirms that (reason: the job's end, else `reconciled`);
-- a job container that runs with GPUs but without an active lease: removed;
-- a stopped container of an ended job (a removal that failed before): removed.
+  older than `c.Reconciler.min_lease_age`, else `MIN_AGE`): its units are removed, and the lease ends once
+  the engine confirms that (reason: the job's end, else `reconciled`);
+- a job unit that runs with GPUs but without an active lease: removed;
+- a stopped unit of an ended job (a removal that failed before): removed.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
-from ..labels import HOLDING_STATES, LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL
+from ..labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE
 from ..pool import EndReason, PoolError
-from ..pool.jobs import END_REASONS, is_job_server
+from ..pool.jobs import END_REASONS, is_job_server, job_id_of
 
 log = logging.getLogger("gpu-pool-page")
 # A lease this young may belong to a job whose record is being written.
@@ -33,8 +33,7 @@ async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
     # Containers first, then leases (the hub's reconciler's order): a job that starts in
     # between has its lease read but its container unseen, so it is left alone.  The
     # other order would see its container but not its lease, and remove it.
-    containers = await runner.docker("containers", all=True, filters={
-        "label": [LABEL_JOB, f"{LABEL_POOL}={runner.pool_id}"]})
+    units = await runner.engine.units(runner.pool_id)
     leases = await runner.call(runner.pool.leases, None, host)
     active = {lease.id for lease in leases}
     cutoff = datetime.now(UTC) - timedelta(seconds=min_age)
@@ -42,24 +41,25 @@ async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
     for lease in leases:
         if not is_job_server(lease.server_name) or lease.started_at > cutoff:
             continue
-        job = await runner.call(runner.ledger.get, int(lease.server_name.split("/", 1)[1]))
-        if job is not None and job.active and (job.lease_id in (None, lease.id)):
-            continue  # its job runs (or starts) on it
-        holders = [c for c in containers if c["Labels"].get(LABEL_LEASE) == str(lease.id)]
-        removed = [await runner.remove_container(c["Id"]) for c in holders]
+        job_id = job_id_of(lease.server_name)
+        job = await runner.call(runner.ledger.get, job_id) if job_id is not None else None
+        if job is not None and job.active and (not job.lease_ids or lease.id in job.lease_ids):
+            continue  # its job runs (or starts) on it (one of a cluster's worker leases)
+        holders = [u for u in units if u.labels.get(LABEL_LEASE) == str(lease.id)]
+        removed = [await runner.remove_container(u.id) for u in holders]
         if all(removed):
             reason = END_REASONS.get(job.state, EndReason.RECONCILED) if job is not None else EndReason.RECONCILED
             if await runner.call(runner.pool.release, lease.id, reason):
                 report["ended"].append(lease.id)
                 log.warning("Ended GPU lease %s of job %s: its job has ended", lease.id, lease.server_name)
 
-    for c in containers:
-        labels = c["Labels"]
+    for unit in units:
+        labels = unit.labels
         try:
             lease_id = int(labels.get(LABEL_LEASE) or -1)
         except ValueError:
             lease_id = -1
-        holding = c.get("State") in HOLDING_STATES or c.get("State") == "created"
+        holding = unit.holding
         if holding and labels.get(LABEL_GPUS) and lease_id not in active:
             why = "it holds GPUs without an active lease"
         elif not holding:
@@ -69,8 +69,8 @@ async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
             why = "its job has ended"
         else:
             continue
-        if await runner.remove_container(c["Id"]):
-            report["removed"].append(c["Names"][0].lstrip("/") if c.get("Names") else c["Id"][:12])
+        if await runner.remove_container(unit.id):
+            report["removed"].append(unit.name)
             log.warning("Removed job container %s: %s", report["removed"][-1], why)
     return report
 

@@ -1,7 +1,9 @@
 """What a job submission may contain, checked before anything is leased or created.
 
 Only `profile`, `command` (a list of strings), `workdir` (relative, inside the
-home) and `timeout` (seconds, within the profile's maximum).  Anything else is
+home), `timeout` (seconds, within the profile's maximum) and `workers` (a
+cluster of that many containers, each with the profile's GPUs; within
+JobLimits.max_workers).  Anything else is
 refused with a message (HTTP 400): a user never picks an image, environment,
 mount or GPU.  Pure: no I/O.
 """
@@ -13,7 +15,7 @@ from typing import Any
 
 from ..profiles import Profile, choose_profile
 
-ALLOWED_KEYS = ("profile", "command", "workdir", "timeout")
+ALLOWED_KEYS = ("profile", "command", "workdir", "timeout", "workers")
 MAX_ARGS = 256
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_WORKDIR = 1024
@@ -33,6 +35,7 @@ class Submission:
     command: tuple[str, ...]
     workdir: str
     timeout_s: int
+    workers: int = 1  # > 1: a cluster job (one container per worker, TF_CONFIG naming them all)
 
 
 def _shown(value: Any) -> str:
@@ -87,8 +90,22 @@ def check_timeout(value: Any, limit: int) -> int:
     return int(value)
 
 
-def check_submission(body: Any, profiles: list[Profile], user_groups, default_max: int) -> Submission:
-    """The submission in `body` (parsed JSON), or BadJob (400; 403 for a profile not theirs)."""
+def check_workers(value: Any, limit: int) -> int:
+    """1 (a plain job) when absent; else a whole number from 1 to `limit` (JobLimits.max_workers)."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadJob(f"'workers' must be a whole number of containers, not {_shown(value)!r}")
+    if not 1 <= value <= limit:
+        raise BadJob(f"'workers' must be between 1 and {limit} (JobLimits.max_workers), not {_shown(value)}")
+    return value
+
+
+def check_submission(body: Any, profiles: list[Profile], user_groups, default_max: int,
+                     max_workers: int = 1) -> Submission:
+    """The submission in `body` (parsed JSON), or BadJob (400; 403 for a profile not theirs).
+
+    `max_workers` is JobLimits.max_workers (1: clusters refused)."""
     if not isinstance(body, dict):
         raise BadJob('The body must be a JSON object such as {"profile": "tf-gpu-1", "command": ["python", "train.py"]}')
     extra = sorted(_shown(k) for k in body if k not in ALLOWED_KEYS)
@@ -109,4 +126,5 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
         command=check_command(body.get("command")),
         workdir=check_workdir(body.get("workdir")),
         timeout_s=check_timeout(body.get("timeout"), max_seconds(profile, default_max)),
+        workers=check_workers(body.get("workers"), max_workers),
     )

@@ -15,12 +15,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from types import SimpleNamespace
 
-from ..containers import ContainerLimits
-from ..homes import prepare_home_volume
 from ..labels import pool_identity
 from ..identity import container_identity
 from ..ledger_io import ledger_call
@@ -30,7 +26,9 @@ from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTI
 from .limits import JobLimits
 from .request import BadJob, Submission
 from .settings import JobSettings
-from .spec import container_name, container_spec
+from .engine import ENDED, JobRefused, RUNNING as RUNNING_UNIT, UNKNOWN, JobEngine, UnitGone
+from .spec import container_name, unit_spec
+from . import cluster
 
 log = logging.getLogger("gpu-pool-page")
 LEDGER_TIMEOUT = 10.0
@@ -38,7 +36,6 @@ POLL_SECONDS = 0.5
 # The most bytes of one Docker log entry: a longer line is split into entries of this size.
 LOG_ENTRY_MAX = 16 * 1024
 STOP_GRACE_SECONDS = 5
-_DOCKER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpu-jobs-docker")
 
 
 class JobError(Exception):
@@ -49,48 +46,18 @@ class JobError(Exception):
         self.status = status
 
 
-class _HomeOwner:
-    """What homes.prepare_home_volume asks of a spawner, for a job's user: the same rules."""
-
-    def __init__(self, runner: "JobRunner", user: str, has_directory_identity: bool):
-        s = runner.settings
-        self.user = SimpleNamespace(name=user)
-        self.client = runner.api
-        self.docker = runner.docker
-        self.home_volume_name = s.home_volume
-        self.home_mount_point = s.home_mount_point
-        self.home_volume_prep_image = s.home_volume_prep_image
-        self.home_prep_timeout = s.home_prep_timeout
-        self.container_limits = runner.container_limits
-        self.fallback_uid, self.fallback_gid = s.fallback_uid, s.fallback_gid
-        self._directory = has_directory_identity
-
-    def has_directory_identity(self) -> bool:
-        return self._directory
-
-    def home_volume_create_kwargs(self) -> dict:
-        return {}  # a job's home is the volume of this host's Docker engine
-
-    def _render_templates(self, template: str) -> str:
-        from dockerspawner import DockerSpawner
-
-        # DockerSpawner's own escaping, so a job mounts the very volume the server does.
-        return template.format(username=DockerSpawner._escape(self.user.name), raw_username=self.user.name)
-
-
 class JobRunner:
-    def __init__(self, pool: GPUPool, settings: JobSettings, docker_api=None):
+    def __init__(self, pool: GPUPool, settings: JobSettings, engine: JobEngine | None = None, docker_api=None):
         self.pool = pool
         self.settings = settings
         self.ledger = JobLedger(pool)
         self.profiles = {p.slug: p for p in settings.profile_objects()}
-        self._api = docker_api
+        self.engine = engine if engine is not None else make_engine(settings, docker_api)
         self._tasks: dict[int, asyncio.Task] = {}
         self._acquiring: dict[int, asyncio.Future] = {}
         self._cancel: set[int] = set()
         self.limits = JobLimits(**settings.limits)
-        self.container_limits = ContainerLimits(**settings.container_limits)
-        # Jobs holding a running place (job id -> (user, profile slug, CPUs)), from the
+                # Jobs holding a running place (job id -> (user, profile slug, CPUs)), from the
         # moment they may take GPUs until they end; `_room` is set when one leaves.
         self._running: dict[int, tuple[str, str, float]] = {}
         self._room = asyncio.Event()
@@ -101,29 +68,12 @@ class JobRunner:
 
     # ------------------------------------------------------------ plumbing
 
-    @property
-    def api(self):
-        if self._api is None:
-            import docker
-
-            self._api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=60)
-        return self._api
-
-    async def docker(self, method: str, *args, **kwargs):
-        """A (blocking) Docker API call on the runner's own threads."""
-        # self.api inside the thread too: making the client asks the daemon its version.
-        return await asyncio.get_running_loop().run_in_executor(
-            _DOCKER, lambda: getattr(self.api, method)(*args, **kwargs))
-
     async def call(self, fn, *args, **kwargs):
         return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
 
     @property
     def pool_id(self) -> str:
         return pool_identity(self.pool)
-
-    def home_volume(self, user: str) -> str:
-        return _HomeOwner(self, user, False)._render_templates(self.settings.home_volume)
 
     # ------------------------------------------------------------ start/stop
 
@@ -152,7 +102,12 @@ class JobRunner:
             if job.host != self.settings.host or job.id in self._tasks:
                 continue
             lease = held.get(job_server_name(job.id))
-            if job.state == QUEUED and lease is not None:
+            gang = sorted((l for name, l in held.items() if name.startswith(job_server_name(job.id) + "/worker-")),
+                          key=lambda l: int(l.server_name.rsplit("-", 1)[1]))
+            if job.state == QUEUED and job.is_cluster and len(gang) == job.workers:
+                # A cluster leased just before the last service stopped: use its leases.
+                job = await cluster.record_leases(self, job, gang) or job
+            elif job.state == QUEUED and lease is not None:
                 # Leased just before the last service stopped, not yet recorded: use that
                 # lease rather than queue for a second one.
                 job = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
@@ -188,14 +143,18 @@ class JobRunner:
             raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
         if sub.profile.gpus:
             try:
-                await self.call(self.pool.check_request, user, sub.profile.gpus, groups,
-                                self.settings.host or None)
+                hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels))
+                await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts, "", sub.workers)
+            except JobRefused as exc:
+                raise JobError(str(exc), 409) from None
             except PoolError as exc:
                 raise JobError(str(exc), exc.status_code) from None
         try:
             job = await self.call(self.ledger.create, user, groups, sub.profile.slug, sub.command, sub.workdir,
                                   sub.timeout_s, self.settings.host, uid, gid,
-                                  check=functools.partial(self.limits.check_submission, sub.profile))
+                                  check=functools.partial(self.limits.check_submission, sub.profile,
+                                                          workers=sub.workers),
+                                  workers=sub.workers)
         except BadJob as exc:
             log.info("Job of %s refused: %s", user, exc)
             raise JobError(str(exc), exc.status) from None
@@ -255,6 +214,7 @@ class JobRunner:
         task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
 
     async def _run(self, job: Job) -> None:
+        job_id = job.id  # `job` becomes None when a step ends it (cancelled, refused)
         try:
             profile = self.profiles.get(job.profile)
             if profile is None:
@@ -278,20 +238,21 @@ class JobRunner:
         except asyncio.CancelledError:
             raise  # the service stops; the job runs on and is taken up again
         except Exception as exc:
-            log.exception("Job %s failed", job.id)
-            job = await self.call(self.ledger.get, job.id) or job
+            log.exception("Job %s failed", job_id)
+            job = await self.call(self.ledger.get, job_id)
             message = getattr(exc, "log_message", None) or str(exc) or type(exc).__name__
-            await self._finish(job, FAILED, message=message)
+            if job is not None:
+                await self._finish(job, FAILED, message=message)
         finally:
-            self._cancel.discard(job.id)
-            self._tell(job.id)
-            self._leave_place(job.id)
+            self._cancel.discard(job_id)
+            self._tell(job_id)
+            self._leave_place(job_id)
 
     # ------------------------------------------------------------ job limits
 
     def _hold_place(self, job: Job) -> None:
         profile = self.profiles.get(job.profile)
-        cpus = self.limits.job_cpus(profile) if profile is not None else 0.0
+        cpus = self.limits.job_cpus(profile, workers=job.workers) if profile is not None else 0.0
         self._running[job.id] = (job.user, job.profile, cpus)
 
     def _leave_place(self, job_id: int) -> None:
@@ -304,7 +265,7 @@ class JobRunner:
         said = None
         while True:
             why = self.limits.wait_reason(profile, [(slug, cpus) for user, slug, cpus in self._running.values()
-                                                     if user == job.user])
+                                                     if user == job.user], workers=job.workers)
             if why is None:
                 self._hold_place(job)
                 if said is not None:
@@ -323,8 +284,11 @@ class JobRunner:
             await self._wait_for_place(job, profile)
             if not profile.gpus:
                 return None
+            hosts = await self.engine.lease_hosts(dict(profile.node_labels))
+            if job.is_cluster:
+                return await cluster.lease(self, job, profile, hosts)
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
-                                           timeout=self.settings.queue_timeout, host=self.settings.host or None)
+                                           timeout=self.settings.queue_timeout, host=hosts)
 
         acquiring = asyncio.ensure_future(place_then_gpus())
         self._acquiring[job.id] = acquiring
@@ -337,11 +301,16 @@ class JobRunner:
             await self.call(self.ledger.update, job.id, (QUEUED,), "ended_at", state=CANCELLED,
                             message="cancelled while queued")
             return None
-        except PoolError as exc:
+        except (PoolError, JobRefused) as exc:
             await self.call(self.ledger.update, job.id, (QUEUED,), "ended_at", state=FAILED, message=str(exc))
             return None
         finally:
             self._acquiring.pop(job.id, None)
+        if job.is_cluster:
+            started = await cluster.record_leases(self, job, lease)
+            if started is None and lease:  # ended meanwhile (an admin): hand the GPUs back
+                await self.call(self.pool.release_all, [l.id for l in lease], END_REASONS[CANCELLED])
+            return started
         if lease is None:  # a CPU job: its place within the limits is all it waited for
             return await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING)
         started = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
@@ -352,57 +321,61 @@ class JobRunner:
         log.info("Job %s of %s leased %s", job.id, job.user, ", ".join(lease.gpu_uuids))
         return started
 
-    async def _launch(self, job: Job, profile) -> Job | None:
-        """Create and start the container on the job's lease (again, after a restart)."""
-        import docker.errors
+    async def job_node(self, job: Job) -> str:
+        """The host the job's unit runs on: its GPUs' (a CPU job: the engine's choice, "")."""
+        if job.lease_id is None:
+            return self.settings.host
+        lease = await self.call(self.pool.lease, job.lease_id)
+        return lease.host if lease is not None else self.settings.host
 
+    async def _launch(self, job: Job, profile) -> Job | None:
+        """Create and start the job's unit on its lease (again, after a restart)."""
+        if job.is_cluster:
+            return await cluster.launch(self, job, profile)
         name = container_name(self.settings, job.id)
-        try:
-            found = await self.docker("inspect_container", name)
-        except docker.errors.NotFound:
-            found = None
-        if found and found["State"].get("Running"):
+        found = await self.engine.inspect(name)
+        if found is not None and found.phase == UNKNOWN:
+            raise RuntimeError(f"the engine cannot tell whether its container {name} runs: {found.message}")
+        if found is not None and found.phase == RUNNING_UNIT:
             # Started before a restart cut the record short: it is the job.
             return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
                                     container=name)
-        if found:
-            await self.docker("remove_container", name, force=True)
+        if found is not None:
+            await self.engine.remove(name)
         if job.id in self._cancel:
             await self._finish(job, CANCELLED, message="cancelled before it started")
             return None
         # A job running as the fallback identity never takes over a home that a
         # directory uid owns (homes.py refuses, as for a server).
         directory = (job.uid, job.gid) != (self.settings.fallback_uid, self.settings.fallback_gid)
-        await prepare_home_volume(_HomeOwner(self, job.user, directory), profile.image, job.uid, job.gid)
-        create, host = container_spec(job, profile, self.settings, self.home_volume(job.user), self.pool_id)
-        create["host_config"] = self.api.create_host_config(**host)
-        await self.docker("create_container", **create)
-        await self.docker("start", name)
-        log.info("Job %s of %s runs in %s", job.id, job.user, name)
+        volume = await self.engine.prepare_home(job.user, profile.image, job.uid, job.gid, directory)
+        spec = unit_spec(job, profile, self.settings, volume, self.pool_id, await self.job_node(job))
+        await self.engine.create(spec)
+        log.info("Job %s of %s runs in %s%s", job.id, job.user, name, f" on {spec.host}" if spec.host else "")
         return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
                                container=name)
 
     async def _watch(self, job: Job) -> None:
-        """Until the container exits, the timeout passes or a cancel comes."""
-        import docker.errors
-
+        """Until the unit exits, the timeout passes or a cancel comes."""
         loop = asyncio.get_running_loop()
         # The ledger's clock is this machine's for SQLite and close to it for PostgreSQL.
         elapsed = (datetime.now(UTC) - job.started_at).total_seconds() if job.started_at else 0.0
         deadline = loop.time() + job.timeout_s - max(elapsed, 0.0)
+        if job.is_cluster:
+            end, code, why = await cluster.watch(self, job, deadline, POLL_SECONDS)
+            await self._finish(job, end, exit_code=code, message=why)
+            return
+        unit = job.container or container_name(self.settings, job.id)
         while True:
-            try:
-                state = (await self.docker("inspect_container", job.container))["State"]
-            except docker.errors.NotFound:
+            state = await self.engine.wait(unit, max(0.0, min(POLL_SECONDS, deadline - loop.time())))
+            if state is None:
                 await self._finish(job, FAILED, message="its container was removed from outside")
                 return
-            except Exception as exc:  # unknown is not gone: keep watching
-                log.warning("Could not inspect job %s's container: %s", job.id, exc)
-                state = {"Running": True}
-            if not state.get("Running") and state.get("Status") != "created":
-                code = state.get("ExitCode")
-                await self._finish(job, SUCCEEDED if code == 0 else FAILED, exit_code=code,
-                                   message=None if code == 0 else f"exited with code {code}")
+            if state.phase == ENDED:
+                code = state.exit_code
+                why = None if code == 0 else (f"exited with code {code}" if code is not None
+                                               else f"ended without an exit code: {state.message or 'no reason given'}")
+                await self._finish(job, SUCCEEDED if code == 0 else FAILED, exit_code=code, message=why)
                 return
             if job.id in self._cancel:
                 await self._finish(job, CANCELLED, message="cancelled while running")
@@ -410,11 +383,13 @@ class JobRunner:
             if loop.time() >= deadline:
                 await self._finish(job, TIMED_OUT, message=f"stopped after its timeout of {job.timeout_s} s")
                 return
-            await asyncio.sleep(POLL_SECONDS)
 
     async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
         """Stop the container and keep its log; end the lease once Docker confirms nothing
         runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
+        if job.is_cluster:
+            await cluster.finish(self, job, state, exit_code, message)
+            return
         stopped = await self._stop_container(job)
         output = await self.read_log(job) if job.container else None
         if job.lease_id is not None:
@@ -432,54 +407,45 @@ class JobRunner:
             await self.remove_container(job.container or container_name(self.settings, job.id))
 
     async def _stop_container(self, job: Job) -> bool:
-        """True once Docker confirms the job's container (if any) no longer runs."""
-        import docker.errors
+        """True once the engine confirms the job's unit (if any) no longer runs."""
+        return await self.stop_unit(job, job.container or container_name(self.settings, job.id))
 
-        name = job.container or container_name(self.settings, job.id)
-        for _ in range(3):
-            try:
-                state = (await self.docker("inspect_container", name))["State"]
-                if not state.get("Running") and state.get("Status") not in ("restarting", "removing"):
-                    return True
-                await self.docker("stop", name, timeout=STOP_GRACE_SECONDS)
-            except docker.errors.NotFound:
+    async def stop_unit(self, job: Job, name: str) -> bool:
+        """True once the engine confirms the unit `name` of `job` (if any) no longer runs."""
+        try:
+            if await self.engine.stop(name, STOP_GRACE_SECONDS):
                 return True
-            except Exception as exc:
-                log.error("Could not stop job %s's container %s: %s", job.id, name, exc)
-                await asyncio.sleep(1.0)
+        except Exception as exc:
+            log.error("Could not stop job %s's unit %s: %s", job.id, name, exc)
+            return False
+        log.error("Could not stop job %s's unit %s", job.id, name)
         return False
 
     async def remove_container(self, name: str) -> bool:
-        import docker.errors
-
-        try:
-            await self.docker("remove_container", name, force=True)
-        except docker.errors.NotFound:
-            pass
-        except Exception as exc:
-            log.error("Could not remove container %s: %s", name, exc)
-            return False
-        return True
+        if await self.engine.remove(name):
+            return True
+        log.error("Could not remove job unit %s", name)
+        return False
 
     async def read_log(self, job: Job) -> str | None:
-        """The container's output so far, its last `log_max_bytes` bytes; None if it is gone.
+        """The unit's output so far, its last `log_max_bytes` bytes; None if it is gone.
 
         Only the log's tail is read, never the whole of it: Docker's `tail` counts log
         entries (a line, or 16 KiB of one), so ask for a few and for more until they
-        give `log_max_bytes` or the whole log."""
-        import docker.errors
-
+        give `log_max_bytes` or the whole log.  A cluster's: every worker's, each line marked."""
+        if job.is_cluster:
+            return await cluster.read_log(self, job)
         limit = self.settings.log_max_bytes
         entries, got = max(64, limit // LOG_ENTRY_MAX), None
+        name = job.container or container_name(self.settings, job.id)
         try:
             while True:
-                raw = await self.docker("logs", job.container or container_name(self.settings, job.id),
-                                        stdout=True, stderr=True, tail=entries)
+                raw = await self.engine.logs(name, entries)
                 whole = got is not None and len(raw) == len(got)  # more entries gave no more
                 if whole or len(raw) >= limit or entries > limit:
                     break
                 got, entries = raw, entries * 8
-        except docker.errors.NotFound:
+        except UnitGone:
             return None
         except Exception as exc:
             log.warning("Could not read job %s's log: %s", job.id, exc)
@@ -487,6 +453,17 @@ class JobRunner:
         if whole or len(raw) <= limit:
             return cap(raw, limit)
         return "[... earlier output not kept ...]\n" + raw[-limit:].decode(errors="replace")
+
+
+def make_engine(settings: JobSettings, docker_api=None) -> JobEngine:
+    """The engine the hub's settings name: containers on its own Docker, or Swarm services."""
+    if settings.engine == "swarm":
+        from ..swarm.jobs import SwarmJobEngine
+
+        return SwarmJobEngine(settings, docker_api)
+    from ..docker.jobs import DockerJobEngine
+
+    return DockerJobEngine(settings, docker_api)
 
 
 def cap(raw: bytes, limit: int) -> str:

@@ -23,6 +23,8 @@ FILE_ENV_NAME = "GPUHUB_JOBS_CONFIG_FILE"
 @dataclass(frozen=True)
 class JobSettings:
     profiles: list = field(default_factory=list)  # raw profile dicts, as configured
+    # The hub's engine: "docker" (containers on the hub's own host) or "swarm" (services on any node).
+    engine: str = "docker"
     host: str = ""  # the inventory's host: jobs lease GPUs of this Docker host only
     network: str = "gpuhub"
     prefix: str = "gpuhub"
@@ -33,6 +35,10 @@ class JobSettings:
     fallback_uid: int = 1000
     fallback_gid: int = 100
     shm_size: str = "2g"
+    # Swarm: c.GPUSwarmSpawner's home volume options (shared storage), homes root and CPU constraints.
+    home_volume_driver_options: dict = field(default_factory=dict)
+    home_root_volume_options: dict = field(default_factory=dict)
+    cpu_constraints: list = field(default_factory=list)
     max_seconds: int = 86400
     log_max_bytes: int = 1024 * 1024
     queue_timeout: float = 86400.0

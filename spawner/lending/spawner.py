@@ -71,7 +71,10 @@ class GPULendingSpawner(Spawner):
         to use it; empty for everyone).  For batch jobs also `job_max_seconds`
         (the longest timeout a job may ask; default GPUHUB_JOB_MAX_SECONDS) and
         `job_network` (true: the job's container joins the hub's Docker network;
-        default false: no network).  Users can choose nothing else: no image,
+        default false: no network).  For culling, `idle_timeout` (seconds of
+        inactivity before its servers are culled, instead of the hub's GPU or CPU
+        timeout) and `max_age` (seconds after which its servers are stopped
+        whatever their activity).  Users can choose nothing else: no image,
         environment, mount or GPU beyond what their profile grants.
         """,
     )
@@ -270,12 +273,11 @@ class GPULendingSpawner(Spawner):
             except asyncio.TimeoutError:
                 pass
 
-    def _on_wait(self, position: int, wanted: int, free: int) -> None:
+    def _on_wait(self, position: int, wanted: int, free: int, why: str = "") -> None:
         gpus = "GPU" if wanted == 1 else "GPUs"
-        self._emit(
-            20,
-            f"Waiting for {wanted} {gpus}: {free} free now; you are {ordinal(position)} in the queue.",
-        )
+        # `why` (the pool's, naming nobody) says why the request is where it is.
+        place = f"you are {why}" if why else f"you are {ordinal(position)} in the queue"
+        self._emit(20, f"Waiting for {wanted} {gpus}: {free} free now; {place}.")
 
     # ------------------------------------------------------------------ state
 
@@ -461,6 +463,9 @@ class GPULendingSpawner(Spawner):
         pool_changed()
         self._set_lease(lease)
         self._emit(40, f"Leased {len(lease.gpu_uuids)} {gpus}: {', '.join(lease.gpu_uuids)}")
+        if lease.notice:  # one of its GPUs is booked by someone else later (the culler stops it then)
+            self._emit(41, lease.notice)
+            self.log.info("GPU lease %d of %s: %s", lease.id, self.user.name, lease.notice)
 
     async def start(self):
         """Admission, the lease, then the engine's `start_server()`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from dataclasses import replace
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -19,22 +20,18 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import ColumnElement
 from sqlalchemy.engine import Engine, make_url
 from traitlets import Any as AnyTrait
-from traitlets import Dict, Float, Int, TraitError, Unicode, validate
+from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from . import release
-from . import grant
-from . import inventory_sync
-from . import queries
-from . import timeline
-from . import validation
+from . import bookings, budget, fairshare, grant, inventory_sync, queries, release, rollup, timeline, validation
+from .bookings import Booking
 from .grant import Outcome, QueueRules
 from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
 from .admin_actions import PoolAdministration
 from .placement import Topology
 from .gpu_readings import PoolReadings
-from .policy import limit_for
+from .policy import WaiterRow, limit_for
 from .schema import NAME_MAX, create_schema, leases_table
 from .store import Store
 from .validation import HostChoice, Request
@@ -200,11 +197,168 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """,
     )
 
+    queue_order = CaselessStrEnum(
+        [fairshare.FAIRSHARE, fairshare.FIFO],
+        default_value=fairshare.FAIRSHARE,
+        config=True,
+        help="""The order in which waiting requests are served: `fairshare` (the default) or `fifo`.
+
+        fairshare: the request whose user (and groups, see
+        `fairshare_group_shares`) used fewer GPU-hours lately, relative to
+        their share, goes first; equals go in arrival order; a request that
+        has waited `fifo_after` seconds is passed no more.  With no history,
+        or equal use, it is FIFO, so it only changes anything where use
+        differs, and then in favour of those who had less.  fifo: arrival
+        order only.  Either way `backfill_window` lets small requests pass a
+        big one for a while, and every waiter is told why it is where it is.
+        """,
+    )
+
+    fifo_after = Float(
+        120.0,
+        config=True,
+        help="""Seconds after which a waiting request is served in arrival order (fair-share's starvation bound).
+
+        Requests that have waited this long go before all others, oldest
+        first: a heavy user is passed by lighter ones for at most this long.
+        Keep it below the spawner's `lease_wait_timeout` (300 s), or heavy
+        users' spawns may time out while lighter ones pass.
+        """,
+    )
+
+    fairshare_half_life = Float(
+        7 * 86400.0,
+        config=True,
+        help="""Seconds after which a GPU-hour counts half in fair-share (the decay of recent use).
+
+        A user's recent use is their GPU-hours with each hour weighted
+        2^-(its age / half-life): 7 days (the default) means last week's
+        use counts half, the week before a quarter.  The ledger keeps these
+        sums as leases end; changing the half-life rebuilds them from the
+        history once, at the hub's next start.
+        """,
+    )
+
+    fairshare_shares = Dict(
+        config=True,
+        help="""Fair-share shares per user: {user name: share}, default 1 for everyone not listed.
+
+        A user with share 2 may use twice as many GPU-hours as one with share
+        1 before the queue ranks them equal.  Example: `{"alice": 2}`.
+        """,
+    )
+
+    fairshare_group_shares = Dict(
+        config=True,
+        help="""Groups whose recent use counts in fair-share: {JupyterHub group name: share}.
+
+        A waiter's standing is its user's recent GPU-hours / user share, plus,
+        for each of its groups listed here, the group's recent GPU-hours /
+        group share: a heavy group's members wait behind a light group's.
+        Groups not listed do not count (directory groups that everyone is in
+        would only add noise).  Example: `{"course-101": 1, "ml-team": 4}`.
+        """,
+    )
+
+    gpu_hour_budget = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="""GPU-hours each user may use in any `budget_period` (a rolling budget); None (the default): no budget.
+
+        Beside `max_gpus_per_user` (how many at once), this bounds how much
+        over time.  A request over it is refused ("you have used 40.0 of your
+        40 GPU-hours in the last 7 days; the next hour frees on Tue 14:00");
+        a server that runs past it is shown when it will run out (pool page,
+        api/wait) and is then stopped by the idle culler with reason
+        `budget`, its home kept.
+        """,
+    )
+
+    group_gpu_hour_budgets = Dict(
+        config=True,
+        help="""Rolling GPU-hour budgets of groups: {JupyterHub group name: GPU-hours per `budget_period`}.
+
+        A group's members share it (a course's allowance for the week);
+        each member's own `gpu_hour_budget` applies too.
+        """,
+    )
+
+    budget_period = Float(
+        7 * 86400.0,
+        config=True,
+        help="Seconds of the budgets' rolling window (default 7 days).",
+    )
+
+    booking_max_hours = Float(
+        8.0,
+        config=True,
+        help="The longest window one booking may hold GPUs for, in hours.",
+    )
+
+    booking_max_days_ahead = Float(
+        14.0,
+        config=True,
+        help="How far ahead a booking may start, in days.",
+    )
+
+    booking_max_gpu_hours_per_week = Float(
+        40.0,
+        config=True,
+        help="""GPU-hours one user may book within any 7 days (counted around each booking's start).
+
+        Admins booking for a group count against the group's booker, not this.
+        """,
+    )
+
+    booking_max_per_user = Int(
+        10,
+        config=True,
+        help="Bookings not yet over that one user may hold at once.",
+    )
+
+    booking_grace = Float(
+        900.0,
+        config=True,
+        help="""Seconds after its start when a booking nobody has used is released back to the pool.
+
+        Used means: a lease of the booker (or, for a group's booking, of a
+        member) on its GPUs since the window started.
+        """,
+    )
+
     inventory = AnyTrait(
         None,
         allow_none=True,
         help="The Inventory of this hub's host (set by the constructor; not configurable).",
     )
+
+    @validate("group_gpu_hour_budgets")
+    def _check_budgets(self, proposal):
+        for name, hours in proposal.value.items():
+            if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
+                raise TraitError(f"GPUPool.group_gpu_hour_budgets[{name!r}] must be a number of GPU-hours >= 0")
+        return proposal.value
+
+    @validate("gpu_hour_budget")
+    def _check_budget(self, proposal):
+        if proposal.value is not None and proposal.value < 0:
+            raise TraitError("GPUPool.gpu_hour_budget must be >= 0 or None")
+        return proposal.value
+
+    @validate("fairshare_shares", "fairshare_group_shares")
+    def _check_shares(self, proposal):
+        for name, share in proposal.value.items():
+            if isinstance(share, bool) or not isinstance(share, int | float) or not share > 0:
+                raise TraitError(f"GPUPool.{proposal.trait.name}[{name!r}] must be a number > 0, not {share!r}")
+        return proposal.value
+
+    @validate("fifo_after", "fairshare_half_life", "budget_period", "booking_max_hours", "booking_max_days_ahead",
+              "booking_grace", "booking_max_gpu_hours_per_week")
+    def _check_positive_times(self, proposal):
+        if not proposal.value > 0:
+            raise TraitError(f"GPUPool.{proposal.trait.name} must be > 0 (seconds)")
+        return proposal.value
 
     @validate("db_url")
     def _check_db_url(self, proposal):
@@ -254,6 +408,7 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._wakeups = Wakeups()
         self._watches: dict[Any, QueueWatch] = {}  # event loop -> its waiters' watch
         self._owner = f"{socket.gethostname()}:{os.getpid()}"[:NAME_MAX]
+        self._use_cache: dict = {}  # rollup.decayed_use's rows between grants
         if inventory is not None:
             # An inventory of other machines' GPUs (Swarm) learns their utilisation from the ledger.
             inventory.use_readings(self.gpu_readings)
@@ -278,7 +433,18 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._store.fast_sqlite = value
 
     def _on_create(self, store: Store, engine: Engine) -> None:
-        store.transact(engine, create_schema, write=True)
+        def create(conn):
+            found = create_schema(conn)
+            if found is not None and found < 8:  # the history before rollups, rolled up once
+                rollup.backfill(conn)
+        # Without time limits: an upgrade rolls up the whole history once, which may take long.
+        store.transact(engine, create, write=True, long=True)
+        if self.inventory is not None:
+            # A lending hub's half-life and budgets are the ledger's (readers such as the CLI and
+            # the culler read them from there).
+            store.transact(engine, lambda conn: rollup.ensure_decay(store, conn, self.fairshare_half_life),
+                           write=True, long=True)
+            store.transact(engine, lambda conn: budget.publish(conn, self._own_budgets()), write=True)
         if self.inventory is not None:
             store.transact(engine, self._sync_inventory, self.inventory.gpus(), write=True)
 
@@ -334,28 +500,118 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         """(limit, where it comes from) for a user in `groups`; None = no limit."""
         return limit_for(groups, self.group_gpu_limits, self.max_gpus_per_user)
 
-    def _make_request(self, user, server_name, count, groups, host: HostChoice) -> Request:
+    def _make_request(self, user, server_name, count, groups, host: HostChoice, workers: int = 1) -> Request:
         default_host = (self.inventory.host if self.inventory is not None
                         and not getattr(self.inventory, "multi_host", False) else None)
-        return validation.make_request(user, server_name, count, groups, host, default_host)
+        return validation.make_request(user, server_name, count, groups, host, default_host, workers)
+
+    def _rules(self, groups: Iterable[str] = ()) -> QueueRules:
+        return QueueRules(self.limit_for(groups), self.waiter_stale_after, self.backfill_window, self._owner,
+                          self.queue_order, self.shares(), self._use_cache, self.budgets(), self.booking_grace)
+
+    def _own_budgets(self) -> budget.Budgets:
+        return budget.Budgets(self.gpu_hour_budget, dict(self.group_gpu_hour_budgets), self.budget_period)
+
+    def budgets(self) -> budget.Budgets:
+        """The budgets in force: this hub's (a lender), else those the lending hub wrote in the ledger."""
+        if self.inventory is not None:
+            return self._own_budgets()
+        found = getattr(self, "_ledger_budgets", None)
+        if found is None:
+            found = self._ledger_budgets = self._read(budget.published)
+        return found
+
+    def budget_standings(self, user: str, groups: Iterable[str] = ()) -> list[budget.Standing]:
+        """The GPU-hour budgets that apply to `user`, as they stand now (empty: none)."""
+        user = validation.name(user, "The user name")
+        groups = tuple(validation.name(g, "A group name") for g in groups)
+        b = self.budgets()
+        return self._read(lambda conn: budget.standings(self._store, conn, user, groups, b, self._store.now(conn)))
+
+    # --- bookings (bookings.py) -------------------------------------------------------
+
+    def booking_limits(self) -> bookings.Limits:
+        return bookings.Limits(self.booking_max_hours, self.booking_max_days_ahead,
+                               self.booking_max_gpu_hours_per_week, self.booking_max_per_user, self.booking_grace)
+
+    def book(self, user: str, count: int, starts_at: datetime, ends_at: datetime, *, group: str | None = None,
+             host: str | None = None, by: str | None = None) -> Booking:
+        """Book `count` GPUs of one host for `user` (or `group`'s members) over [starts_at, ends_at).
+
+        Who may book for whom (a user for themself; an admin for anyone or a group) is
+        the caller's to check.  Raises BookingRefused (400, with the reason: past, too
+        long, too far ahead, too big, over the weekly limit, overlapping: with the next
+        free window) or InvalidRequest."""
+        user = validation.name(user, "The user name")
+        group = validation.name(group, "The group name") if group is not None else None
+        host = validation.name(host, "The host name") if host is not None else None
+        by = validation.name(by or user, "The booker's name")
+        starts_at = validation.aware(starts_at, "starts_at")
+        ends_at = validation.aware(ends_at, "ends_at")
+        if starts_at is None or ends_at is None:
+            raise InvalidRequest("A booking needs a start and an end")
+        limits = self.booking_limits()
+        made = self._write(lambda conn: bookings.make(
+            conn, self._store.now(conn), user=user, group=group, count=count, starts_at=starts_at, ends_at=ends_at,
+            host=host, created_by=by, limits=limits))
+        self.log.info("Booked %d GPU(s) on %s for %s from %s to %s (booking %d, by %s)", len(made.gpu_uuids),
+                      made.host, f"group {group}" if group else user, made.starts_at, made.ends_at, made.id, by)
+        return made
+
+    def bookings(self) -> list[Booking]:
+        """Bookings not yet over, by start (no-shows past their grace released first)."""
+        def write(conn):
+            now = self._store.now(conn)
+            bookings.release_no_shows(conn, now, self.booking_grace)
+            return bookings.live(conn, now)
+        return self._write(write, durable=False)
+
+    def cancel_booking(self, booking_id: int, by: str, admin: bool = False) -> Booking:
+        """Cancel a live booking (its booker, or an admin)."""
+        booking_id = validation.lease_id(booking_id)
+        by = validation.name(by, "The user name")
+        done = self._write(lambda conn: bookings.cancel(conn, booking_id, by, admin, self._store.now(conn)))
+        self._notify()  # its GPUs may be lent now
+        return done
+
+    def lease_booked_out(self, lease_id: int) -> Booking | None:
+        """For the culler: the booking for someone else that holds this active lease's GPU now."""
+        lease_id = validation.lease_id(lease_id)
+        return self._read(lambda conn: bookings.lease_booked_out(conn, lease_id, self._store.now(conn)))
+
+    def lease_over_budget(self, lease_id: int) -> budget.Standing | None:
+        """For the culler: the used-up budget of an active lease's user or group, else None.
+
+        The culler then records its intent `budget` in the ledger before it stops the server,
+        and the lease's end says so."""
+        lease_id = validation.lease_id(lease_id)
+        b = self.budgets()
+        if not b.any:
+            return None
+        return self._read(lambda conn: budget.lease_over_budget(self._store, conn, lease_id, b,
+                                                                self._store.now(conn)))
+
+    def shares(self) -> fairshare.Shares:
+        return fairshare.Shares(self.fairshare_shares, self.fairshare_group_shares, self.fifo_after)
 
     def _attempt(self, conn, req: Request, waiter_id: int | None, enqueue: bool) -> Outcome:
-        rules = QueueRules(self.limit_for(req.groups), self.waiter_stale_after, self.backfill_window, self._owner)
-        return grant.attempt(self._store, conn, req, waiter_id, enqueue, rules, self._topology.choose, self.log)
+        return grant.attempt(self._store, conn, req, waiter_id, enqueue, self._rules(req.groups),
+                             self._topology.choose, self.log)
 
     # --- acquiring (grant.py, waiting.py) -----------------------------------------
 
     def check_request(
-        self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = ""
+        self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = "",
+        workers: int = 1,
     ) -> None:
         """Refuse up front a request that can never be met: bad input, too big, over quota.
 
         Takes no lease and joins no queue.  Raises InvalidRequest,
         Unsatisfiable, QuotaExceeded or PoolUnavailable; returns None when the
-        request could be met now or after a wait.
+        request could be met now or after a wait.  `workers` > 1: a gang (see acquire_gang).
         """
-        req = self._make_request(user, server_name, count, groups, host)
-        self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups)))
+        req = self._make_request(user, server_name, count, groups, host, workers)
+        self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets()))
 
     def try_acquire(
         self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None
@@ -385,22 +641,49 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
         `on_wait(position, wanted, free)` (a plain or async callable) is called
         whenever the queue position changes, first when the request joins the
-        queue; position 1 is the head.  Raises WaitTimeout (with .position)
+        queue; position 1 is the head.  A callable with a `why` parameter gets
+        it too, and is called when it changes: why the request is where it is
+        (fairshare.why; names nobody).  Raises WaitTimeout (with .position)
         when the time runs out, and the errors of try_acquire.  Cancelling
         the call removes the request from the queue and leaves no lease.
         """
         req = self._make_request(user, server_name, count, groups, host)
+        return await self._wait(req, timeout).run(req, timeout, self.poll_interval, on_wait)
+
+    async def acquire_gang(
+        self,
+        user: str,
+        server_name: str,
+        count: int,
+        workers: int,
+        groups: Iterable[str] = (),
+        timeout: float = 60.0,
+        on_wait: Callable[[int, int, int], Any] | None = None,
+        host: HostChoice = None,
+    ) -> tuple[Lease, ...]:
+        """Lend `workers` leases of `count` GPUs each (a cluster job), all in one transaction or none.
+
+        The gang queues as one request in the fair queue and holds nothing while it waits, so
+        two gangs never deadlock each other.  Worker i's lease is named
+        `<server_name>/worker-<i>` (one accounting line per worker); the leases come back in
+        worker order.  Placement takes the fewest hosts (one when one fits them all) among
+        `host` (a name or a list; default as for acquire).  Quotas count every worker's
+        GPUs.  Raises as acquire does; cancelling leaves no lease and no queue row.
+        """
+        req = self._make_request(user, server_name, count, groups, host, workers)
+        return await self._wait(req, timeout).run_all(req, timeout, self.poll_interval, on_wait)
+
+    def _wait(self, req: Request, timeout) -> Wait:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise InvalidRequest(f"timeout must be a number of seconds >= 0, not {timeout!r}")
-        wait = Wait(
+        return Wait(
             attempt=lambda r, w, e: self._write(self._attempt, r, w, e),
-            undo_lease=self._undo_lease,
+            undo_leases=self._undo_leases,
             remove_waiter=self._remove_waiter,
             wakeups=self._wakeups,
             log=self.log,
             watch=self._watch,
         )
-        return await wait.run(req, timeout, self.poll_interval, on_wait)
 
     def _watch(self) -> QueueWatch:
         """The running loop's QueueWatch (made while it has waiters)."""
@@ -415,7 +698,8 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
 
     def _look(self, mine: dict, known: dict | None = None) -> dict[int, grant.View] | None:
         return self._read(lambda conn: grant.look(self._store, conn, mine, self.waiter_stale_after,
-                                                  self.backfill_window, self._topology.choose, known))
+                                                  self.backfill_window, self._topology.choose, known,
+                                                  self._rules()))
 
     def _beat(self, ids: list[int]) -> None:
         self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
@@ -424,8 +708,11 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         self._write(lambda conn: release.remove_waiter(self._store, conn, waiter_id), durable=False)
         self._notify()  # the queue moved
 
-    def _undo_lease(self, lease_id: int) -> None:
-        self._write(release.undo_lease, lease_id)
+    def _undo_leases(self, lease_ids: list[int]) -> None:
+        def undo(conn):
+            for lease_id in lease_ids:
+                release.undo_lease(conn, lease_id)
+        self._write(undo)
         self._notify()
 
     # --- releasing and admin (release.py) -------------------------------------------
@@ -435,6 +722,16 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         lease_id = validation.lease_id(lease_id)
         reason = validation.reason(reason)
         ended = self._write(lambda conn: release.release(self._store, conn, lease_id, reason), durable=False)
+        if ended:
+            self._notify()
+        return ended
+
+    def release_all(self, lease_ids: Iterable[int], reason: EndReason | str = EndReason.STOPPED) -> list[int]:
+        """End several leases (a cluster's) in one transaction; the ids that were still active."""
+        ids = [validation.lease_id(i) for i in lease_ids]
+        reason = validation.reason(reason)
+        ended = self._write(lambda conn: [i for i in ids if release.release(self._store, conn, i, reason)],
+                            durable=False)
         if ended:
             self._notify()
         return ended
@@ -480,7 +777,9 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         its user was in when it started.
         """
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
-        return queries.usage(self.history(since=since, until=until), since, until)
+        # From the rolled-up hours (rollup.py): its cost follows the period, not the history.
+        return self._read(lambda conn: rollup.usage(self._store, conn, since, until, self._store.now(conn),
+                                                    lambda where: queries.load_leases(conn, where)))
 
     def gpus(self) -> list[GPUStatus]:
         """Every GPU in the ledger with its drain flag and holding lease, by host and index."""
@@ -496,8 +795,19 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         return queries.counts(self.gpus(), queued)
 
     def queue(self) -> list[Waiter]:
-        """Live waiters, in queue order."""
-        return self._read(lambda conn: queries.queue(conn, self._store.now(conn), self.waiter_stale_after))
+        """Live waiters, in the order they are served (queue_order), each with why it is there."""
+        def read(conn):
+            now = self._store.now(conn)
+            waiters = queries.queue(conn, now, self.waiter_stale_after)
+            rows = [WaiterRow(w.id, w.user, w.count, None, w.since, now, workers=w.workers, groups=w.groups)
+                    for w in waiters]
+            o = grant.ordered(self._store, conn, rows, now, self.queue_order, self.shares(), self._use_cache)
+            by_id = {w.id: w for w in waiters}
+            return [replace(by_id[r.id], position=i + 1,
+                            why=grant.explain(o, i, self.queue_order, self.shares(), now)
+                            if self.queue_order == fairshare.FAIRSHARE else fairshare.fifo_why(i + 1))
+                    for i, r in enumerate(o.rows)]
+        return self._read(read)
 
     def timeline(self, since: datetime, until: datetime | None = None) -> timeline.Timeline:
         """When each GPU was lent or drained, and requests waited, inside [since, until) (until: now)."""
@@ -507,6 +817,37 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
             now = self._store.now(conn)
             return timeline.timeline(conn, since, min(until or now, now), now, self.waiter_stale_after)
         return self._read(read)
+
+    def recent_leases(self, user: str, limit: int = 50) -> list[Lease]:
+        """`user`'s newest `limit` leases (active or ended), newest first."""
+        user = validation.name(user, "The user name")
+        return self._read(lambda conn: queries.recent_leases(conn, user, max(1, int(limit))))
+
+    def recent_use(self) -> rollup.Use:
+        """Every user's and group's GPU-hours decayed with the fair-share half-life, now, and the
+        users' all-time totals (active leases included)."""
+        return self._read(lambda conn: rollup.decayed_use(self._store, conn, self._store.now(conn)))
+
+    def fairshare(self) -> dict:
+        """Every user's and group's recent use, share, standing and priority (`gpu-pool fairshare`)."""
+        use = self.recent_use()
+        shares = self.shares()
+        users = []
+        for user in sorted(set(use.users) | set(self.fairshare_shares)):
+            u = use.users.get(user, 0.0)
+            users.append({"user": user, "recent_gpu_hours": round(u, 3),
+                          "total_gpu_hours": round(use.total_users.get(user, 0.0), 3),
+                          "share": shares.user_share(user), "standing": round(u / shares.user_share(user), 3),
+                          "priority": round(fairshare.priority(u / shares.user_share(user)), 4)})
+        groups = []
+        for group in sorted(set(use.groups) | set(self.fairshare_group_shares)):
+            g = use.groups.get(group, 0.0)
+            share = self.fairshare_group_shares.get(group)
+            groups.append({"group": group, "recent_gpu_hours": round(g, 3), "share": share,
+                           "counts": share is not None,
+                           "standing": round(g / share, 3) if share else None})
+        return {"order": self.queue_order, "half_life_s": use.half_life_s, "fifo_after_s": self.fifo_after,
+                "at": use.at.isoformat(), "users": users, "groups": groups}
 
     def lease_lengths(self, limit: int = 500) -> list[float]:
         """Seconds the newest `limit` ended leases lasted, newest first (for wait estimates)."""

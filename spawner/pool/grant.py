@@ -18,12 +18,14 @@ from datetime import timedelta
 
 from sqlalchemy import delete
 
+from . import bookings, budget, fairshare, rollup
 from . import statements as sql
 from .models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
 from .schema import waiters_table
 from .store import Store, as_utc
-from .validation import Request
+from .placement import choose_gang
+from .validation import Request, worker_server_name
 
 
 NO_WAITER = 2**31 - 1  # the largest queue row id (INTEGER): a request not in the queue yet is behind every row
@@ -31,11 +33,17 @@ NO_WAITER = 2**31 - 1  # the largest queue row id (INTEGER): a request not in th
 
 @dataclass
 class Outcome:
-    lease: Lease | None
+    leases: tuple[Lease, ...]  # the grant: one lease, or one per worker of a gang; () while it waits
     waiter_id: int | None
     position: int
     free: int  # free (unlent, undrained) GPUs on the request's hosts
     total: int  # lendable GPUs on the request's hosts
+    why: str = ""  # where it stands in the queue and why, naming nobody (fairshare.why)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The grant's (first) lease, or None while the request waits."""
+        return self.leases[0] if self.leases else None
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,48 @@ class QueueRules:
     stale_after: float
     backfill_window: float
     owner: str  # host:pid, recorded on queue rows
+    order: str = fairshare.FIFO  # the queue's order (fairshare.order)
+    shares: fairshare.Shares | None = None
+    use_cache: dict | None = None  # rollup.decayed_use's, kept by the pool between grants
+    budgets: budget.Budgets | None = None
+    booking_grace: float = 900.0
+
+
+class Ordered(NamedTuple):
+    """The live queue in serving order, and how each waiter stands (for the explanations)."""
+
+    rows: list  # WaiterRow, in serving order
+    standing_of: Callable
+    use: rollup.Use | None
+
+
+def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: fairshare.Shares | None,
+            cache: dict | None, explained: bool = True) -> Ordered:
+    """`rows` (arrival order) in serving order (fairshare.order) with the use it was decided by
+    (not read for one row that needs no explanation)."""
+    if mode != fairshare.FAIRSHARE or shares is None or (len(rows) < 2 and not explained):
+        return Ordered(list(rows), lambda e: 0.0, None)
+    use = rollup.decayed_use(store, conn, now, cache)
+    memo: dict = {}
+    by_group = bool(shares.groups)  # without group shares a user's standing is theirs alone
+
+    def standing_of(e) -> float:
+        key = (e.user, e.groups) if by_group else e.user
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = round(fairshare.standing(e.user, e.groups, use.users, use.groups, shares), 6)
+        return found
+
+    return Ordered(fairshare.order(rows, mode, standing_of, now, shares.fifo_after), standing_of, use)
+
+
+def explain(o: Ordered, index: int, mode: str, shares: fairshare.Shares | None, now) -> str:
+    """fairshare.why for the waiter at `index` of the serving order."""
+    me = o.rows[index]
+    return fairshare.why(index + 1, o.rows[:index], me, mode, o.standing_of, now,
+                         shares.fifo_after if shares else 0.0,
+                         o.use.users.get(me.user, 0.0) if o.use else 0.0,
+                         o.use.half_life_s if o.use else rollup.DEFAULT_HALF_LIFE)
 
 
 def snapshot(store: Store, conn) -> Snapshot:
@@ -58,11 +108,14 @@ def held(store: Store, conn, user: str) -> tuple[int, list[str]]:
     return sum(n for _, n in rows), sorted(s for s, _ in rows)
 
 
-def check(store: Store, conn, req: Request, limit: tuple[int | None, str]) -> Snapshot:
-    """Refuse a request that can never be met (too big, over quota); the snapshot read."""
+def check(store: Store, conn, req: Request, limit: tuple[int | None, str],
+          budgets: budget.Budgets | None = None) -> Snapshot:
+    """Refuse a request that can never be met (too big, over quota, over budget); the snapshot read."""
     snap = snapshot(store, conn)
     check_feasible(snap, req)
     check_quota(req, *limit, held=lambda: held(store, conn, req.user))
+    if budgets is not None and budgets.any:
+        budget.check(store, conn, req.user, req.groups, budgets, store.now(conn))
     return snap
 
 
@@ -71,10 +124,20 @@ def attempt(
 ) -> Outcome:
     """Lend now if the queue lets this request through; else queue it (enqueue) or refresh its row."""
     now = store.now(conn)  # taken under the lock: lease times are ordered
-    snap = check(store, conn, req, rules.limit)
+    snap = check(store, conn, req, rules.limit, rules.budgets)
+    # (One indexed probe first: most grants meet no booking at all.)
+    booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
+    if booked:
+        # Bookings unused past their grace go back to the pool; the GPUs booked now for
+        # others are not this request's to take.
+        if bookings.release_no_shows(conn, now, rules.booking_grace):
+            booked = bookings.live(conn, now)
+        snap = Snapshot(bookings.exclude(snap.free, booked, req.user, req.groups, now), snap.capacity, snap.drained)
 
     alive_since = now - timedelta(seconds=rules.stale_after)
-    # Only the rows that can change this request's outcome are read (see waiters_that_matter).
+    fair = rules.order == fairshare.FAIRSHARE
+    # Only the rows that can change this request's outcome are read (see waiters_that_matter):
+    # fair-share orders each row by its own standing, so their order is the same in any subset.
     live, stale = waiters_that_matter(store, conn, snap, alive_since)
     stale = [i for i in stale if i != waiter_id]
     if stale:
@@ -85,17 +148,48 @@ def attempt(
         # Our row is gone (we missed heartbeats and someone cleaned up):
         # queue again at the end.
         waiter_id, enqueue = None, True
-    ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
+
+    def me_in(rows: list[WaiterRow]) -> tuple[list[WaiterRow], WaiterRow | None]:
+        """`rows` with this request in them (a new one joins at the end of the arrival order)."""
+        if waiter_id is not None:
+            return rows, next((r for r in rows if r.id == waiter_id), None)
+        new = WaiterRow(NO_WAITER, req.user, req.count,
+                        json.dumps(list(req.hosts)) if req.hosts is not None else None, now, now,
+                        workers=req.workers, groups=req.groups)
+        return rows + [new], new
+
+    o = None
+    if fair:
+        rows, me = me_in(live)
+        if me is None:  # a one-host request on a full host: nothing can be lent to it now
+            ahead = live
+        else:
+            o = ordered(store, conn, rows, now, rules.order, rules.shares, rules.use_cache, explained=False)
+            ahead = o.rows[:next(i for i, r in enumerate(o.rows) if r.id == me.id)]
+    else:
+        ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
     avail = available_after(snap, ahead, now, rules.backfill_window, choose)
 
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
     free = sum(len(snap.free.get(h, ())) for h in hosts)
     total = sum(snap.capacity.get(h, 0) for h in hosts)
-    pick = choose(avail, req.hosts, req.count)
-    if pick is None:
-        # Its place: the rows ahead (all live now: the stale ones went above).
-        behind = waiter_id if waiter_id is not None else NO_WAITER
-        position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
+    picks = choose_gang(choose, avail, req.hosts, req.count, req.workers)
+    if picks is None:
+        if fair:
+            # Its place among every live row (the stale ones went above): those read above
+            # when they were all of them, else all read now.
+            count = store.rows(conn, sql.LIVE_WAITERS_SIGNATURE, {"alive_since": alive_since})[0][0]
+            if o is None or o.use is None or count != len(live):
+                rows, me = me_in(waiters_that_matter(store, conn, None, alive_since)[0])
+                o = ordered(store, conn, rows, now, rules.order, rules.shares, rules.use_cache)
+            index = next((i for i, r in enumerate(o.rows) if r.id == me.id), len(o.rows)) if me else len(o.rows)
+            position = index + 1
+            why = explain(o, index, rules.order, rules.shares, now) if me else fairshare.fifo_why(position)
+        else:
+            # Its place: the rows ahead (all live now: the stale ones went above).
+            behind = waiter_id if waiter_id is not None else NO_WAITER
+            position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
+            why = fairshare.fifo_why(position)
         if waiter_id is not None:
             store.run(conn, sql.HEARTBEAT, {"wid": waiter_id, "now": now})
         elif enqueue:
@@ -107,6 +201,7 @@ def attempt(
                     user_name=req.user,
                     server_name=req.server_name,
                     count=req.count,
+                    workers=req.workers,
                     groups=json.dumps(list(req.groups)),
                     hosts=json.dumps(list(req.hosts)) if req.hosts is not None else None,
                     enqueued_at=now,
@@ -114,31 +209,31 @@ def attempt(
                 ),
             )
             store.run(conn, sql.INSERT_QUEUE_LOG,
-                      dict(id=waiter_id, user_name=req.user, count=req.count, enqueued_at=now))
-        return Outcome(None, waiter_id, position, free, total)
+                      dict(id=waiter_id, user_name=req.user, count=req.total, enqueued_at=now))
+        return Outcome((), waiter_id, position, free, total, why)
 
-    host, uuids = pick
-    lease_id = store.run(
-        conn,
-        sql.INSERT_LEASE,
-        dict(
-            user_name=req.user,
-            server_name=req.server_name,
-            host=host,
-            groups=json.dumps(list(req.groups)),
-            started_at=now,
-        ),
-    )
-    store.run(
-        conn,
-        sql.INSERT_LEASE_GPU,
-        [{"lease_id": lease_id, "uuid": u, "host": host, "position": i} for i, u in enumerate(uuids)],
-    )
+    # Every lease of the grant in this one transaction: a gang is granted whole or not at all.
+    groups = json.dumps(list(req.groups))
+    leases = []
+    for index, (host, uuids) in enumerate(picks):
+        server_name = req.server_name if req.workers == 1 else worker_server_name(req.server_name, index)
+        lease_id = store.run(
+            conn,
+            sql.INSERT_LEASE,
+            dict(user_name=req.user, server_name=server_name, host=host, groups=groups, started_at=now),
+        )
+        store.run(
+            conn,
+            sql.INSERT_LEASE_GPU,
+            [{"lease_id": lease_id, "uuid": u, "host": host, "position": i} for i, u in enumerate(uuids)],
+        )
+        later = bookings.soon(host, uuids, booked, req.user, req.groups, now) if booked else None
+        leases.append(Lease(lease_id, req.user, server_name, host, tuple(uuids), req.groups, now,
+                            notice=bookings.notice(later) if later else None))
     if waiter_id is not None:
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
         store.run(conn, sql.CLOSE_QUEUE_LOG, {"wid": waiter_id, "now": now, "outcome": "served"})
-    lease = Lease(lease_id, req.user, req.server_name, host, tuple(uuids), req.groups, now)
-    return Outcome(lease, None, 0, free - len(uuids), total)
+    return Outcome(tuple(leases), None, 0, free - req.total, total)
 
 
 class View(NamedTuple):
@@ -149,6 +244,7 @@ class View(NamedTuple):
     free: int
     total: int
     ask: bool  # a write attempt would serve it, or must tell it an error (it became impossible)
+    why: str = ""  # fairshare.why
 
 
 def full_hosts(snap: Snapshot) -> list[str]:
@@ -157,15 +253,29 @@ def full_hosts(snap: Snapshot) -> list[str]:
     return [json.dumps([h]) for h in snap.capacity.keys() | snap.free.keys() if not snap.free.get(h)]
 
 
-def waiters_that_matter(store: Store, conn, snap: Snapshot, alive_since) -> tuple[list[WaiterRow], list[int]]:
+_GROUPS: dict[str, tuple[str, ...]] = {}  # a queue row's groups JSON, parsed once per process
+
+
+def _groups(raw: str | None) -> tuple[str, ...]:
+    found = _GROUPS.get(raw or "[]")
+    if found is None:
+        if len(_GROUPS) > 10000:
+            _GROUPS.clear()
+        found = _GROUPS[raw or "[]"] = tuple(json.loads(raw or "[]"))
+    return found
+
+
+def waiters_that_matter(store: Store, conn, snap: Snapshot | None, alive_since) -> tuple[list[WaiterRow], list[int]]:
     """(the live queue rows, in order, less those that can neither be served nor hold GPUs
     back now: one-host requests on a host without a free GPU (see policy._take_turns);
-    the ids of the stale rows)."""
-    full = full_hosts(snap)
+    the ids of the stale rows).  snap None: every live row."""
+    full = full_hosts(snap) if snap is not None else []
     params = {"alive_since": alive_since, **{f"full{i}": h for i, h in enumerate(full)}}
     live, stale = [], []
-    for id_, user, count, hosts, enqueued, beat in store.rows(conn, sql.waiters_that_matter(len(full)), params):
-        row = WaiterRow(id_, user, count, hosts, as_utc(enqueued), as_utc(beat))
+    for id_, user, count, hosts, enqueued, beat, workers, groups in store.rows(
+            conn, sql.waiters_that_matter(len(full)), params):
+        row = WaiterRow(id_, user, count, hosts, as_utc(enqueued), as_utc(beat), workers=workers,
+                        groups=_groups(groups))
         if row.heartbeat_at < alive_since:
             stale.append(id_)
         elif hosts is None or hosts not in full:
@@ -174,7 +284,7 @@ def waiters_that_matter(store: Store, conn, snap: Snapshot, alive_since) -> tupl
 
 
 def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backfill_window: float,
-         choose: Callable, known: dict | None = None) -> dict[int, View] | None:
+         choose: Callable, known: dict | None = None, rules: QueueRules | None = None) -> dict[int, View] | None:
     """Where each of `mine` ({queue row id: request}) stands; reads only.
 
     `known` (kept by the caller between looks) spares reading every row's id when the
@@ -190,18 +300,32 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
                               enumerate(store.rows(conn, sql.LIVE_WAITER_IDS, {"alive_since": alive_since}), 1)}
         known["signature"] = signature
     positions = known["positions"]
+    fair = rules is not None and rules.order == fairshare.FAIRSHARE
     state = (signature, frozenset(mine), tuple((h, tuple(free)) for h, free in sorted(snap.free.items())),
-             tuple(sorted(snap.capacity.items())))
+             tuple(sorted(snap.capacity.items())),
+             # fair-share: standings move with time (use decays, requests pass fifo_after); the
+             # explanations follow within half a minute, any grant they allow comes with a change above
+             int(now.timestamp() // 30) if fair else 0)
     if known.get("state") == state:
         # Nothing a waiter could learn has changed (time alone only takes grants away, by
         # the backfill window, and a write attempt decides those under the lock).
         return None
     known["state"] = state
-    served = served_now(snap, waiters_that_matter(store, conn, snap, alive_since)[0], now, backfill_window, choose)
+    whys: dict[int, str] = {}
+    if fair and rules is not None:
+        o = ordered(store, conn, waiters_that_matter(store, conn, None, alive_since)[0], now, rules.order,
+                    rules.shares, rules.use_cache)
+        positions = {r.id: n for n, r in enumerate(o.rows, 1)}
+        whys = {r.id: explain(o, n - 1, rules.order, rules.shares, now) for r in o.rows
+                if (n := positions[r.id]) and r.id in mine}
+        served = served_now(snap, o.rows, now, backfill_window, choose)
+    else:
+        served = served_now(snap, waiters_that_matter(store, conn, snap, alive_since)[0], now, backfill_window,
+                            choose)
     views = {}
     alike: dict[tuple, tuple[int, int, bool]] = {}  # (hosts, count) -> (free, total, feasible)
     for wid, req in mine.items():
-        key = (req.hosts, req.count)
+        key = (req.hosts, req.count, req.workers)
         if key not in alike:
             hosts = req.hosts if req.hosts is not None else list(snap.capacity)
             try:
@@ -212,7 +336,9 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
             alike[key] = (sum(len(snap.free.get(h, ())) for h in hosts), sum(snap.capacity.get(h, 0) for h in hosts),
                           feasible)
         free, total, feasible = alike[key]
-        views[wid] = View(wid in positions, positions.get(wid, 0), free, total, wid in served or not feasible)
+        position = positions.get(wid, 0)
+        views[wid] = View(wid in positions, position, free, total, wid in served or not feasible,
+                          whys.get(wid) or (fairshare.fifo_why(position) if position else ""))
     return views
 
 

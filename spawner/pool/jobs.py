@@ -2,7 +2,9 @@
 
 A job's lease is an ordinary lease (same queue, quotas and accounting) whose
 server name is `job/<id>`: JupyterHub server names never contain a slash, so
-the hub's reconciler can tell a job's lease from a notebook server's.
+the hub's reconciler can tell a job's lease from a notebook server's.  A cluster
+job (`workers` > 1) holds one lease per worker, `job/<id>/worker-<i>`, granted
+together (GPUPool.acquire_gang); `units` records where each worker runs.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def is_job_server(server_name: str) -> bool:
     return server_name.startswith(JOB_SERVER_PREFIX)
 
 
+def job_id_of(server_name: str) -> int | None:
+    """The job id in a job lease's server name (`job/12`, `job/12/worker-1`); None if it has none."""
+    part = server_name[len(JOB_SERVER_PREFIX):].split("/", 1)[0]
+    return int(part) if is_job_server(server_name) and part.isdigit() else None
+
+
 @dataclass(frozen=True)
 class Job:
     id: int
@@ -62,6 +70,20 @@ class Job:
     submitted_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+    workers: int = 1
+    # A cluster's workers once leased: ({"worker": i, "host", "lease_id", "gpus": [...]}, ...).
+    units: tuple[dict, ...] = ()
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.workers > 1
+
+    @property
+    def lease_ids(self) -> tuple[int, ...]:
+        """Every lease the job holds: its one, or each worker's."""
+        if self.units:
+            return tuple(u["lease_id"] for u in self.units if u.get("lease_id") is not None)
+        return (self.lease_id,) if self.lease_id is not None else ()
 
     @property
     def active(self) -> bool:
@@ -79,7 +101,8 @@ class Job:
             "state": self.public_state, "exit_code": self.exit_code, "message": self.message,
             "gpus": list(self.gpu_uuids), "host": self.host, "lease_id": self.lease_id,
             "submitted_at": iso(self.submitted_at), "started_at": iso(self.started_at),
-            "ended_at": iso(self.ended_at),
+            "ended_at": iso(self.ended_at), "workers": self.workers,
+            "units": [dict(u) for u in self.units],
         }
 
 
@@ -91,6 +114,7 @@ def _job(row) -> Job:
         host=m["host"], uid=m["uid"], gid=m["gid"], state=m["state"], lease_id=m["lease_id"], container=m["container"],
         gpu_uuids=tuple(json.loads(m["gpu_uuids"])), exit_code=m["exit_code"], message=m["message"],
         submitted_at=m["submitted_at"], started_at=m["started_at"], ended_at=m["ended_at"],
+        workers=m["workers"], units=tuple(json.loads(m["units"])) if m["units"] else (),
     )
 
 
@@ -104,7 +128,8 @@ class JobLedger:
         self._store = pool._store
 
     def create(self, user: str, groups, profile: str, command, workdir: str, timeout_s: int,
-               host: str, uid: int, gid: int, check: Callable[[list[tuple[str, str]]], None] | None = None) -> Job:
+               host: str, uid: int, gid: int, check: Callable[[list[tuple[str, str]]], None] | None = None,
+               workers: int = 1) -> Job:
         """Record a queued job.  `check`, given the user's active jobs as (profile, state)
         pairs, may refuse it by raising: it runs in the same transaction, under the
         ledger's write lock, so concurrent submissions cannot pass a limit together."""
@@ -116,7 +141,7 @@ class JobLedger:
             job_id = conn.execute(insert(jobs_table).values(**{
                 "user_name": user, "groups": json.dumps(sorted(groups)), "profile": profile,
                 "command": json.dumps(list(command)), "workdir": workdir, "timeout_s": timeout_s,
-                "host": host, "uid": uid, "gid": gid, "state": QUEUED, "gpu_uuids": "[]",
+                "host": host, "uid": uid, "gid": gid, "state": QUEUED, "gpu_uuids": "[]", "workers": workers,
                 "submitted_at": self._store.now(conn)})).inserted_primary_key[0]
             return self._get(conn, job_id)
         return self._store.write(write)
@@ -141,7 +166,7 @@ class JobLedger:
                **values) -> Job | None:
         """Set `values` (columns; lists as JSON), and `stamp` (started_at/ended_at) to the
         database's now; only while the job's state is in `expect`.  The job, or None if not."""
-        for key in ("gpu_uuids", "command", "groups"):
+        for key in ("gpu_uuids", "command", "groups", "units"):
             if key in values:
                 values[key] = json.dumps(list(values[key]))
 

@@ -99,6 +99,10 @@ class EndReason(str, Enum):
     JOB_TIMEOUT = "job-timeout"
     # `gpu-pool doctor`'s one-GPU probe: a lease of seconds, never a user's.
     DOCTOR = "doctor"
+    # Ended by the culler because its user (or group) ran out of GPU-hour budget (budget.py).
+    BUDGET = "budget"
+    # Ended at the start of a booking of its GPUs (bookings.py).
+    BOOKING = "booking"
 
     def __str__(self) -> str:
         return self.value
@@ -119,6 +123,8 @@ class Lease:
     end_reason: str | None = None
     problem: str | None = None
     """Set while the lease's server has ended but its container would not stop."""
+    notice: str | None = None
+    """Told at grant: one of its GPUs is booked by someone else later (bookings.notice)."""
 
     @property
     def active(self) -> bool:
@@ -198,13 +204,18 @@ class Waiter:
     position: int
     groups: tuple[str, ...] = ()
     hosts: tuple[str, ...] | None = None
+    workers: int = 1  # a gang (a cluster job): `workers` leases of `count` GPUs each
+    why: str = ""
+    """Why it is where it is in the queue (fairshare.why: names nobody, tells its own use)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "position": self.position,
+            "why": self.why,
             "user": self.user,
             "server_name": self.server_name,
             "count": self.count,
+            "workers": self.workers,
             "since": iso(self.since),
             "groups": list(self.groups),
             "hosts": list(self.hosts) if self.hosts is not None else None,

@@ -119,3 +119,49 @@ def choose(
         return None
     host = min(fitting, key=lambda h: (len(free[h]), h))
     return host, pick_on_host(host, free[host], count, dist, neighbours)
+
+
+Pick = tuple[str, list[str]]  # (host, uuids) of one lease
+
+
+def choose_gang(
+    choose: Callable[[Free, Iterable[str] | None, int], Pick | None],
+    free: Free,
+    hosts: Iterable[str] | None,
+    count: int,
+    workers: int,
+) -> list[Pick] | None:
+    """`workers` leases of `count` GPUs each, all placed or none (None): one per worker, in order.
+
+    Fewest hosts first: one host that fits them all (chosen by `choose`, so best fit and
+    topology hold as for one lease), else the hosts with the most room, the last one the
+    smallest that fits the rest.  Only `hosts` are used (the profile's host tags, or the
+    engine's one host, narrow them: a cluster on one Docker host never spans).
+    """
+    if workers == 1:
+        pick = choose(free, hosts, count)
+        return None if pick is None else [pick]
+    whole = choose(free, hosts, count * workers)
+    if whole is not None:
+        host, uuids = whole
+        return [(host, uuids[i * count:(i + 1) * count]) for i in range(workers)]
+    slots = {h: len(free.get(h, ())) // count for h in (hosts if hosts is not None else free)}
+    slots = {h: n for h, n in slots.items() if n}
+    if sum(slots.values()) < workers:
+        return None
+    picks: list[Pick] = []
+    left = workers
+    while left:
+        fits = [h for h in slots if slots[h] >= left]
+        host = min(fits, key=lambda h: (slots[h], h)) if fits else max(slots, key=lambda h: (slots[h], h))
+        n = min(slots.pop(host), left)
+        pick = choose(free, [host], n * count)
+        assert pick is not None  # the host has n * count free GPUs
+        picks += [(host, pick[1][i * count:(i + 1) * count]) for i in range(n)]
+        left -= n
+    return picks
+
+
+def gang_fits(capacity: dict[str, int], hosts: Iterable[str] | None, count: int, workers: int) -> bool:
+    """Whether `workers` x `count` GPUs could ever be placed on `hosts` of this `capacity` (all free)."""
+    return sum(capacity.get(h, 0) // count for h in (hosts if hosts is not None else capacity)) >= workers

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from .models import QuotaExceeded, Unsatisfiable, gpus_text, ordinal
+from .placement import choose_gang, gang_fits
 from .validation import Request
 
 Choose = Callable[[dict, "Iterable[str] | None", int], "tuple[str, list[str]] | None"]
@@ -54,6 +55,13 @@ class WaiterRow:
     hosts: str | None  # JSON list, None = any host
     enqueued_at: datetime
     heartbeat_at: datetime
+    workers: int = 1  # a gang: this many leases of `count` GPUs, all at once
+    groups: tuple[str, ...] = ()  # the user's groups (fair-share counts group use too)
+
+
+def asked(count: int, workers: int) -> str:
+    """What a request asks for, in words: '2 GPUs', or '2 workers x 1 GPU' for a gang."""
+    return gpus_text(count) if workers == 1 else f"{workers} workers x {gpus_text(count)}"
 
 
 def limit_for(
@@ -75,6 +83,9 @@ def limit_for(
 
 def check_feasible(snap: Snapshot, req: Request) -> None:
     """Refuse a request that no host could ever meet (Unsatisfiable)."""
+    if req.workers > 1:
+        _check_gang_feasible(snap, req)
+        return
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
     capacity = max((snap.capacity.get(h, 0) for h in hosts), default=0)
     if req.count <= capacity:
@@ -90,6 +101,20 @@ def check_feasible(snap: Snapshot, req: Request) -> None:
     )
 
 
+def _check_gang_feasible(snap: Snapshot, req: Request) -> None:
+    hosts = req.hosts if req.hosts is not None else list(snap.capacity)
+    if gang_fits(snap.capacity, hosts, req.count, req.workers):
+        return
+    where = f"host {hosts[0]}" if len(hosts) == 1 else f"the {len(hosts)} hosts it may use"
+    fit = sum(snap.capacity.get(h, 0) // req.count for h in hosts)
+    drained = sum(snap.drained.get(h, 0) for h in hosts)
+    note = f" ({drained} more drained for maintenance)" if drained else ""
+    raise Unsatisfiable(
+        f"You asked for {asked(req.count, req.workers)} ({gpus_text(req.total)} at once), but {where} can hold "
+        f"at most {fit} such worker{'s' if fit != 1 else ''}{note}; ask for {fit} or fewer workers"
+    )
+
+
 def check_quota(req: Request, limit: int | None, source: str, held: Callable[[], tuple[int, list[str]]]) -> None:
     """Refuse a request over the user's limit (QuotaExceeded).
 
@@ -98,14 +123,14 @@ def check_quota(req: Request, limit: int | None, source: str, held: Callable[[],
     """
     if limit is None:
         return
-    if req.count > limit:
-        raise QuotaExceeded(f"You may hold at most {gpus_text(limit)} ({source}) and asked for {req.count}")
+    if req.total > limit:
+        raise QuotaExceeded(f"You may hold at most {gpus_text(limit)} ({source}) and asked for {req.total}")
     count, servers = held()
-    if count + req.count > limit:
+    if count + req.total > limit:
         names = ", ".join(repr(s) if s else "the default server" for s in servers)
         raise QuotaExceeded(
             f"You may hold at most {gpus_text(limit)} ({source}); you hold {count} "
-            f"(servers: {names}) and asked for {req.count} more. Stop a server to free GPUs"
+            f"(servers: {names}) and asked for {req.total} more. Stop a server to free GPUs"
         )
 
 
@@ -145,17 +170,21 @@ def _take_turns(
             # nothing for it changes nothing (the common case of a long queue).
             yield r, avail, False
             continue
-        pick = choose(avail, hosts, r.count)
-        if pick is not None:
+        picks = choose_gang(choose, avail, hosts, r.count, r.workers)
+        if picks is not None:
             yield r, avail, True
-            host, uuids = pick
-            avail[host] = [f for f in avail[host] if f[1] not in uuids]
+            take(avail, picks)
             continue
         yield r, avail, False
-        cap = max((snap.capacity.get(h, 0) for h in (hosts or snap.capacity)), default=0)
-        if r.count <= cap and now - r.enqueued_at >= window:
+        if gang_fits(snap.capacity, hosts, r.count, r.workers) and now - r.enqueued_at >= window:
             for h in hosts or list(avail):
                 avail[h] = []
+
+
+def take(avail: dict[str, list[tuple[int, str]]], picks) -> None:
+    """Take the GPUs of `picks` ([(host, uuids)], a grant's leases) out of `avail`."""
+    for host, uuids in picks:
+        avail[host] = [f for f in avail[host] if f[1] not in uuids]
 
 
 def available_after(
@@ -182,10 +211,10 @@ def served_now(
 
 def timeout_message(req: Request, position: int, free: int, total: int, waited: float) -> str:
     """What a user reads when their wait for GPUs ran out."""
-    where = f"you were {ordinal(position)} in the queue for {gpus_text(req.count)}"
+    where = f"you were {ordinal(position)} in the queue for {asked(req.count, req.workers)}"
     if free == 0:
         head = f"All {gpus_text(total)} are lent" if total != 1 else "The only GPU is lent"
-    elif free < req.count:
+    elif free < req.total:
         head = f"Only {free} of {gpus_text(total)} are free"
     else:
         head = f"{gpus_text(free)} are free but held for requests ahead of yours"

@@ -48,6 +48,16 @@ def load_leases(conn, where, order=None) -> list[Lease]:
     return [replace(lease, gpu_uuids=tuple(uuids[i])) for i, lease in leases.items()]
 
 
+def recent_leases(conn, user: str, limit: int) -> list[Lease]:
+    """`user`'s newest `limit` leases, newest first (by the user index, not the whole history)."""
+    l = leases_table
+    ids = [r.id for r in conn.execute(select(l.c.id).where(l.c.user_name == user).order_by(l.c.id.desc())
+                                      .limit(limit))]
+    if not ids:
+        return []
+    return load_leases(conn, l.c.id.in_(ids), order=(l.c.id.desc(),))
+
+
 def history_where(user: str | None, since: datetime | None, until: datetime | None):
     """Leases (ended or active) of `user` that overlap [since, until)."""
     l = leases_table
@@ -125,6 +135,7 @@ def queue(conn, now: datetime, stale_after: float) -> list[Waiter]:
             position=i + 1,
             groups=tuple(json.loads(r.groups)),
             hosts=tuple(json.loads(r.hosts)) if r.hosts else None,
+            workers=r.workers,
         )
         for i, r in enumerate(rows)
     ]

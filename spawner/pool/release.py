@@ -11,6 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, insert, select, update
 
+from . import rollup
 from . import statements as sql
 from .models import EndReason, InvalidRequest, Lease, UnknownGPU
 from .queries import load_leases
@@ -24,6 +25,7 @@ def release(store: Store, conn, lease_id: int, reason: str) -> bool:
     done = store.run(conn, sql.END_LEASE, {"lid": lease_id, "now": now, "reason": reason})
     if done:
         store.run(conn, sql.END_LEASE_GPUS, {"lid": lease_id, "now": now})
+        rollup.record_ended(store, conn, [lease_id])
     return bool(done)
 
 
@@ -68,7 +70,7 @@ def undo_lease(conn, lease_id: int) -> None:
     conn.execute(delete(leases_table).where(leases_table.c.id == lease_id))
 
 
-def end_leases(conn, ids: list[int], reason: str, now: datetime) -> None:
+def end_leases(store: Store, conn, ids: list[int], reason: str, now: datetime) -> None:
     conn.execute(
         update(leases_table)
         .where(leases_table.c.id.in_(ids), leases_table.c.ended_at.is_(None))
@@ -79,6 +81,7 @@ def end_leases(conn, ids: list[int], reason: str, now: datetime) -> None:
         .where(lease_gpus_table.c.lease_id.in_(ids), lease_gpus_table.c.ended_at.is_(None))
         .values(ended_at=now)
     )
+    rollup.record_ended(store, conn, ids)
 
 
 def reconcile(store: Store, conn, host: str, live: set[int]) -> list[Lease]:
@@ -87,7 +90,7 @@ def reconcile(store: Store, conn, host: str, live: set[int]) -> list[Lease]:
     active = load_leases(conn, (leases_table.c.host == host) & leases_table.c.ended_at.is_(None))
     gone = [l for l in active if l.id not in live]
     if gone:
-        end_leases(conn, [l.id for l in gone], EndReason.RECONCILED.value, now)
+        end_leases(store, conn, [l.id for l in gone], EndReason.RECONCILED.value, now)
     return [replace(l, ended_at=now, end_reason=EndReason.RECONCILED.value) for l in gone]
 
 

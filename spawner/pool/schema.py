@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     insert,
+    inspect,
     select,
     text,
     update,
@@ -30,8 +31,11 @@ from sqlalchemy.types import TypeDecorator
 from .models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
-# 6: gpu_pool_readings (the per-node agent's GPU utilisation)
-SCHEMA_VERSION = 7
+# 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;
+# 8: gpu_pool_waiters.workers and gpu_pool_jobs.workers/units (gangs, cluster jobs)
+# 8: gpu_pool_lease_hours and gpu_pool_decayed_use (history rolled up, so reads cost what their
+# period holds, not the history), gpu_pool_bookings
+SCHEMA_VERSION = 8
 NAME_MAX = 255
 
 
@@ -95,6 +99,8 @@ leases_table = Table(
     Column("problem", Text),
     Index("ix_gpu_pool_leases_user", "user_name"),
     Index("ix_gpu_pool_leases_started", "started_at"),
+    # The newest ended leases (wait estimates) and a period's leases (charts) without a scan.
+    Index("ix_gpu_pool_leases_ended", "ended_at"),
     # ids are never reused, even after the newest lease is undone, because
     # they travel in container labels and spawner state.
     sqlite_autoincrement=True,
@@ -108,6 +114,8 @@ lease_gpus_table = Table(
     Column("host", String(NAME_MAX), nullable=False),
     Column("position", Integer, nullable=False),
     Column("ended_at", UTCDateTime),
+    # A period's lent intervals (charts) without a scan of the whole history.
+    Index("ix_gpu_pool_lease_gpus_ended", "ended_at"),
     # THE exclusivity guarantee: at most one active lease row per GPU.
     Index(
         "uq_gpu_pool_one_active_lease_per_gpu",
@@ -126,9 +134,11 @@ waiters_table = Table(
     Column("owner", String(NAME_MAX), nullable=False),  # host:pid, for operators
     Column("user_name", String(NAME_MAX), nullable=False),
     Column("server_name", String(NAME_MAX), nullable=False),
-    Column("count", Integer, nullable=False),
+    Column("count", Integer, nullable=False),  # GPUs per worker (per lease)
     Column("groups", Text, nullable=False),
     Column("hosts", Text),  # JSON list, NULL = any host
+    # A gang (a cluster job): this many leases of `count` GPUs, granted in one transaction.
+    Column("workers", Integer, nullable=False, server_default=text("1")),
     Column("enqueued_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False),
     sqlite_autoincrement=True,
@@ -160,6 +170,7 @@ queue_log_table = Table(
     Column("left_at", UTCDateTime),  # NULL while it waits
     Column("outcome", String(16)),  # served, left (gave up or cancelled), stale (its process died)
     Index("ix_gpu_pool_queue_log_enqueued", "enqueued_at"),
+    Index("ix_gpu_pool_queue_log_left", "left_at"),
 )
 
 
@@ -189,6 +200,10 @@ jobs_table = Table(
     Column("ended_at", UTCDateTime),
     # The output kept once the container is gone (its last bytes, capped).
     Column("log", Text),
+    # A cluster job: its containers (workers), and once leased each worker's
+    # {"worker", "host", "lease_id", "gpus"} (JSON list); NULL for a plain job.
+    Column("workers", Integer, nullable=False, server_default=text("1")),
+    Column("units", Text),
     Index("ix_gpu_pool_jobs_user", "user_name"),
     Index("ix_gpu_pool_jobs_state", "state"),
     sqlite_autoincrement=True,
@@ -222,8 +237,85 @@ end_intents_table = Table(
 )
 
 
-def create_schema(conn) -> None:
-    """Create the tables if missing; refuse a ledger written by newer code."""
+# An ended lease's GPU-seconds in each UTC hour it touched (rollup.py writes them as it ends):
+# a period's usage sums the hours inside it and clips only the leases of its two edge hours.
+lease_hours_table = Table(
+    "gpu_pool_lease_hours",
+    metadata,
+    Column("hour", UTCDateTime, primary_key=True),  # the hour's start
+    Column("lease_id", Integer, primary_key=True),
+    Column("user_name", String(NAME_MAX), nullable=False),
+    Column("groups", Text, nullable=False),  # JSON list, as on the lease
+    Column("gpu_seconds", Float, nullable=False),
+    # One user's hours in a period (the budget check at each grant).
+    Index("ix_gpu_pool_lease_hours_user", "user_name", "hour"),
+)
+
+# The same summed per user (and groups) and hour, and per day: a period's whole days and hours
+# are a few rows per user, whatever the number of leases in them.
+usage_hours_table = Table(
+    "gpu_pool_usage_hours",
+    metadata,
+    Column("hour", UTCDateTime, primary_key=True),
+    Column("user_name", String(NAME_MAX), primary_key=True),
+    Column("groups", Text, primary_key=True),
+    Column("gpu_seconds", Float, nullable=False),
+)
+usage_days_table = Table(
+    "gpu_pool_usage_days",
+    metadata,
+    Column("day", UTCDateTime, primary_key=True),  # midnight UTC
+    Column("user_name", String(NAME_MAX), primary_key=True),
+    Column("groups", Text, primary_key=True),
+    Column("gpu_seconds", Float, nullable=False),
+)
+
+# Each user's and group's GPU-hours decayed with the fair-share half-life, as of `as_of`
+# (ended leases only; active ones are added when read), and their undecayed total.
+decayed_use_table = Table(
+    "gpu_pool_decayed_use",
+    metadata,
+    Column("kind", String(8), primary_key=True),  # user, group
+    Column("name", String(NAME_MAX), primary_key=True),
+    Column("gpu_hours", Float, nullable=False),
+    Column("as_of", UTCDateTime, nullable=False),
+    Column("half_life_s", Float, nullable=False),
+    Column("total_hours", Float, nullable=False),
+)
+
+
+# Bookings (bookings.py): N GPUs of one host for a user or a group over [starts_at, ends_at).
+bookings_table = Table(
+    "gpu_pool_bookings",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(NAME_MAX), nullable=False),  # the booker
+    Column("group_name", String(NAME_MAX)),  # NULL: for the booker alone
+    Column("host", String(NAME_MAX), nullable=False),
+    Column("gpu_uuids", Text, nullable=False),  # JSON list, chosen when booked
+    Column("count", Integer, nullable=False),
+    Column("starts_at", UTCDateTime, nullable=False),
+    Column("ends_at", UTCDateTime, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("created_by", String(NAME_MAX), nullable=False),
+    Column("state", String(16), nullable=False),  # booked, cancelled, released (unused: a no-show)
+    Column("released_at", UTCDateTime),
+    Index("ix_gpu_pool_bookings_live", "state", "ends_at"),
+    sqlite_autoincrement=True,
+)
+
+
+def _add_columns(conn, table: str, columns: dict[str, str]) -> None:
+    """ALTER TABLE ADD COLUMN for those of `columns` the table lacks (create_all made new tables whole)."""
+    have = {c["name"] for c in inspect(conn).get_columns(table)}
+    for name, kind in columns.items():
+        if name not in have:
+            conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
+
+
+def create_schema(conn) -> int | None:
+    """Create the tables if missing; refuse a ledger written by newer code.  Returns the
+    version the ledger had (None: a new ledger)."""
     metadata.create_all(conn)
     version = conn.execute(select(meta_table.c.value).where(meta_table.c.key == "schema_version")).scalar()
     if version is None:
@@ -234,6 +326,17 @@ def create_schema(conn) -> None:
             conn.execute(text("ALTER TABLE gpu_pool_leases ADD COLUMN problem TEXT"))
         # 2 -> 3: gpu_pool_audit; 3 -> 4: gpu_pool_queue_log; 4 -> 5: gpu_pool_jobs;
         # 5 -> 6: gpu_pool_readings; 6 -> 7: gpu_pool_end_intents: new tables create_all has just made.
+        if int(version) < 8:
+            # 7 -> 8: gangs and cluster jobs (issue 24); every request and job before was one lease.
+            _add_columns(conn, "gpu_pool_waiters", {"workers": "INTEGER NOT NULL DEFAULT 1"})
+            _add_columns(conn, "gpu_pool_jobs", {"workers": "INTEGER NOT NULL DEFAULT 1", "units": "TEXT"})
+            # 7 -> 8: create_all made the new tables but adds no index to a table that exists.
+            # The caller rolls up the history so far in this transaction (rollup.backfill: the
+            # returned version says so), and the decayed use follows (rollup.ensure_decay).
+            for index, table, column in (("ix_gpu_pool_leases_ended", "gpu_pool_leases", "ended_at"),
+                                         ("ix_gpu_pool_lease_gpus_ended", "gpu_pool_lease_gpus", "ended_at"),
+                                         ("ix_gpu_pool_queue_log_left", "gpu_pool_queue_log", "left_at")):
+                conn.execute(text(f"CREATE INDEX IF NOT EXISTS {index} ON {table} ({column})"))
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:
@@ -242,3 +345,4 @@ def create_schema(conn) -> None:
             f"({SCHEMA_VERSION}); upgrade jupyterhub-gpuspawner",
             transient=False,
         )
+    return None if version is None else int(version)

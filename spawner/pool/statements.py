@@ -36,7 +36,8 @@ WAITERS = select(_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_
 # to one host that has no free GPU (their `hosts` JSON given as :full0, :full1, ...).  A long
 # queue behind full hosts costs a scan in the database, not rows in Python.  One statement per
 # number of such hosts, made once.
-_WAITER_COLUMNS = (_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_at, _w.c.heartbeat_at)
+_WAITER_COLUMNS = (_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_at, _w.c.heartbeat_at,
+                   _w.c.workers, _w.c.groups)
 _waiters_that_matter: dict[int, object] = {}
 
 
@@ -74,7 +75,7 @@ def _insert(table, *columns: str):
 
 
 INSERT_WAITER = _insert(
-    _w, "owner", "user_name", "server_name", "count", "groups", "hosts", "enqueued_at", "heartbeat_at"
+    _w, "owner", "user_name", "server_name", "count", "groups", "hosts", "enqueued_at", "heartbeat_at", "workers"
 )
 
 INSERT_LEASE = _insert(_l, "user_name", "server_name", "host", "groups", "started_at")

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import create_engine, event, func, select
+from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine, make_url
@@ -402,11 +402,12 @@ class Store:
 
     # --- transactions -------------------------------------------------------------
 
-    def transact(self, engine: Engine, fn: Callable, *args, write: bool, durable: bool = True):
+    def transact(self, engine: Engine, fn: Callable, *args, write: bool, durable: bool = True, long: bool = False):
         """Run fn(conn, *args) in one transaction; writes hold the ledger's lock.
 
         durable=False lets PostgreSQL skip waiting for the commit's fsync; only
-        for writes that are safe to lose in a server crash.
+        for writes that are safe to lose in a server crash.  long=True: no
+        statement or call time limit (a schema upgrade rolling up a long history).
         """
         reconnected = False
         for attempt in range(INTEGRITY_RETRIES):
@@ -415,7 +416,9 @@ class Store:
                         engine.connect() as conn:
                     if write:
                         conn.execution_options(gpu_pool_write=True)
-                    with self._bounded(conn), conn.begin():
+                    with (_nothing() if long else self._bounded(conn)), conn.begin():
+                        if long and engine.dialect.name == "postgresql":
+                            conn.execute(text("SET LOCAL statement_timeout = 0"))
                         if write and engine.dialect.name == "postgresql":
                             locked_at = conn.execute(_PG_LOCK if durable else _PG_LOCK_LAX).one()[-1]
                             conn.info[_NOW_KEY] = locked_at.astimezone(UTC)

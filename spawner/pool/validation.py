@@ -23,15 +23,23 @@ class Request:
     count: int
     groups: tuple[str, ...]
     hosts: tuple[str, ...] | None
+    # A cluster (gang): `workers` leases of `count` GPUs each, granted together or not at all.
+    workers: int = 1
+
+    @property
+    def total(self) -> int:
+        """Every GPU the request holds once granted (what quotas count)."""
+        return self.count * self.workers
 
 
 # What a caller may name as the request's host: one, several, or None (the default).
 HostChoice = str | list[str] | tuple[str, ...] | None
 
 
-def make_request(user, server_name, count, groups, host: HostChoice, default_host: str | None) -> Request:
+def make_request(user, server_name, count, groups, host: HostChoice, default_host: str | None,
+                 workers: int = 1) -> Request:
     """`host` (one name, or a list of names) restricts the request to those hosts; by
-    default the inventory's host, or any."""
+    default the inventory's host, or any.  `workers` > 1 asks for a gang (see Request)."""
     hosts = None
     if isinstance(host, (list, tuple)):
         hosts = tuple(name(h, "The host name") for h in host)
@@ -45,6 +53,7 @@ def make_request(user, server_name, count, groups, host: HostChoice, default_hos
         count=gpu_count(count),
         groups=groups_of(groups),
         hosts=hosts,
+        workers=worker_count(workers),
     )
 
 
@@ -66,6 +75,26 @@ def gpu_count(count: Any) -> int:
     if count <= 0:
         raise InvalidRequest(f"The number of GPUs must be at least 1, not {count}")
     return count
+
+
+# The most leases one gang request may ask for: a bound on one grant's writes, whatever the
+# callers allow (the jobs' own maximum, JobLimits.max_workers, is far below it).
+MAX_WORKERS = 256
+
+
+def worker_count(workers: Any) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise InvalidRequest(f"The number of workers must be a whole number, not {workers!r}")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise InvalidRequest(f"The number of workers must be between 1 and {MAX_WORKERS}, not {workers}")
+    return workers
+
+
+def worker_server_name(server_name: str, index: int) -> str:
+    """The server name of worker `index`'s lease in a gang (worker 0 is the chief).
+
+    One lease per worker, so accounting has one line per worker, each naming its cluster."""
+    return f"{server_name}/worker-{index}"
 
 
 def groups_of(groups: Any) -> tuple[str, ...]:

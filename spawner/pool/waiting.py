@@ -191,17 +191,25 @@ async def uncancellable_quiet(fn: Callable, *args) -> None:
         pass
 
 
+def _takes_why(fn) -> bool:
+    """Whether an on_wait callback declares a `why` parameter (the explanation of its place)."""
+    try:
+        return "why" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class Wait:
     """One request's wait.  The callables are the pool's blocking ledger calls:
 
-    attempt(req, waiter_id, enqueue) -> Outcome; undo_lease(lease_id);
-    remove_waiter(waiter_id); `watch()` gives this loop's QueueWatch.
+    attempt(req, waiter_id, enqueue) -> Outcome; undo_leases(lease_ids) (a grant's, in one
+    transaction); remove_waiter(waiter_id); `watch()` gives this loop's QueueWatch.
     """
 
-    def __init__(self, attempt: Callable, undo_lease: Callable, remove_waiter: Callable, wakeups: Wakeups, log,
+    def __init__(self, attempt: Callable, undo_leases: Callable, remove_waiter: Callable, wakeups: Wakeups, log,
                  watch: Callable[[], QueueWatch]):
         self.attempt = attempt
-        self.undo_lease = undo_lease
+        self.undo_leases = undo_leases
         self.remove_waiter = remove_waiter
         self.wakeups = wakeups
         self.log = log
@@ -213,8 +221,8 @@ class Wait:
         except _CancelledAfter as c:
             outcome: Outcome = c.result
             # The caller went away while the grant ran: undo it.
-            if outcome.lease is not None:
-                await uncancellable_quiet(self.undo_lease, outcome.lease.id)
+            if outcome.leases:
+                await uncancellable_quiet(self.undo_leases, [lease.id for lease in outcome.leases])
             elif outcome.waiter_id is not None and outcome.waiter_id != waiter_id:
                 await uncancellable_quiet(self.remove_waiter, outcome.waiter_id)
             raise asyncio.CancelledError() from None
@@ -252,6 +260,12 @@ class Wait:
     async def run(
         self, req: Request, timeout: float, poll_interval: float, on_wait: Callable[[int, int, int], Any] | None
     ) -> Lease:
+        return (await self.run_all(req, timeout, poll_interval, on_wait))[0]
+
+    async def run_all(
+        self, req: Request, timeout: float, poll_interval: float, on_wait: Callable[[int, int, int], Any] | None
+    ) -> tuple[Lease, ...]:
+        """The grant's leases: one, or one per worker of a gang (req.workers), all at once."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         wake = asyncio.Event()
@@ -259,7 +273,7 @@ class Wait:
         watch: QueueWatch | None = None
         watched: _Watched | None = None
         watched_id: int | None = None
-        position = 0
+        position, why = 0, ""
         started = loop.time()
 
         def unwatch() -> None:
@@ -276,18 +290,18 @@ class Wait:
                             "GPU lease %d for %s/%s granted after %.1f s in the queue",
                             outcome.lease.id, req.user, req.server_name, loop.time() - started,
                         )
-                    return outcome.lease
+                    return outcome.leases
                 if watched is not None and outcome.waiter_id != watched_id:
                     unwatch()  # queued again under a new row
                     watched = watched_id = None
                 waiter_id = outcome.waiter_id
                 free, total = outcome.free, outcome.total
-                new_position = outcome.position
+                new_position, new_why = outcome.position, outcome.why
                 while True:
-                    if new_position != position:
-                        position = new_position
+                    if new_position != position or new_why != why:
+                        position, why = new_position, new_why
                         if on_wait is not None and loop.time() < deadline:
-                            await self._call_on_wait(on_wait, position, req.count, free)
+                            await self._call_on_wait(on_wait, position, req.total, free, why)
                     remaining = deadline - loop.time()
                     if waiter_id is None:  # not queued: its time had run out at the first try
                         raise WaitTimeout(timeout_message(req, new_position, free, total, timeout),
@@ -315,7 +329,7 @@ class Wait:
                         # row is gone (it missed heartbeats): a write decides.
                         outcome = await self._attempt_retrying(req, waiter_id, True, deadline, poll_interval, wake)
                         break
-                    new_position, free, total = view.position, view.free, view.total
+                    new_position, free, total, new_why = view.position, view.free, view.total, view.why
         except BaseException:
             if watched is not None:
                 unwatch()
@@ -330,9 +344,9 @@ class Wait:
             if watched is not None:
                 unwatch()
 
-    async def _call_on_wait(self, on_wait, position: int, wanted: int, free: int) -> None:
+    async def _call_on_wait(self, on_wait, position: int, wanted: int, free: int, why: str) -> None:
         try:
-            result = on_wait(position, wanted, free)
+            result = on_wait(position, wanted, free, why=why) if _takes_why(on_wait) else on_wait(position, wanted, free)
             if inspect.isawaitable(result):
                 await result
         except asyncio.CancelledError:

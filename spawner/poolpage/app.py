@@ -27,6 +27,7 @@ from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..settings.parsing import env_bool
 from .handlers import actions as actions_api
+from .handlers import bookings as bookings_api
 from .handlers import history as history_api
 from .handlers import wait as insight
 from .handlers import jobs as jobs_api
@@ -103,24 +104,27 @@ class PageHandler(BaseHandler):
         viewer = self.viewer()
         gpus = views.gpu_rows(await self.ledger(self.pool.gpus), viewer)
         queue = views.queue_rows(await self.ledger(self.pool.queue), viewer)
-        history = await self.ledger(self.pool.history, viewer.name)
-        mine = [views.lease_row(l) for l in reversed(history)]
+        # The newest leases and the all-time total (rolled up): the page's cost never grows with history.
+        mine = [views.lease_row(l) for l in await self.ledger(self.pool.recent_leases, viewer.name, HISTORY_ROWS)]
+        use = await self.ledger(self.pool.recent_use)
+        active = [views.lease_row(l) for l in await self.ledger(self.pool.leases, viewer.name)]
         audit = await self.ledger(self.pool.audit, AUDIT_ROWS) if viewer.admin else []
         context = dict(
             viewer=viewer, gpus=gpus, summary=views.summary(gpus), queue=queue,
-            active=[l for l in mine if l["ended_at"] is None], history=mine[:HISTORY_ROWS],
-            total_hours=round(sum(l["gpu_hours"] for l in mine), 2), audit=audit,
+            active=active, history=mine,
+            total_hours=round(use.total_users.get(viewer.name, 0.0), 2), audit=audit,
             base_url=self.settings["base_url"], prefix=self.settings["prefix"],
             done=self.done_message(), xsrf=actions_api.xsrf_of(self))
         context.update(await insight.page_context(self, viewer, gpus, queue, context["active"]))
         context.update(await history_api.page_context(self, viewer))
+        context.update(await bookings_api.page_context(self, viewer, gpus))
         self.finish(self.settings["jinja"].get_template("page.html").render(**context))
 
 
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one."""
     return (history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
-            + lab_api.routes(prefix))
+            + bookings_api.routes(prefix) + lab_api.routes(prefix))
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,
@@ -129,6 +133,8 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
     if jobs is not None:  # the page's Jobs section shows only where jobs run
         jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
+        jinja.globals["job_profiles"] = lambda: jobs_api.job_profiles(jobs)
+        jinja.globals["max_workers"] = jobs.limits.max_workers
     api = url_path_join(prefix, "api")
     return web.Application(
         [

@@ -25,6 +25,9 @@ class Holding:
     started: datetime
     gpus: int
     cull_at: datetime | None = None
+    # What is known about its end, for the estimate's reason: "alice's idle server is culled at
+    # 14:35 if she stays idle" (whose: only where the viewer may see it).
+    cull_reason: str = ""
 
 
 def typical_end(started: datetime, now: datetime, lengths: list[float]) -> datetime | None:
@@ -37,8 +40,39 @@ def typical_end(started: datetime, now: datetime, lengths: list[float]) -> datet
 
 
 def expected_back(h: Holding, now: datetime, lengths: list[float]) -> datetime | None:
-    ends = [t for t in (typical_end(h.started, now, lengths), h.cull_at) if t is not None]
-    return max(now, min(ends)) if ends else None
+    return back_and_why(h, now, lengths)[0]
+
+
+def back_and_why(h: Holding, now: datetime, lengths: list[float]) -> tuple[datetime | None, str]:
+    """When the lease's GPUs are expected back, and what that rests on."""
+    typical = typical_end(h.started, now, lengths)
+    if h.cull_at is not None and (typical is None or h.cull_at <= typical):
+        return max(now, h.cull_at), h.cull_reason or f"a server is culled at {h.cull_at.strftime('%H:%M')} UTC"
+    if typical is not None:
+        return max(now, typical), "a lease of typical length ends"
+    return None, ""
+
+
+def waits_explained(queue: list[int], free: int, holdings: list[Holding], now: datetime,
+                    lengths: list[float]) -> list[tuple[float | None, str]]:
+    """Like `waits`, with the reason of each: the known end that serves the waiter (playing the
+    queue forward over the holdings' known and typical ends)."""
+    returns = sorted((t, h.gpus, why) for h in holdings for t, why in [back_and_why(h, now, lengths)]
+                     if t is not None)
+    available, i, reason = free, 0, "GPUs are free now"
+    out: list[tuple[float | None, str]] = []
+    for count in queue:
+        when = now
+        while available < count and i < len(returns):
+            when, n, reason = returns[i]
+            available += n
+            i += 1
+        if available < count:
+            out.append((None, "nothing lent is expected back"))
+            continue
+        available -= count
+        out.append(((when - now).total_seconds(), reason))
+    return out
 
 
 def waits(queue: list[int], free: int, holdings: list[Holding], now: datetime,

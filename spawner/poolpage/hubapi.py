@@ -19,7 +19,10 @@ from ..pool.validation import iso_time
 
 # Scopes the service's role holds (read by service.py when it writes the role).
 SERVICE_SCOPES = ("list:users", "read:users:groups", "read:users:activity", "read:servers",
-                  "admin:server_state", "delete:servers")
+                  "admin:server_state", "delete:servers",
+                  # action scripts reach each server's Jupyter server (scripts.py), only for a
+                  # pool admin who holds custom:gpu-pool:exec
+                  "access:servers")
 
 
 class HubUnavailable(RuntimeError):
@@ -38,6 +41,9 @@ class Server:
     last_activity: datetime | None = None
     lease_id: int | None = None
     gpu_uuids: tuple[str, ...] = field(default_factory=tuple)
+    url: str = ""  # its path behind the hub's proxy ("/user/pat/"), from the hub's server model
+    started: datetime | None = None
+    host: str = ""  # the GPU lease's host
 
     @property
     def state(self) -> dict:
@@ -56,10 +62,13 @@ def servers_of(user: dict) -> list[Server]:
         state = s.get("state") or {}
         profile = state.get("profile") or (s.get("user_options") or {}).get("profile") or ""
         activity = s.get("last_activity")
+        started = s.get("started")
         out.append(Server(
+            started=iso_time(started) if started else None, host=state.get("gpu_host") or "",
             user=user["name"], name=name, groups=tuple(user.get("groups") or ()), profile=profile,
             ready=bool(s.get("ready")), last_activity=iso_time(activity) if activity else None,
-            lease_id=state.get("gpu_lease_id"), gpu_uuids=tuple(state.get("gpu_uuids") or ())))
+            lease_id=state.get("gpu_lease_id"), gpu_uuids=tuple(state.get("gpu_uuids") or ()),
+            url=s.get("url") or ""))
     return out
 
 

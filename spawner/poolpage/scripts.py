@@ -1,14 +1,12 @@
 """Action scripts: an admin's shell script run in running notebook servers, as their own users.
 
-Each run is a `docker exec` in the server's container with the container's own
-user (the person's uid:gid; a container that would run it as root is
-refused), not privileged, so it has exactly the container's rights: no
-capabilities, no new privileges.  It is bounded by `timeout` inside the
-container and by a deadline here; its output is read as a stream and only the
-first 16 KiB are kept (the rest is read and thrown away as it comes, so a chatty
-script runs to its end and the service holds 16 KiB per server at most).  Scripts
-run on a bounded thread pool of their own, never on the default executor the
-page's other reads use.
+Each run is a request to the server's own Jupyter server, through the hub's proxy, with
+the service's token (`ServerRoute`): the gpuhub_scripts extension of the project's images
+runs it as the server's process user (never root), with exactly the server's rights, under
+`timeout`, and keeps only the first 16 KiB of its output.  The server already runs on the
+right host as the right user, so this is the same on one Docker host and on every Swarm
+node (which `docker exec` through the hub's engine cannot reach), and no Docker engine
+is asked to exec anything.  A deadline here covers a server that does not answer.
 
 A fan-out is a `Run`: an id, per-server results as they come, kept in a bounded
 `RunStore` in the service (the audit in the ledger keeps the script and the exit
@@ -19,14 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import secrets
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from ..labels import LABEL_POOL, LABEL_SERVER, LABEL_USER
 from .hubapi import Server
 
 MAX_SCRIPT_BYTES = 64 * 1024
@@ -140,79 +137,91 @@ def read_capped(chunks) -> tuple[bytes, bool]:
     return bytes(kept), more
 
 
-def runs_as_root(user: str) -> bool:
-    return user.split(":")[0] in ("", "0", "root")
+@dataclass(frozen=True)
+class ServerRoute:
+    """How the service reaches users' servers: through the hub's proxy (`proxy_url`, on this
+    machine), with the service's own token, to each server's `api/gpuhub/script` (the
+    gpuhub_scripts extension of the project's images)."""
+
+    proxy_url: str
+    token: str
+    validate_cert: bool = True
+
+    @classmethod
+    def from_env(cls, environ) -> "ServerRoute":
+        return cls(environ.get("GPUHUB_PROXY_URL", "http://127.0.0.1:8000"), environ.get("JUPYTERHUB_API_TOKEN", ""),
+                   # the hub's own proxy on this machine, often with a self-signed certificate
+                   validate_cert=environ.get("GPUHUB_PROXY_VALIDATE_CERT", "true") != "false")
+
+    def script_url(self, server: Server) -> str:
+        from jupyterhub.utils import url_path_join
+
+        return url_path_join(self.proxy_url, server.url or f"/user/{server.user}/{server.name}", "api/gpuhub/script")
 
 
-def exec_in(client, pool_id: str, server: Server, script: str, timeout: int) -> Result:
-    """Run `script` in `server`'s container (blocking; call on a thread)."""
-    import docker.errors
+# What a server's answer says, for an admin, when it is not a result.
+SERVER_ERRORS = {
+    404: "its image has no gpuhub_scripts extension (GPU JupyterHub's images have it), so no script runs there",
+    403: "the server refused the script",
+    501: "its image has no `timeout` command (coreutils), so no script runs there",
+}
 
-    labels = [f"{LABEL_POOL}={pool_id}", f"{LABEL_USER}={server.user}", f"{LABEL_SERVER}={server.name}"]
+
+async def run_in_server(route: ServerRoute, server: Server, script: str, timeout: int) -> Result:
+    """Run `script` in `server`, as its own user, through its Jupyter server (see ServerRoute)."""
+    from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+    request = HTTPRequest(route.script_url(server), method="POST", body=json.dumps({"script": script,
+                                                                                    "timeout": timeout}),
+                          headers={"Authorization": f"token {route.token}", "Content-Type": "application/json"},
+                          request_timeout=timeout + 30, connect_timeout=20, follow_redirects=False,
+                          validate_cert=route.validate_cert)
     try:
-        found = client.containers.list(filters={"label": labels, "status": "running"})
-    except docker.errors.DockerException as exc:
-        return Result(server.label, None, "", error=f"Docker did not answer: {exc}")
-    if len(found) != 1:
-        return Result(server.label, None, "", error="no running container found for this server")
-    container = found[0]
-    user = container.attrs.get("Config", {}).get("User") or ""
-    if runs_as_root(user):
-        return Result(server.label, None, "", error="its container runs as root: scripts run only as the server's user")
-    cmd = ["timeout", "-k", "5", str(timeout), "sh", "-c", script]
+        # The server keeps OUTPUT_CAP bytes: an answer far larger is not a result.
+        response = await AsyncHTTPClient(max_body_size=8 * OUTPUT_CAP + 4096).fetch(request, raise_error=False)
+    except Exception as exc:  # refused, reset, timed out
+        return Result(server.label, None, "", error=f"its server did not answer: {exc}")
+    if response.code != 200:
+        why = SERVER_ERRORS.get(response.code, f"its server answered HTTP {response.code}")
+        try:
+            message = json.loads(response.body or b"{}").get("message")
+        except ValueError:
+            message = None
+        return Result(server.label, None, "", error=f"{why}: {message}" if message and response.code == 403 else why)
     try:
-        exec_id = client.api.exec_create(container.id, cmd, user=user, privileged=False,
-                                         stdout=True, stderr=True, stdin=False, tty=False)["Id"]
-        raw, truncated = read_capped(client.api.exec_start(exec_id, stream=True, demux=False))
-        code = finished_code(client, exec_id)
-    except docker.errors.DockerException as exc:
-        return Result(server.label, None, "", error=f"docker exec failed: {exc}")
-    output = raw.decode("utf-8", errors="replace")
-    if code in (126, 127) and '"timeout"' in output:
-        return Result(server.label, None, output, truncated,
-                      error="its image has no `timeout` command (coreutils), so no script runs there")
-    return Result(server.label, code, output, truncated, timed_out=code == TIMED_OUT)
+        body = json.loads(response.body)
+        output, truncated = body["output"], bool(body["truncated"])
+        code = body["exit_code"]
+    except (ValueError, KeyError, TypeError):
+        return Result(server.label, None, "", error="its server's answer was not a script result")
+    if len(output.encode()) > OUTPUT_CAP:
+        output, truncated = cap(output.encode())[0], True
+    return Result(server.label, code, output, truncated, timed_out=bool(body.get("timed_out")))
 
 
-def finished_code(client, exec_id: str, wait: float = 5.0) -> int | None:
-    """The exec's exit code once Docker says it ended (its stream can close a moment before)."""
-    deadline = time.monotonic() + wait
-    while True:
-        info = client.api.exec_inspect(exec_id)
-        if not info.get("Running") or time.monotonic() > deadline:
-            return info.get("ExitCode")
-        time.sleep(0.05)
-
-
-# The scripts' own threads: a long fan-out never takes the default executor's threads,
-# which the page's utilisation reads (and asyncio.to_thread) use.
-_EXECUTOR = ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="action-script")
 _gate: asyncio.Semaphore | None = None
 
 
 def gate() -> asyncio.Semaphore:
-    """PARALLEL execs at once over all fan-outs: a script's deadline starts when it runs."""
+    """PARALLEL scripts at once over all fan-outs: a script's deadline starts when it runs."""
     global _gate
     if _gate is None:
         _gate = asyncio.Semaphore(PARALLEL)
     return _gate
 
 
-async def run_everywhere(client, pool_id: str, servers: list[Server], script: str, timeout: int,
+async def run_everywhere(route: ServerRoute, servers: list[Server], script: str, timeout: int,
                          on_result=None) -> list[Result]:
-    """The script in every server, PARALLEL at a time (over every fan-out of the service) on the
-    scripts' own threads; one Result per server, in order.  `on_result(result)` is called as
-    each server finishes."""
-    loop = asyncio.get_running_loop()
-
+    """The script in every server, PARALLEL at a time (over every fan-out of the service); one
+    Result per server, in order.  `on_result(result)` is called as each server finishes.
+    Nothing blocks the event loop: each is an HTTP request to the server."""
     async def one(server: Server) -> Result:
         async with gate():
             try:
-                # The in-container `timeout` ends it; this deadline covers a stuck Docker.
-                result = await asyncio.wait_for(
-                    loop.run_in_executor(_EXECUTOR, exec_in, client, pool_id, server, script, timeout), timeout + 30)
+                # The server's own `timeout` ends the script; this deadline covers a stuck server.
+                result = await asyncio.wait_for(run_in_server(route, server, script, timeout), timeout + 45)
             except TimeoutError:
-                result = Result(server.label, None, "", timed_out=True, error="Docker did not finish the exec in time")
+                result = Result(server.label, None, "", timed_out=True, error="its server did not finish in time")
         if on_result is not None:
             on_result(result)
         return result

@@ -57,6 +57,8 @@ def gpu_row(status: GPUStatus, viewer: Viewer) -> dict:
         "since": iso(lease.started_at) if lease is not None else None,
         "holder": holder,
         "lease_id": lease.id if lease is not None else None,
+        # Why a lease stays lent (a quiet Swarm node, a container that will not stop).
+        "problem": (lease.problem or None) if lease is not None else None,
         "utilization": None,  # percent, where NVML gives it (filled by the app)
         "yours": lease is not None and lease.user == viewer.name,
     }
@@ -74,6 +76,8 @@ def queue_rows(waiters: list[Waiter], viewer: Viewer) -> list[dict]:
         "count": w.count,
         "since": iso(w.since),
         "yours": w.user == viewer.name,
+        # Why it is there: it names nobody, but tells its own user's use, so only to them (and admins).
+        "why": w.why if w.user == viewer.name or viewer.admin else None,
     } for w in waiters]
 
 

@@ -106,6 +106,8 @@ def apply_settings(c, settings: Settings) -> None:
     c.GPUPool.db_url = settings.pool_db_url
     if settings.max_gpus_per_user is not None:
         c.GPUPool.max_gpus_per_user = settings.max_gpus_per_user
+    if settings.gpu_hour_budget is not None:
+        c.GPUPool.gpu_hour_budget = settings.gpu_hour_budget
 
     if settings.authenticator == "dummy":
         print("WARNING: GPUHUB_AUTHENTICATOR=dummy: every user name logs in with one shared "

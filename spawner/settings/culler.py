@@ -9,7 +9,20 @@ from __future__ import annotations
 import sys
 
 from ..culling.culler import BUSY_SWITCH_ENV, SERVICE_NAME
+from ..culling.deadline import CullRules
+from ..profiles import load_profiles
 from ..hub_service import without_named
+from .hub import default_profiles
+
+
+def rules_from_settings(settings) -> CullRules:
+    """The culler's rules (culling/deadline.py) from the hub's settings and profiles."""
+    profiles = load_profiles(getattr(settings, "profiles", None) or default_profiles(settings))
+    return CullRules(settings.cull_timeout_cpu, settings.cull_timeout_gpu,
+                     getattr(settings, "cull_timeout_gpu_contended", 0),
+                     {p.slug: float(p.idle_timeout) for p in profiles if p.idle_timeout},
+                     {p.slug: float(p.max_age) for p in profiles if p.max_age})
+
 
 # The culler's role: only what it uses.
 CULLER_SCOPES = [
@@ -19,6 +32,7 @@ CULLER_SCOPES = [
     "delete:servers",
     "admin:server_state",
 ]
+
 
 def activity_interval(settings) -> int:
     """Seconds between a single-user server's activity reports to the hub.
@@ -30,7 +44,7 @@ def activity_interval(settings) -> int:
     configured = getattr(settings, "activity_interval", 0)
     if configured:
         return configured
-    shortest = min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)
+    shortest = int(rules_from_settings(settings).shortest)  # the contended and profiles' limits too
     return max(1, min(300, shortest // 3))
 
 
@@ -39,7 +53,8 @@ def culler_command(settings, python: str | None = None) -> list[str]:
         python or sys.executable, "-m", "spawner.culling",
         f"--cpu-timeout={settings.cull_timeout_cpu}",
         f"--gpu-timeout={settings.cull_timeout_gpu}",
-        f"--timeout={min(settings.cull_timeout_cpu, settings.cull_timeout_gpu)}",
+        f"--gpu-contended-timeout={getattr(settings, 'cull_timeout_gpu_contended', 0)}",
+        f"--timeout={int(rules_from_settings(settings).shortest)}",
         f"--cull-every={settings.cull_every}",
         f"--inventory={settings.inventory}",
     ]
@@ -51,6 +66,9 @@ def culler_command(settings, python: str | None = None) -> list[str]:
             cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
             if settings.simulated_utilization_file:
                 cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
+    rules = rules_from_settings(settings)
+    if rules.profile_idle or rules.profile_max_age:
+        cmd.append(f"--profile-limits={rules.to_json()}")
     return cmd
 
 
@@ -66,7 +84,8 @@ def configure_culler(c, settings) -> None:
     from ..pool import ENV_DB_URL
 
     # The culler records its intent in the ledger before each cull, and on Swarm reads the
-    # agents' readings there; the URL in the environment, not argv (ps shows argv).
+    # agents' readings there, and who waits (the contended timeout), the budgets and the
+    # bookings; the URL in the environment, not argv (ps shows argv).
     service = {"name": SERVICE_NAME, "command": culler_command(settings),
                "environment": {ENV_DB_URL: settings.pool_db_url}}
     section.services = without_named(services, SERVICE_NAME) + [service]

@@ -58,10 +58,13 @@ class Settings:
     pool_exec_users: tuple[str, ...] = ()  # GPUHUB_POOL_EXEC_USERS: may run action scripts
     lease_wait_timeout: float = 300.0
     max_gpus_per_user: int | None = None
+    gpu_hour_budget: float | None = None  # GPUHUB_GPU_HOUR_BUDGET: GPU-hours per user per 7 days
     cleanup_servers: bool = True
     cull: bool = True
     cull_timeout_cpu: int = 3600
     cull_timeout_gpu: int = 900
+    # While a request waits for GPUs, idle GPU servers get this much instead (0: off).
+    cull_timeout_gpu_contended: int = 300
     cull_every: int = 60
     gpu_idle_percent: float = 0.0
     gpu_idle_minutes: float = 30.0
@@ -166,12 +169,8 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
 
 
 def _jobs_wanted(env: Mapping[str, str], spawner: str) -> bool:
-    """GPUHUB_JOBS: on by default on one host; jobs run on the hub's own Docker, not on Swarm."""
-    wanted = env_bool(env, "GPUHUB_JOBS", spawner != "swarm")
-    if wanted and spawner == "swarm":
-        raise SettingsError("GPUHUB_JOBS=true: batch jobs run on the hub's own Docker host and are not "
-                            "available with GPUHUB_SPAWNER=swarm yet; leave GPUHUB_JOBS unset")
-    return wanted
+    """GPUHUB_JOBS: on by default, on one host (the hub's Docker) and on Swarm (any GPU node)."""
+    return env_bool(env, "GPUHUB_JOBS", True)
 
 
 def data_dir_setting(env: Mapping[str, str]) -> Path:
@@ -286,10 +285,14 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         lease_wait_timeout=env_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", Settings.lease_wait_timeout),
         max_gpus_per_user=(env_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0)
                            if env.get("GPUHUB_MAX_GPUS_PER_USER", "").strip() else None),
+        gpu_hour_budget=(env_float(env, "GPUHUB_GPU_HOUR_BUDGET", 0.0, minimum=0.0)
+                         if env.get("GPUHUB_GPU_HOUR_BUDGET", "").strip() else None),
         cleanup_servers=env_bool(env, "GPUHUB_CLEANUP_SERVERS", True),
         cull=env_bool(env, "GPUHUB_CULL", True),
         cull_timeout_cpu=cull_cpu,
         cull_timeout_gpu=cull_gpu,
+        cull_timeout_gpu_contended=env_int(env, "GPUHUB_CULL_TIMEOUT_GPU_CONTENDED",
+                                           Settings.cull_timeout_gpu_contended, minimum=0),
         cull_every=env_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
         gpu_idle_percent=gpu_idle_percent,
         gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),

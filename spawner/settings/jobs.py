@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,21 @@ def job_limits(c) -> dict:
 def job_settings(c, settings) -> JobSettings:
     """What the service needs, read from the hub's config `c` (the spawner's own options)."""
     spawner = c.GPUDockerSpawner
+    swarm = c.GPUSwarmSpawner
     hub_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
     host = c.Inventory.host if "host" in c.Inventory else settings.gpu_host
+    if settings.spawner == "swarm":  # jobs lease GPUs of any node, as servers do
+        return JobSettings(**{**asdict(_settings(c, settings, spawner, hub_ip, "")), "engine": "swarm",
+                              "home_volume_driver_options": dict(swarm.get("home_volume_driver_options", {})),
+                              "home_root_volume_options": dict(swarm.get("home_root_volume_options", {})),
+                              "cpu_constraints": list(swarm.get("cpu_constraints", []))})
+    return _settings(c, settings, spawner, hub_ip, host or socket.gethostname())  # the inventory's own default
+
+
+def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
     return JobSettings(
         profiles=list(spawner.get("profiles") or c.GPULendingSpawner.get("profiles") or DEFAULT_PROFILES),
-        host=host or socket.gethostname(),  # the inventory's own default
+        host=host,
         network=spawner.get("network_name", settings.docker_network),
         prefix=spawner.get("prefix", settings.container_prefix),
         home_volume=spawner.get("home_volume_name", settings.home_volume),

@@ -15,7 +15,7 @@ from ..hub_service import without_named
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from ..poolpage.hubapi import SERVICE_SCOPES
 from ..poolpage.limits import hand_over
-from .culler import activity_interval
+from .culler import activity_interval, rules_from_settings
 
 HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
 ADMIN_ROLE = "gpu-pool-admin"
@@ -44,6 +44,8 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
         # For the culling deadlines and wait estimates (0: the hub does not cull).
         "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
+        # The culler's rules (deadline.CullRules), so that the deadlines shown are those applied.
+        "GPUHUB_CULL_RULES": rules_from_settings(settings).to_json() if settings.cull else "",
         "GPUHUB_CULL_TIMEOUT_CPU": str(settings.cull_timeout_cpu if settings.cull else 0),
         "GPUHUB_CULL_EVERY": str(settings.cull_every if settings.cull else 0),
         # The culler's GPU-idle rule, told in JupyterLab's GPU panel (0: off).
@@ -56,9 +58,25 @@ def service_environment(settings) -> dict[str, str]:
         "GPUHUB_SIMULATED_GPUS": str(settings.simulated_gpus),
         "GPUHUB_SIMULATED_UTILIZATION_FILE": settings.simulated_utilization_file or "",
     }
-    if os.environ.get("DOCKER_HOST"):  # action scripts reach the hub's Docker as the spawner does
+    if os.environ.get("DOCKER_HOST"):  # the jobs reach the hub's Docker as the spawner does
         env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    env.update(proxy_environment(settings))
     return env
+
+
+def proxy_environment(settings) -> dict[str, str]:
+    """Where the service reaches the hub's proxy on this machine (action scripts go through it
+    to each server): its bind address, a wildcard read as loopback."""
+    from urllib.parse import urlparse
+
+    bound = urlparse(settings.bind_url)
+    host = bound.hostname or "127.0.0.1"
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    shown = f"[{host}]" if ":" in host else host
+    port = bound.port or (443 if bound.scheme == "https" else 80)
+    # A self-signed certificate of the hub's own proxy is the usual case on this hop.
+    return {"GPUHUB_PROXY_URL": f"{bound.scheme}://{shown}:{port}",
+            "GPUHUB_PROXY_VALIDATE_CERT": "false" if bound.scheme == "https" else "true"}
 
 
 def configure_pool_page(c, settings) -> None:

@@ -14,23 +14,23 @@ from __future__ import annotations
 
 import asyncio
 
-import docker.errors
 from docker.types import (ContainerSpec, DriverConfig, EndpointSpec, Mount, NetworkAttachmentConfig,
                           Placement, Resources, RestartPolicy, TaskTemplate)
 from docker.utils import parse_bytes
 from dockerspawner import SwarmSpawner
 from tornado import web
-from traitlets import Bool, Dict, List, Unicode, default
+from traitlets import Bool, Dict, Float, List, Unicode, default
 
 from ..containers import hardened_host_config, lease_labels
 from ..docker.spawner import GPUDockerSpawner
-from ..homes import create_helper, helper_bounds, prepare_home_volume, wait_for_exit
+from ..homes import prepare_home_volume
 from ..labels import pool_identity
 from ..pool import PoolError
 from ..pool.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
-from .tasks import LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
+from .homes import make_home_directory
+from .tasks import DOWN_NODES, LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
 
 SQLITE_REFUSED = ("gpu-swarm lends the GPUs of several hosts from one ledger, which must be "
                   "PostgreSQL (GPUPool.db_url / GPUHUB_POOL_DB_URL = postgresql+psycopg://...); "
@@ -71,6 +71,19 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         help="Swarm placement constraints of servers without GPUs, e.g. `[\"node.role==worker\"]` "
         "or `[\"node.labels.cpu==true\"]`.  GPU servers are always pinned to their GPUs' node.",
     )
+    node_down_grace = Float(
+        300.0,
+        config=True,
+        help="""
+        Seconds a server whose Swarm node went quiet (down, unknown, disconnected: a
+        worker that lost its heartbeat to the manager) is kept, with its lease,
+        before the hub treats it as gone.  Its container may still run there, and
+        unsaved work with it: meanwhile the lease shows the problem on the pool
+        page and in `gpu-pool status`, and its GPUs are not lent.  A node back
+        within it carries on; after it, the lease ends, and the returning node's
+        GPUs are lent only once it has stopped the task.
+        """,
+    )
     generic_resource_guard = Bool(
         False,
         config=True,
@@ -99,6 +112,8 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         super().__init__(*args, **kwargs)
         if self.pool.is_sqlite:
             raise ValueError(SQLITE_REFUSED)
+        # The reconciler and the lease's release read tasks through swarm/tasks.py, with this grace.
+        DOWN_NODES.grace = self.node_down_grace
 
     # Each reconcile pass covers every node of the Swarm (used by reconcile.start_in_hub).
     @staticmethod
@@ -196,13 +211,32 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         return service
 
     async def get_task(self):
-        """The service's task; one on a node that is down counts as gone ("down")."""
+        """The service's task.  One on a node that went quiet (down, unknown, disconnected) may
+        still run there: it reads as it was, its lease kept and marked as a problem, for
+        `node_down_grace` seconds; after that it counts as gone ("down")."""
         task = await SwarmSpawner.get_task(self)
         if task and task.get("NodeID"):
+            node = task["NodeID"]
             states = await asyncio.to_thread(node_states, self.client)
-            if states.get(task["NodeID"]) == "down":
+            state = states.get(node, "ready")
+            if state != "ready" and not DOWN_NODES.in_grace(node):
                 return {**task, "Status": {**task.get("Status", {}), "State": "down"}}
+            await self._note_quiet_node(state, DOWN_NODES.quiet_for(node))
         return task
+
+    async def _note_quiet_node(self, state: str, quiet: float | None) -> None:
+        """The lease's problem while its node is quiet (pool page, `gpu-pool status`); cleared after."""
+        if self.lease_id is None:
+            return
+        problem = (f"node {self.gpu_host or '?'} is {state} (quiet for {quiet:.0f} s): its server is kept "
+                   f"for up to {self.node_down_grace:g} s, then its lease ends" if quiet is not None else "")
+        if problem == "" and not getattr(self, "_quiet_noted", False):
+            return
+        self._quiet_noted = bool(problem)
+        try:
+            await self._ledger(self.pool.set_problem, self.lease_id, problem)
+        except PoolError as exc:
+            self.log.warning("Could not note the quiet node of lease %s: %s", self.lease_id, exc)
 
     async def start_object(self):
         """Wait until the task runs, checking every 0.2 s (SwarmSpawner backs off up to 11 s)."""
@@ -254,34 +288,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     async def _make_home_directory(self, image: str, uid: int, gid: int) -> None:
         """Create the user's directory under the shared homes root (once), owned by them."""
-        if not self.home_root_volume_options:
-            return
-        root = f"{self.prefix}-homes-root"
-        try:
-            await self.docker("inspect_volume", root)
-        except docker.errors.NotFound:
-            await self.docker("create_volume", name=root, driver="local",
-                              driver_opts=dict(self.home_root_volume_options))
-        user_dir = self._render_templates("{username}")
-        script = (f'd=/mnt/homes/{user_dir}; [ -d "$d" ] || {{ mkdir -p "$d.new" && chown {uid}:{gid} "$d.new" '
-                  f'&& mv "$d.new" "$d"; }}')
-        prep = await create_helper(
-            self, image=self.home_volume_prep_image or image, entrypoint=["/bin/sh", "-c"],
-            command=[script], user="0:0", network_disabled=True,
-            host_config=self.client.create_host_config(
-                binds={root: {"bind": "/mnt/homes", "mode": "rw"}}, network_mode="none",
-                cap_drop=["ALL"], cap_add=["CHOWN"], security_opt=["no-new-privileges"],
-                **helper_bounds(self)))
-        try:
-            await self.docker("start", prep["Id"])
-            code = await wait_for_exit(self, prep["Id"], 60)
-            if code is None:
-                raise web.HTTPError(503, f"Creating the home directory of {self.user.name} took longer than "
-                                    "60 s; start again in a moment.")
-            if code != 0:
-                raise web.HTTPError(500, f"Could not create the home directory of {self.user.name}")
-        finally:
-            await self.docker("remove_container", prep["Id"], force=True)
+        await make_home_directory(self, self.home_root_volume_options, self.prefix, image, uid, gid)
 
     async def start_server(self, profile: Profile):
         uid, gid = self.container_identity()

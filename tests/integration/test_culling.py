@@ -225,3 +225,53 @@ def test_hub_shutdown_does_not_wait_for_the_culler(make_hub):
     assert f"Terminating {pid}" not in log and f"Killing {pid}" not in log, log[-3000:]
     shutdown = log[re.search(r"Cleaning up \d+ services", log).start():]
     assert "Cleaning up single-user servers" in shutdown, shutdown[-3000:]
+
+
+def cull_at(hub, user: str, token: str) -> tuple[str | None, str]:
+    """(when the pool service says `user`'s server is culled if idle, and why) from api/wait."""
+    r = requests.get(f"{hub.url}/services/gpu-pool/api/wait", headers={"Authorization": f"token {token}"},
+                     timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["cull_at"].get(user), r.json()["cull_reason"].get(user, "")
+
+
+def inactive_for(hub, user: str) -> float:
+    from datetime import UTC, datetime
+
+    server = hub.server_model(user) or {}
+    last = server.get("last_activity") or server.get("started")
+    return (datetime.now(UTC) - datetime.fromisoformat(last.replace("Z", "+00:00"))).total_seconds()
+
+
+def test_an_idle_gpu_server_is_culled_sooner_while_someone_waits_and_the_deadline_shown_moves(make_hub):
+    contended = 15
+    hub = culling_hub(make_hub, GPUHUB_SIMULATED_GPUS=1, GPUHUB_CULL_TIMEOUT_GPU=600,
+                      GPUHUB_CULL_TIMEOUT_GPU_CONTENDED=contended, GPUHUB_LEASE_WAIT_TIMEOUT=120)
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+    token = hub.user_token("alice")
+    hub.start_server("alice", {"profile": "tf-gpu-1"})
+
+    # Nobody waits: the usual 600 s hold, and the page says so.
+    at, why = cull_at(hub, "alice", token)
+    assert at is not None and "GPU servers' idle limit, 10 min" in why
+    # Idle past the contended timeout and a few cull passes (GPUHUB_CULL_EVERY=1): still running.
+    wait_for(lambda: inactive_for(hub, "alice") > contended + 4, 60, "alice to sit idle", hub)
+    assert hub.server_model("alice") is not None
+    (lease,) = leases_of(hub, "alice")
+    assert lease.ended_at is None
+
+    # Alice touches her server (the hub hears of it within an activity report) ...
+    contents(hub, "alice", token, "note.txt", "still here\n")
+    wait_for(lambda: inactive_for(hub, "alice") < contended / 2, 30, "alice's activity reaching the hub", hub)
+    # ... then Bob waits for the only GPU: the deadline shown moves to the contended one ...
+    r = hub.api("POST", "/users/bob/server", json={"profile": "tf-gpu-1"}, timeout=60)
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: "while requests wait for GPUs, 15 s" in cull_at(hub, "alice", token)[1], 30,
+             "the contended deadline on api/wait", hub)
+    # ... and the culler applies it: alice's idle server goes, bob gets its GPU.
+    hub.wait_stopped("alice", timeout=60)
+    (lease,) = leases_of(hub, "alice")
+    assert lease.end_reason == "culled"
+    bob = wait_for(lambda: leases_of(hub, "bob"), 60, "bob got no lease", hub)
+    assert list(bob[0].gpu_uuids) == list(lease.gpu_uuids)

@@ -9,6 +9,8 @@ would expose.  The hub runs on the overlay; the ledger is PostgreSQL.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 
 import pytest
@@ -190,16 +192,43 @@ def test_hub_sigkill_then_restart_reconciles_the_cluster(make_swarm_hub, swarm_c
     hub.stop_server("keeper")
 
 
-def test_worker_killed_mid_session_ends_its_leases(make_swarm_hub, swarm_cluster, notebook_image):
-    hub = make_swarm_hub(profiles_config(notebook_image))
+def test_a_quiet_worker_keeps_its_server_and_lease_and_a_dead_one_ends_them_after_the_grace(
+        make_swarm_hub, swarm_cluster, notebook_image):
+    grace = 40
+    hub = make_swarm_hub(profiles_config(notebook_image) + f"\nc.GPUSwarmSpawner.node_down_grace = {grace}\n")
     victim = next(n for n in swarm_cluster.nodes if n.labels["gpu.model"] == "t4")
     hub.create_user("unlucky")
     hub.start_server("unlucky", {"profile": "t4"})
     lease_id = lease_of(hub, "unlucky")["gpu_lease_id"]
+
+    def node_state() -> str:
+        return docker("node", "inspect", "-f", "{{.Status.State}}", victim.node_id)
+
+    # Cut off: its dockerd frozen (no heartbeats), its container still there.
+    docker("pause", victim.container)
+    try:
+        wait_for(lambda: node_state() != "ready", timeout=90, what="Swarm to see the node quiet")
+        problem = wait_for(lambda: hub.ledger().lease(lease_id).problem, timeout=30,
+                           what="the lease to show the quiet node", hub=hub)
+        assert victim.hostname in problem and "kept" in problem, problem
+        # The server and its lease are kept, its GPU not lent; `gpu-pool status` says why.
+        assert hub.server_model("unlucky") is not None
+        assert hub.ledger().lease(lease_id).ended_at is None
+        status = subprocess.run([sys.executable, "-m", "spawner.cli", "status", "--db-url", hub.pool_db_url],
+                                capture_output=True, text=True, timeout=60)
+        assert f"node {victim.hostname} is" in status.stdout and "kept" in status.stdout, (status.stdout,
+                                                                                          status.stderr)
+    finally:
+        docker("unpause", victim.container, check=False)
+    wait_for(lambda: node_state() == "ready", timeout=90, what="the node back")
+    wait_for(lambda: not hub.ledger().lease(lease_id).problem, timeout=30, what="the problem cleared", hub=hub)
+    assert hub.server_model("unlucky")["ready"] and hub.ledger().lease(lease_id).ended_at is None
+
+    # Dead for good: after the grace period the lease ends (`died`).
     docker("kill", victim.container)
     try:
-        # Swarm marks the node down; the hub sees the task gone and ends the lease as `died`.
-        wait_for(lambda: hub.server_model("unlucky") is None, timeout=120, what="the server to be gone", hub=hub)
+        wait_for(lambda: hub.server_model("unlucky") is None, timeout=grace + 120, what="the server to be gone",
+                 hub=hub)
         wait_for(lambda: hub.ledger().lease(lease_id).end_reason == "died", timeout=60, what="the lease to end")
         # The down node's GPUs are not lent: a request only it could meet is refused, saying so.
         r = hub.api("POST", "/users/unlucky/server", json={"profile": "t4"})

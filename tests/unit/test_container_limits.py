@@ -11,10 +11,9 @@ from traitlets.config import Config
 
 from spawner.containers import HELPER_PIDS_LIMIT, ContainerLimits
 from spawner.jobs.settings import JobSettings
-from spawner.jobs.spec import container_spec
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
 
-from .test_jobs import _job, _settings
+from .test_jobs import _job, _settings, container_spec
 
 
 def test_defaults_bound_processes_and_the_log_and_each_option_is_documented():

@@ -73,7 +73,7 @@ def test_without_server_state_every_server_gets_the_longer_timeout():
 
 def test_verdict_names_the_rule_and_the_limit():
     verdict = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900).decide(idle(901), gpu_server(GPU_A))
-    assert "GPU server inactive for 901.0 s (limit 900 s)" == verdict.reason
+    assert "GPU server inactive for 901.0 s (limit 900 s: the GPU servers' idle limit)" == verdict.reason
 
 
 # ------------------------------------------------------------ utilization rule
@@ -289,14 +289,16 @@ def test_gpu_rule_options_reach_the_culler_in_seconds():
 
 def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
     c = Config()
-    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="900"))
+    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="900", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0"))
     assert c.GPUDockerSpawner.environment.to_dict()["update"]["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
+    # the contended timeout (300 s by default) is the shortest: reports every 100 s
+    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="900")) == 100
     assert c.JupyterHub.activity_resolution == 30
-    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="6")) == 2
+    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="6", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0")) == 2
     assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="1")) == 1
     assert activity_interval(settings(GPUHUB_ACTIVITY_INTERVAL="45")) == 45
     c = Config()
-    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="6"))
+    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="6", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0"))
     assert c.JupyterHub.activity_resolution == 2
 
 
@@ -333,3 +335,71 @@ def test_busy_kernels_turned_off():
 def test_bad_culling_settings_name_the_variable(env, named):
     with pytest.raises(SettingsError, match=named):
         load_settings(env)
+
+
+# ------------------------------------------------------------ contended and per-profile limits
+
+
+def test_the_contended_timeout_applies_only_while_someone_waits_on_the_host():
+    from spawner.culling.deadline import CullRules
+
+    waiting = {"h": False}
+    policy = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900, rules=CullRules(3600, 900, 300),
+                           contention=lambda host: waiting.get(host, False))
+    server = gpu_server(GPU_A)
+    server["state"]["gpu_host"] = "h"
+    assert policy.decide(idle(400), server).cull is False
+    waiting["h"] = True
+    verdict = policy.decide(idle(400), server)
+    assert verdict.cull is True and "limit 300 s: the idle limit while requests wait for GPUs" in verdict.reason
+    # a CPU server keeps its own limit whoever waits
+    assert policy.decide(idle(400), {"name": "", "url": "/user/c/", "state": {}}).cull is False
+
+
+def test_profiles_have_their_own_idle_limit_and_maximum_age():
+    from datetime import UTC, datetime, timedelta
+
+    from spawner.culling.deadline import CullRules, deadline
+
+    rules = CullRules(3600, 900, 300, profile_idle={"short": 60}, profile_max_age={"short": 7200})
+    policy = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900, rules=rules)
+    server = gpu_server(GPU_A)
+    server["user_options"] = {"profile": "short"}
+    assert policy.decide(idle(61), server).cull is True
+    busy_but_old = dict(server, started=(datetime.now(UTC) - timedelta(hours=3)).isoformat())
+    verdict = policy.decide(idle(1), busy_but_old)
+    assert verdict.cull is True and "maximum age 7200 s" in verdict.reason
+    # The deadline the pages show is the same rule's.
+    now = datetime.now(UTC)
+    d = deadline(rules, last_activity=now, started=now - timedelta(minutes=119.5), is_gpu=True, profile="short",
+                 contended=False)
+    assert d.at == now + timedelta(seconds=30) and d.by_max_age and "maximum age, 2 h" in d.reason
+    d = deadline(rules, last_activity=now, started=now, is_gpu=True, profile=None, contended=True)
+    assert d.at == now + timedelta(seconds=300) and d.contended
+
+
+def test_the_culler_reads_who_waits_from_the_ledger(tmp_path):
+    import asyncio
+
+    from spawner.culling.policy import LedgerContention
+    from spawner.pool import GPUPool
+
+    pool = GPUPool(inventory=SimulatedInventory(count=1, host="h"), db_url=f"sqlite:///{tmp_path}/l.sqlite",
+                   poll_interval=0.05)
+    pool.sync_inventory()
+    held = pool.try_acquire("alice", "", 1)
+    clock = [0.0]
+    contention = LedgerContention(GPUPool(db_url=f"sqlite:///{tmp_path}/l.sqlite").queue, clock=lambda: clock[0])
+    assert contention("h") is False
+
+    async def main():
+        task = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
+        while not pool.queue():
+            await asyncio.sleep(0.02)
+        clock[0] += 10  # the next cull pass reads the queue again
+        assert contention("h") is True and contention("other-host") is False
+        pool.release(held.id)
+        await task
+    asyncio.run(main())
+    clock[0] += 10
+    assert contention("h") is False

@@ -30,6 +30,7 @@ def test_the_defaults_are_four_running_twenty_queued_sixteen_cpus_and_each_is_do
     ({"max_running": -1}, "max_running"),
     ({"max_queued": -1}, "max_queued"),
     ({"max_cpus": 0}, "max_cpus"),
+    ({"max_workers": 0}, "max_workers"),
     ({"profile_limits": {"tf-cpu": {"runing": 1}}}, "keys"),
     ({"profile_limits": {"tf-cpu": {"running": "2"}}}, "int"),
     ({"profile_limits": {"tf-cpu": 2}}, "dict"),
@@ -111,3 +112,13 @@ def test_concurrent_submissions_cannot_pass_the_queue_cap_together(tmp_path):
                       check=lambda active: limits.check_submission(CPU, active))
     finally:
         pool.close()
+
+
+def test_a_clusters_workers_each_count_their_cpus():
+    limits = JobLimits(max_cpus=8)
+    limits.check_submission(GPU, [], workers=2)  # 2 x 4 CPUs
+    with pytest.raises(BadJob, match="3 workers of profile tf-gpu-1 use 12 CPUs.*or fewer workers") as refused:
+        limits.check_submission(GPU, [], workers=3)
+    assert refused.value.status == 403
+    assert "8 CPUs" in limits.wait_reason(GPU, [("tf-cpu", 2.0)], workers=2)
+    assert limits.wait_reason(GPU, [], workers=2) is None

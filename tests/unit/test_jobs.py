@@ -16,7 +16,8 @@ from spawner.settings.pool_service import SERVICE_ROLE
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
 from spawner.jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
-from spawner.jobs.spec import container_spec
+from spawner.docker.jobs import DockerJobEngine
+from spawner.jobs.spec import unit_spec
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
 from spawner.settings.pool_service import ACCESS_SCOPE, configure_pool_page
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
@@ -75,6 +76,23 @@ def test_anything_else_is_refused_with_a_message(body, status, message):
     assert refused.value.status == status and message in str(refused.value)
 
 
+@pytest.mark.parametrize("workers, message", [
+    (0, "between 1 and 4"), (-1, "between 1 and 4"), (10**9, "between 1 and 4 (JobLimits.max_workers)"),
+    (5, "between 1 and 4"), ("2", "whole number"), ([2], "whole number"), (2.0, "whole number"),
+    (True, "whole number"), ({"n": 2}, "whole number"),
+])
+def test_a_cluster_asks_for_a_whole_number_of_workers_within_the_maximum(workers, message):
+    body = {"profile": "tf-gpu-1", "command": ["python", "train.py"], "workers": workers}
+    with pytest.raises(BadJob) as refused:
+        check_submission(body, PROFILES, (), default_max=3600, max_workers=4)
+    assert refused.value.status == 400 and message in str(refused.value)
+    sub = check_submission({**body, "workers": 4}, PROFILES, (), default_max=3600, max_workers=4)
+    assert sub.workers == 4
+    assert submission({"profile": "tf-gpu-1", "command": ["true"]}).workers == 1  # a plain job
+    with pytest.raises(BadJob, match="between 1 and 1"):  # max_workers 1: no clusters
+        submission({**body, "workers": 2})
+
+
 def test_a_profile_of_the_users_group_is_allowed():
     assert submission({"profile": "staff", "command": ["true"]}, groups=["staff"]).profile.gpus == 2
 
@@ -86,6 +104,11 @@ def test_profiles_check_their_job_keys():
         load_profiles([{"slug": "x", "display_name": "X", "image": "i", "job_max_seconds": 0}])
     with pytest.raises(ProfileConfigError, match="job_network"):
         load_profiles([{"slug": "x", "display_name": "X", "image": "i", "job_network": "yes"}])
+
+
+def container_spec(job, profile, settings, home_volume, pool_id):
+    """What the Docker engine asks of the daemon for the job's unit: (create, host config)."""
+    return DockerJobEngine(settings).create_args(unit_spec(job, profile, settings, home_volume, pool_id))
 
 
 def _job(**overrides):

@@ -1,13 +1,10 @@
 """Action scripts and the privileged roles around them, without a hub (issue 22, items 6 and 7):
-line ends, the output cap read as a stream, the scripts' own executor, the run store, the exec
+line ends, the output cap read as a stream in the server, the route through each server, the run store, the exec
 scope and the directory's DN decision."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import pytest
 from traitlets.config import Config
@@ -27,65 +24,88 @@ def test_scripts_run_with_unix_line_ends_whatever_the_browser_sent(raw):
     assert script == "cd /tmp\npwd\nif true; then\n echo y\nfi\n" and timeout == 30
 
 
-class FakeExecAPI:
-    """docker-py's low-level exec calls, with a script that writes `chunks` KiB."""
+def _extension():
+    """The gpuhub_scripts extension of the images, imported from images/jupyter."""
+    import importlib.util
+    from pathlib import Path
 
-    def __init__(self, chunks: int):
-        self.chunks, self.read, self.streamed = chunks, 0, None
-
-    def exec_create(self, container_id, cmd, **kwargs):
-        assert kwargs["user"] == "1000:100" and kwargs["privileged"] is False
-        return {"Id": "e1"}
-
-    def exec_start(self, exec_id, stream=False, demux=False, **kwargs):
-        self.streamed = stream
-        if not stream:  # the whole output at once: what the cap must not need
-            self.read = self.chunks
-            return b"x" * 1024 * self.chunks
-
-        def gen():
-            for _ in range(self.chunks):
-                self.read += 1
-                yield b"x" * 1024
-        return gen()
-
-    def exec_inspect(self, exec_id):
-        return {"ExitCode": 0, "Running": False}
+    path = Path(__file__).resolve().parents[2] / "images" / "jupyter" / "gpuhub_scripts" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("gpuhub_scripts_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def fake_client(api):
-    container = SimpleNamespace(id="c1", attrs={"Config": {"User": "1000:100"}})
-    return SimpleNamespace(api=api, containers=SimpleNamespace(list=lambda **kw: [container]))
+def test_a_script_in_the_server_is_read_as_a_stream_and_kept_only_up_to_the_cap():
+    ext = _extension()
+    # 200 MB of output: read and thrown away past the cap, and the script runs to its end.
+    big = asyncio.run(ext.run_script("head -c 200000000 /dev/zero | tr '\\0' x; echo; echo end; exit 3", 60))
+    assert big["truncated"] and len(big["output"]) == ext.OUTPUT_CAP and big["exit_code"] == 3
+    small = asyncio.run(ext.run_script("echo out; echo err >&2", 30))
+    assert small == {"exit_code": 0, "output": "out\nerr\n", "truncated": False, "timed_out": False}
+    slow = asyncio.run(ext.run_script("echo started; sleep 30", 1))
+    assert slow["timed_out"] and slow["exit_code"] == 124 and slow["output"] == "started\n"
 
 
-def test_output_is_streamed_and_kept_only_up_to_the_cap():
-    api = FakeExecAPI(chunks=200)  # 200 KiB of output
-    result = scripts.exec_in(fake_client(api), "pool", Server("pat", ""), "yes", 30)
-    assert api.streamed is True
-    assert result.truncated and len(result.output) == scripts.OUTPUT_CAP and result.exit_code == 0
-    small = scripts.exec_in(fake_client(FakeExecAPI(chunks=2)), "pool", Server("pat", ""), "echo", 30)
-    assert not small.truncated and len(small.output) == 2048
+def _fake_servers(answers: dict):
+    """A real HTTP server on 127.0.0.1 answering each server's script URL as `answers[user]`
+    (status, body); the number of requests in flight at once is recorded."""
+    import json
+    import socket
+
+    from tornado import web
+    from tornado.httpserver import HTTPServer
+
+    seen = {"now": 0, "most": 0, "auth": set()}
+
+    class Script(web.RequestHandler):
+        async def post(self, user):
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+            seen["auth"].add(self.request.headers.get("Authorization"))
+            await asyncio.sleep(0.2)
+            seen["now"] -= 1
+            status, body = answers[user]
+            self.set_status(status)
+            self.finish(json.dumps(body))
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    server = HTTPServer(web.Application([(r"/user/([^/]+)/api/gpuhub/script", Script)]))
+    server.add_sockets([sock])
+    return server, sock.getsockname()[1], seen
 
 
-def test_scripts_do_not_wait_for_the_default_executor(monkeypatch):
-    """A fan-out runs on the scripts' own threads: with every default-executor thread busy
-    (the page's utilisation reads), it still runs."""
-    monkeypatch.setattr(scripts, "exec_in", lambda client, pool_id, server, script, timeout:
-                        scripts.Result(server.label, 0, "ok"))
-    release = threading.Event()
+def test_scripts_go_to_each_servers_jupyter_server_with_the_services_token_bounded():
+    result = {"exit_code": 0, "output": "ok\n", "truncated": False, "timed_out": False}
+    users = [f"u{i}" for i in range(scripts.PARALLEL + 4)]
+    answers = {u: (200, result) for u in users}
+    answers["old"] = (404, {"message": "Not Found"})
+    answers["root"] = (403, {"message": "This server runs as root: scripts run only as a server's own user"})
+    answers["liar"] = (200, {"output": "x" * (scripts.OUTPUT_CAP + 1)})
 
     async def main():
-        loop = asyncio.get_running_loop()
-        loop.set_default_executor(ThreadPoolExecutor(1))
-        stuck = loop.run_in_executor(None, release.wait, 10)
+        server, port, seen = _fake_servers(answers)
+        route = scripts.ServerRoute(f"http://127.0.0.1:{port}", "service-token")
         try:
-            return await asyncio.wait_for(scripts.run_everywhere(None, "pool", [Server("a", ""), Server("b", "")],
-                                                                 "true", 5), 5)
+            servers = [Server(u, "", url=f"/user/{u}/") for u in [*users, "old", "root", "liar"]]
+            return await scripts.run_everywhere(route, servers, "true", 5), seen
         finally:
-            release.set()
-            await stuck
+            server.stop()
 
-    assert [r.exit_code for r in asyncio.run(main())] == [0, 0]
+    results, seen = asyncio.run(main())
+    by = {r.server: r for r in results}
+    assert all(by[u].exit_code == 0 and by[u].output == "ok\n" for u in users)
+    assert seen["most"] == scripts.PARALLEL and seen["auth"] == {"token service-token"}
+    assert by["old"].exit_code is None and "no gpuhub_scripts extension" in by["old"].error
+    assert by["root"].exit_code is None and "runs as root" in by["root"].error
+    assert by["liar"].exit_code is None and "not a script result" in by["liar"].error
+    # A server that does not answer at all is a result too, not an error of the run.
+    [gone] = asyncio.run(scripts.run_everywhere(scripts.ServerRoute("http://127.0.0.1:9", "t"),
+                                                 [Server("gone", "", url="/user/gone/")], "true", 5))
+    assert gone.exit_code is None and "did not answer" in gone.error
 
 
 def test_runs_are_kept_bounded_and_say_what_is_done():

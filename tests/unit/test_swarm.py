@@ -30,12 +30,16 @@ def node(host, uuids, state="ready", availability="active", labels=None, node_id
 class Manager:
     """The manager's node list, as data (docker.DockerClient().api.nodes())."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, tasks=()):
         self.nodes_list = nodes
+        self.tasks_list = list(tasks)
         self.api = self
 
     def nodes(self):
         return self.nodes_list
+
+    def tasks(self, filters=None):
+        return self.tasks_list
 
 
 def test_node_gpus_and_whether_a_node_lends():
@@ -92,14 +96,45 @@ def test_pool_lends_any_node_and_marks_a_drained_nodes_gpus_missing(tmp_path):
     pool.close()
 
 
-def test_which_tasks_still_hold_their_gpus():
+def test_which_tasks_still_hold_their_gpus(monkeypatch):
+    from spawner.swarm import tasks
+
+    clock = [1000.0]
+    monkeypatch.setattr(tasks.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(tasks, "DOWN_NODES", tasks.DownNodes(grace=300))
     running = {"Status": {"State": "running"}, "NodeID": "n1"}
     assert task_holds(running, {"n1": "ready"})
     assert task_holds({"Status": {"State": "pending"}}, {})
     assert not task_holds({"Status": {"State": "shutdown"}, "NodeID": "n1"}, {"n1": "ready"})
     assert not task_holds({"Status": {"State": "failed"}, "NodeID": "n1"}, {"n1": "ready"})
-    # A node that is down runs nothing the hub can reach; its GPUs are not lent meanwhile.
+    # A node that went quiet may still run its task: it holds for the grace period, from when
+    # this process first saw the node quiet, then counts as gone.
+    tasks.DOWN_NODES.note({"n1": "down"})
+    assert task_holds(running, {"n1": "down"})
+    clock[0] += 299
+    tasks.DOWN_NODES.note({"n1": "unknown"})  # still quiet: the grace counts from the first sight
+    assert task_holds(running, {"n1": "unknown"}) and tasks.DOWN_NODES.quiet_for("n1") == 299
+    clock[0] += 2
     assert not task_holds(running, {"n1": "down"})
+    tasks.DOWN_NODES.note({"n1": "ready"})  # back: a later silence starts a new grace
+    assert tasks.DOWN_NODES.quiet_for("n1") is None
+
+
+def test_a_node_back_from_down_lends_a_gpu_only_once_its_stopped_task_has_stopped():
+    from spawner.labels import LABEL_GPUS
+
+    def task(state, desired, gpus):
+        return {"NodeID": "id-a", "Status": {"State": state}, "DesiredState": desired,
+                "Spec": {"ContainerSpec": {"Labels": {LABEL_GPUS: gpus}}}}
+
+    manager = Manager([node("a", ["GPU-a0", "GPU-a1", "GPU-a2"])],
+                      tasks=[task("running", "shutdown", "GPU-a0"),  # told to stop, not yet stopped
+                             task("running", "running", "GPU-a1"),  # a live server (its lease holds it)
+                             task("complete", "shutdown", "GPU-a2")])  # stopped
+    inv = SwarmInventory(client=manager, cache_seconds=0)
+    assert [g.uuid for g in inv.gpus()] == ["GPU-a1", "GPU-a2"]
+    manager.tasks_list[0]["Status"]["State"] = "shutdown"
+    assert [g.uuid for g in inv.gpus()] == ["GPU-a0", "GPU-a1", "GPU-a2"]
 
 
 def test_task_address_on_the_overlay():
@@ -123,11 +158,34 @@ def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
                        "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker, node.labels.cpu==true"})
     assert s.inventory == "swarm"
     assert s.swarm_cpu_constraints == ("node.role==worker", "node.labels.cpu==true")
-    # Batch jobs run on the hub's own Docker host: off on Swarm, and refused when asked for.
-    assert s.jobs is False
-    with pytest.raises(SettingsError, match="GPUHUB_JOBS"):
-        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_JOBS": "true"})
+    # Batch jobs run on Swarm too: on by default, as Swarm services of any GPU node.
+    assert s.jobs is True
+    assert not load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+                              "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_JOBS": "false"}).jobs
+
+
+def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_path):
+    from traitlets.config import Config
+
+    from spawner.settings.jobs import job_settings
+    from spawner.jobs.runner import make_engine
+    from spawner.settings import apply_settings
+    from spawner.swarm.jobs import SwarmJobEngine
+
+    s = load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_DATA_DIR": str(tmp_path),
+                       "GPUHUB_SWARM_HOME_OPTIONS": '{"type": "nfs", "device": ":/homes/{username}"}',
+                       "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker"})
+    c = Config()
+    apply_settings(c, s)
+    js = job_settings(c, s)
+    assert js.engine == "swarm" and js.host == ""  # any node's GPUs
+    assert js.home_volume_driver_options == {"type": "nfs", "device": ":/homes/{username}"}
+    assert js.cpu_constraints == ["node.role==worker"]
+    engine = make_engine(js)
+    assert isinstance(engine, SwarmJobEngine)
+    assert engine.home_volume_create_kwargs("ann") == {"driver": "local",
+                                                        "driver_opts": {"type": "nfs", "device": ":/homes/ann"}}
 
 
 def test_swarm_settings_choose_gpu_swarm():

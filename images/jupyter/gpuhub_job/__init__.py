@@ -69,6 +69,9 @@ def show(job):
         line += f", exit code {job['exit_code']}"
     print(line)
     print(f"  profile {job['profile']}, GPUs {gpus}, command {' '.join(job['command'])}")
+    for unit in job.get("units") or []:
+        print(f"  worker {unit['worker']}{' (chief)' if unit['worker'] == 0 else ''}: host {unit['host']}, "
+              f"GPUs {', '.join(unit['gpus']) or 'none'}")
     print(f"  submitted {job['submitted_at']}, started {job.get('started_at') or '-'}, "
           f"ended {job.get('ended_at') or '-'}")
     if job.get("message"):
@@ -85,6 +88,8 @@ def build_parser():
     p.add_argument("--profile", required=True, help="a profile's slug, e.g. tf-gpu-1")
     p.add_argument("--workdir", default=None, help="directory inside your home (default: the current one)")
     p.add_argument("--timeout", type=int, default=None, help="seconds before it is stopped")
+    p.add_argument("--workers", type=int, default=None,
+                   help="a cluster of N containers, each with the profile's GPUs and TF_CONFIG (default 1)")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER)
     for name in ("status", "cancel"):
@@ -94,6 +99,9 @@ def build_parser():
     q = sub.add_parser("logs", help="a job's output")
     q.add_argument("job", type=int)
     q.add_argument("-f", "--follow", action="store_true", help="stream it until the job ends")
+    q.add_argument("--worker", type=int, default=None,
+                   help="a cluster's worker i only (default: every worker, lines marked [worker i]; "
+                        "--follow streams the chief's)")
     q = sub.add_parser("list", help="your jobs, newest first")
     q.add_argument("--json", action="store_true")
     return parser
@@ -112,13 +120,17 @@ def main(argv=None):
                 "workdir": workdir_here() if args.workdir is None else args.workdir}
         if args.timeout is not None:
             body["timeout"] = args.timeout
+        if args.workers is not None:
+            body["workers"] = args.workers
         job = request(args, "POST", "", body)
         print(json.dumps(job, indent=2)) if args.json else show(job)
     elif args.action in ("status", "cancel"):
         job = request(args, "GET" if args.action == "status" else "DELETE", f"/{args.job}")
         print(json.dumps(job, indent=2)) if args.json else show(job)
     elif args.action == "logs":
-        response = request(args, "GET", f"/{args.job}/logs" + ("?follow=1" if args.follow else ""),
+        query = [q for q in ("follow=1" if args.follow else "",
+                             f"worker={args.worker}" if args.worker is not None else "") if q]
+        response = request(args, "GET", f"/{args.job}/logs" + ("?" + "&".join(query) if query else ""),
                            stream=True)
         while chunk := response.read1(65536) if hasattr(response, "read1") else response.read(65536):
             sys.stdout.buffer.write(chunk)
@@ -128,7 +140,8 @@ def main(argv=None):
         if args.json:
             print(json.dumps(jobs, indent=2))
         for job in [] if args.json else jobs:
-            print(f"{job['id']:>6}  {job['state']:<10} {job['profile']:<12} {' '.join(job['command'])[:60]}")
+            workers = f"x{job['workers']}" if job.get("workers", 1) > 1 else ""
+            print(f"{job['id']:>6}  {job['state']:<10} {job['profile'] + workers:<12} {' '.join(job['command'])[:60]}")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from urllib.parse import urlencode
 
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from ...labels import pool_identity
 from ...pool.models import EndReason, PoolError
 from ...ledger_io import ledger_call
 from .. import ADMIN_SCOPE
@@ -53,13 +53,8 @@ def hub_api(handler) -> HubAPI:
     return handler.settings.setdefault("hub_api", HubAPI())
 
 
-def docker_client(handler):
-    client = handler.settings.get("docker")
-    if client is None:
-        import docker
-
-        client = handler.settings["docker"] = docker.from_env(timeout=60)
-    return client
+def server_route(handler) -> scripts.ServerRoute:
+    return handler.settings.setdefault("server_route", scripts.ServerRoute.from_env(os.environ))
 
 
 async def running(handler) -> list:
@@ -142,13 +137,12 @@ async def start_exec(handler, viewer: views.Viewer, script: str, timeout: int, t
                          detail_limit=AUDIT_SCRIPT_LIMIT)
     for label in gone:
         run.finish_one(scripts.Result(label, None, "", error="stopped since the script was confirmed; not run"))
-    pool, client = handler.pool, docker_client(handler)
+    pool, route = handler.pool, server_route(handler)
 
     async def body() -> None:
         try:
             if servers:
-                await scripts.run_everywhere(client, pool_identity(pool), servers, script, timeout,
-                                             on_result=run.finish_one)
+                await scripts.run_everywhere(route, servers, script, timeout, on_result=run.finish_one)
         finally:
             failed = [label for label, r in run.results.items() if r.exit_code != 0]
             try:

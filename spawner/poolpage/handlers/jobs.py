@@ -1,4 +1,5 @@
-"""The gpu-pool service's job endpoints: /api/jobs (REST) and /jobs/<id> (a job's page).
+"""The gpu-pool service's job endpoints: /api/jobs (REST), /jobs/<id> (a job's page) and
+/jobs/new (the pool page's form to submit a job or a cluster).
 
 Submitting needs the `custom:gpu-jobs` scope (every user has it; a notebook
 server's own token too); a job is seen and cancelled only by its owner or a
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,13 +23,15 @@ from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from ...jobs import JOBS_SCOPE
+from ...jobs.engine import UnitGone
+from ...jobs import cluster
 from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
 from ...pool.jobs import QUEUED, STARTING, Job
 from .. import ADMIN_SCOPE
 from .base import APIHandler, BaseHandler, log
 from ..limits import PoolServiceLimits
-from .log_streams import Followers, LogFollow, TooMany, open_stream
+from .log_streams import Followers, LogFollow, TooMany
 
 MAX_BODY = 64 * 1024
 # A follower of a job that another host's service runs (no news from this runner) reads its state this often.
@@ -37,6 +41,7 @@ _STREAMS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-pool-log-op
 
 
 class JobsMixin:
+    hub_auth: Any  # HubOAuthenticated's, on the handlers this is mixed into
     # Supplied by the handler it is mixed into (declared for the type checker only).
     settings: dict[str, Any]
     current_user: Any
@@ -50,7 +55,9 @@ class JobsMixin:
         return runner
 
     def job_user(self) -> tuple[str, bool]:
-        """(name, is pool admin) of a caller allowed to use jobs; else 403."""
+        """(name, is pool admin) of a caller allowed to use jobs; else 403 (404 if jobs are off:
+        the scope is then not even defined, and a 403 would send people looking for it)."""
+        self.runner  # noqa: B018 (raises the 404)
         user = self.current_user
         if not user:
             raise web.HTTPError(403, "Log in to the hub (or send a hub API token) first")
@@ -73,6 +80,30 @@ class JobsMixin:
         data["queue_position"] = await self.runner.position(job)
         return data
 
+    async def submit_body(self, name: str, body) -> Job:
+        """Check a submission (as REST and the page's form send it) and queue it; HTTPError if refused."""
+        hub_user = await self.hub_user(name)
+        groups = sorted(hub_user.get("groups") or [])
+        runner = self.runner
+        try:
+            sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds,
+                                   runner.limits.max_workers)
+            return await runner.submit(name, groups, hub_user.get("auth_state"), sub)
+        except (BadJob, JobError) as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+
+    async def hub_user(self, name: str) -> dict:
+        """The user's model from the hub (groups; auth_state with the directory uid/gid)."""
+        auth = self.hub_auth
+        request = HTTPRequest(url_path_join(auth.api_url, "users", quote(name, safe="")),
+                              headers={"Authorization": f"token {auth.api_token}"}, request_timeout=20)
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except Exception as exc:
+            log.error("Could not read user %s from the hub: %s", name, exc)
+            raise web.HTTPError(503, "The hub did not answer; try again in a moment") from None
+        return json.loads(response.body)
+
 
 class JobsAPI(JobsMixin, APIHandler):
     async def get(self):
@@ -89,28 +120,54 @@ class JobsAPI(JobsMixin, APIHandler):
             body = json.loads(self.request.body or b"null")
         except ValueError:
             raise web.HTTPError(400, "The body must be JSON") from None
-        hub_user = await self.hub_user(name)
-        groups = sorted(hub_user.get("groups") or [])
-        runner = self.runner
-        try:
-            sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds)
-            job = await runner.submit(name, groups, hub_user.get("auth_state"), sub)
-        except (BadJob, JobError) as exc:
-            raise web.HTTPError(exc.status, str(exc)) from None
+        job = await self.submit_body(name, body)
         self.set_header("Location", url_path_join(self.request.path, str(job.id)))
         self.write_json(await self.job_dict(job), status=201)
 
-    async def hub_user(self, name: str) -> dict:
-        """The user's model from the hub (groups; auth_state with the directory uid/gid)."""
-        auth = self.hub_auth
-        request = HTTPRequest(url_path_join(auth.api_url, "users", quote(name, safe="")),
-                              headers={"Authorization": f"token {auth.api_token}"}, request_timeout=20)
+
+def form_body(get) -> dict:
+    """A submission from the page's form fields (`get(name)` -> str or None), as REST takes it:
+    the command line split as a shell would (no shell runs it), numbers as numbers."""
+    body: dict = {"profile": get("profile") or None}
+    line = get("command") or ""
+    if len(line) > MAX_BODY:
+        raise BadJob(f"The command is longer than {MAX_BODY} characters")
+    try:
+        body["command"] = shlex.split(line)
+    except ValueError as exc:
+        raise BadJob(f"The command line does not parse ({exc}); check its quotes") from None
+    for key in ("workdir",):
+        if get(key):
+            body[key] = get(key)
+    for key in ("workers", "timeout"):
+        raw = (get(key) or "").strip()
+        if raw:
+            if not raw.isdigit():
+                raise BadJob(f"'{key}' must be a whole number, not {raw[:20]!r}")
+            body[key] = int(raw)
+    return body
+
+
+class JobSubmitPage(JobsMixin, BaseHandler):
+    """The pool page's form: a job or a cluster from the browser, as REST takes it; then its page."""
+
+    @web.authenticated
+    async def post(self):
+        name, _ = self.job_user()
         try:
-            response = await AsyncHTTPClient().fetch(request)
-        except Exception as exc:
-            log.error("Could not read user %s from the hub: %s", name, exc)
-            raise web.HTTPError(503, "The hub did not answer; try again in a moment") from None
-        return json.loads(response.body)
+            body = form_body(lambda key: self.get_body_argument(key, None))
+        except BadJob as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+        job = await self.submit_body(name, body)
+        log.info("%s submitted job %s from the pool page", name, job.id)
+        self.redirect(url_path_join(self.settings["prefix"], "jobs", str(job.id)))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        message = exc.log_message if isinstance(exc, web.HTTPError) and exc.log_message else self._reason
+        self.finish(self.settings["jinja"].get_template("message.html").render(
+            title="Job not submitted", message=message, base_url=self.settings["base_url"],
+            prefix=self.settings["prefix"]))
 
 
 class JobAPI(JobsMixin, APIHandler):
@@ -132,7 +189,8 @@ class JobAPI(JobsMixin, APIHandler):
 
 class JobLogsAPI(JobsMixin, APIHandler):
     """The job's output: its container's while it runs (`?follow=1` streams until it ends),
-    the kept copy afterwards.  Followers are capped (PoolServiceLimits), wait for a queued job
+    the kept copy afterwards.  A cluster's is every worker's, each line marked `[worker i]`;
+    `?worker=i` gives one worker's (and is the worker `follow` streams; default the chief).  Followers are capped (PoolServiceLimits), wait for a queued job
     on the runner's own news of it, and end their Docker stream when they go."""
 
     _follow: LogFollow | None = None
@@ -141,6 +199,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
     async def get(self, job_id: str):
         job, name, _ = await self.owned_job(job_id)
         follow = self.get_argument("follow", "") in ("1", "true", "yes")
+        worker = self.worker_argument(job)
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         self.set_header("X-Content-Type-Options", "nosniff")
         if follow:
@@ -156,15 +215,27 @@ class JobLogsAPI(JobsMixin, APIHandler):
                 if running is None:
                     return  # the reader went away meanwhile
                 job = running
-                if job.active and job.container and await self.stream(job):
+                if job.active and job.container and await self.stream(job, worker):
                     return self.finish()
             finally:
                 followers.give_back(followed, name)
         if job.active and job.container:
-            current = await self.runner.read_log(job)
+            current = (await cluster.read_log(self.runner, job, worker) if worker is not None
+                       else await self.runner.read_log(job))
             if current is not None:
                 return self.finish(current)
         self.finish(await self.call(self.runner.ledger.log, job.id) or "")
+
+    def worker_argument(self, job: Job) -> int | None:
+        """`?worker=i` of a cluster job (0 <= i < its workers), else None; 400 when it is not one."""
+        raw = self.get_argument("worker", None)
+        if raw is None:
+            return None
+        if not job.is_cluster:
+            raise web.HTTPError(400, f"Job {job.id} is not a cluster; it has no workers to choose from")
+        if not raw.isdigit() or not int(raw) < job.workers:
+            raise web.HTTPError(400, f"'worker' must be a worker of job {job.id}: 0 to {job.workers - 1}")
+        return int(raw)
 
     def on_connection_close(self):
         if self._gone is not None:
@@ -192,11 +263,10 @@ class JobLogsAPI(JobsMixin, APIHandler):
             job = await self.call(self.runner.ledger.get, job.id) or job
         return job
 
-    async def stream(self, job: Job) -> bool:
-        """Stream the container's log until it ends or the reader goes; False if the container
-        is already gone.  Docker is opened on a thread, within PoolServiceLimits.docker_timeout."""
-        import docker.errors
-
+    async def stream(self, job: Job, worker: int | None = None) -> bool:
+        """Stream the container's log (a cluster's: worker `worker`'s, default the chief's) until
+        it ends or the reader goes; False if the container is already gone.  The engine's stream
+        is opened on a thread, within PoolServiceLimits.docker_timeout."""
         reader_gone = self._gone
         if reader_gone is None:  # get() makes it when a follow starts
             raise RuntimeError("A job log's follow was used before get() started it")
@@ -204,12 +274,14 @@ class JobLogsAPI(JobsMixin, APIHandler):
             return False  # no container (yet or any more): nothing to follow; get() checks first
         limits: PoolServiceLimits = self.settings["limits"]
         loop = asyncio.get_running_loop()
-        opening = loop.run_in_executor(_STREAMS, open_stream, job.container, limits.docker_timeout)
+        unit = (cluster.worker_name(self.runner.settings, job.id, worker) if worker is not None
+                else job.container)
+        opening = loop.run_in_executor(_STREAMS, self.runner.engine.open_follow, unit, limits.docker_timeout)
         try:
             api, source = await asyncio.wait_for(asyncio.shield(opening), limits.docker_timeout + 1)
-        except docker.errors.NotFound:
+        except UnitGone:
             return False
-        except (asyncio.TimeoutError, docker.errors.DockerException, OSError) as exc:
+        except Exception as exc:
             log.warning("Could not open job %s's log stream: %s", job.id, exc)
             opening.add_done_callback(_close_late)
             raise web.HTTPError(503, f"Docker did not open job {job.id}'s log within "
@@ -282,6 +354,7 @@ def routes(prefix: str) -> list[tuple]:
         (api + r"/(\d+)", JobAPI),
         (api + r"/(\d+)/logs", JobLogsAPI),
         (url_path_join(prefix, "jobs") + r"/(\d+)", JobPage),
+        (url_path_join(prefix, "jobs", "new"), JobSubmitPage),
     ]
 
 
@@ -291,6 +364,13 @@ def job_rows(runner: JobRunner | None, viewer) -> list[dict]:
     if runner is None:
         return []
     return [j for j in runner.snapshot if viewer.admin or j["user"] == viewer.name]
+
+
+def job_profiles(runner: JobRunner | None) -> list[dict]:
+    """The profiles the page's submit form offers (the service checks who may use which)."""
+    if runner is None:
+        return []
+    return [{"slug": p.slug, "name": p.display_name, "gpus": p.gpus} for p in runner.profiles.values()]
 
 
 async def start_jobs(app: web.Application, port: int):

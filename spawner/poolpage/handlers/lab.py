@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from ...culling.deadline import contended
 from ...culling.policy import idle_limit, is_gpu_server
 from ...pool.jobs import QUEUED, RUNNING
 from ...pool.models import EndReason, PoolError, iso
@@ -121,9 +122,18 @@ class LabAPI(APIHandler):
             return {**part, "error": "The hub did not say when this server was last active"}
         if mine:
             srv = mine[0]
-            deadline = s.deadline(srv)
+            # Whether someone waits for GPUs on its host: the contended timeout then applies, as the
+            # culler applies it (culling/deadline.py), and the deadline moves when that changes.
+            busy = False
+            if is_gpu_server(srv.state):
+                try:
+                    busy = contended(srv.host, [w.hosts for w in await self.ledger(self.pool.queue)])
+                except PoolError as exc:
+                    log.warning("Cull deadline without the queue: %s", exc)
+            deadline = s.deadline(srv, busy)
             part.update(at=iso(deadline) if deadline else None, last_activity=iso(srv.last_activity),
-                        idle_limit_s=idle_limit(srv.state, s.cull_timeout_cpu, s.cull_timeout))
+                        idle_limit_s=idle_limit(srv.state, s.cull_timeout_cpu, s.cull_timeout, s.cull_rules, busy),
+                        contended=busy)
             if is_gpu_server(srv.state) and s.gpu_idle_percent > 0:
                 # The culler's other rule (GPUCullPolicy): GPUs under this for this long, whatever
                 # the activity says.

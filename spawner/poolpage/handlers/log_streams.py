@@ -1,7 +1,7 @@
 """Following a job's log: bounded, capped, and ended when the reader goes.
 
 `Followers` counts who follows what (per job, per user, in all) and refuses one more with a
-message naming the limit.  `LogFollow` reads one Docker log stream on a thread of its own
+message naming the limit.  `LogFollow` reads one log stream (the job engine's `open_follow`) on a thread of its own
 into a bounded buffer: a reader that reads slowly makes the thread wait (Docker then waits),
 never the buffer grow; `close()` (the reader went away, or stalled past its timeout) shuts
 the Docker stream down, which ends the thread.  Docker is never waited on from the event loop:
@@ -142,24 +142,3 @@ class LogFollow:
         while not self.buffer.empty():  # a pump waiting for room gets it, sees `closed`, and ends
             self.buffer.get_nowait()
         self.buffer.put_nowait(_END)  # and the reader's next_chunk() says the follow is over
-
-
-def open_stream(container: str, timeout: float):
-    """(Docker API client, its follow=True log stream of `container`), opened within `timeout` s
-    (on a thread: both block).  The stream then waits for output without a timeout: a quiet
-    job is not an error; `close()` on it ends it."""
-    import docker
-
-    api = docker.APIClient(**docker.utils.kwargs_from_env(), timeout=timeout)
-    try:
-        source = api.logs(container, stream=True, follow=True)
-        try:
-            sock_fp = source._response.raw._fp.fp
-            sock = (sock_fp.raw if hasattr(sock_fp, "raw") else sock_fp)._sock
-            sock.settimeout(None)
-        except AttributeError:  # another transport: it keeps `timeout` between chunks
-            pass
-    except BaseException:
-        api.close()
-        raise
-    return api, source

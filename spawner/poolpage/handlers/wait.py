@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from jupyterhub.utils import url_path_join
 
+from ...culling.deadline import CullRules, contended, deadline
 from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
 from ...pool.models import PoolError, iso
@@ -33,6 +34,10 @@ class Settings:
     def __init__(self, env=os.environ):
         # The culler's idle limits (0: the hub does not cull), read as the culler reads them.
         self.cull_timeout = int(env.get("GPUHUB_CULL_TIMEOUT_GPU", "0") or 0)
+        # The culler's rules (culling/deadline.py): None when the hub does not cull.
+        raw_rules = env.get("GPUHUB_CULL_RULES", "")
+        self.cull_rules = CullRules.from_json(raw_rules) if raw_rules else (
+            CullRules(0, self.cull_timeout) if self.cull_timeout > 0 else None)
         self.cull_timeout_cpu = int(env.get("GPUHUB_CULL_TIMEOUT_CPU", "0") or 0)
         self.cull_every = int(env.get("GPUHUB_CULL_EVERY", "0") or 0)
         self.gpu_idle_percent = float(env.get("GPUHUB_GPU_IDLE_PERCENT", "0") or 0)
@@ -44,10 +49,11 @@ class Settings:
         self.db_url = ledger_env(ENV_DB_URL, env)
         self._reader = self._no_reader = None
 
-    def deadline(self, server) -> datetime | None:
+    def deadline(self, server, contended: bool = False) -> datetime | None:
         """When the culler stops `server` (a hubapi.Server) if it stays idle: the policy's
         rule (culling/policy.py), the culler's own."""
-        return cull_deadline(server.last_activity, server.state, self.cull_timeout_cpu, self.cull_timeout)
+        return cull_deadline(server.last_activity, server.state, self.cull_timeout_cpu, self.cull_timeout,
+                             self.cull_rules, contended)
 
     def utilization_reader(self, pool=None):
         """A callable (host, uuid) -> percent or None, or None where nothing gives it.
@@ -95,46 +101,100 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
             g["utilization"] = value
     running = await servers(handler)
     if running is None:
-        return {"cull": {}, "estimated": False}
-    cull = {}
-    for srv in running:
-        if srv.lease_id is not None and s.cull_timeout > 0:
-            cull[(srv.user, srv.name)] = s.deadline(srv)
+        return {"cull": {}, "why": {}, "estimated": False}
+    cull, why = {}, {}
+    if s.cull_rules is not None and any(srv.lease_id is not None for srv in running):
+        try:
+            waiting = [w.hosts for w in await handler.ledger(handler.pool.queue)]
+        except PoolError as exc:
+            log.warning("Cull deadlines without the queue: %s", exc)
+            waiting = []
+        for srv in running:
+            if srv.lease_id is not None:
+                # The culler's own rule (culling/deadline.py): it moves as requests start or stop waiting.
+                d = deadline(s.cull_rules, last_activity=srv.last_activity, started=srv.started, is_gpu=True,
+                             profile=srv.profile or None, contended=contended(srv.host, waiting))
+                if d.at is not None:
+                    cull[(srv.user, srv.name)], why[(srv.user, srv.name)] = d.at, d.reason
     if queue:
         try:
             lengths = await handler.ledger(handler.pool.lease_lengths, LENGTHS)
             leases = await handler.ledger(handler.pool.leases)
         except PoolError as exc:
             log.warning("No wait estimates: %s", exc)
-            return {"cull": cull, "estimated": False}
+            return {"cull": cull, "why": why, "estimated": False}
         activity = {(srv.user, srv.name): srv.last_activity for srv in running}
         holdings = []
         for lease in leases:
-            last = activity.get((lease.user, lease.server_name))
+            key = (lease.user, lease.server_name)
+            last = activity.get(key)
             idle = last is not None and (now - last).total_seconds() > s.idle_after
+            at = cull.get(key)
+            aged = at is not None and "maximum age" in why.get(key, "")
+            whose = f"{lease.user}'s" if viewer.may_see(lease.user) else "an"
+            reason = ""
+            if at is not None:
+                reason = (f"{whose} server reaches its maximum age at {at.strftime('%H:%M')} UTC" if aged else
+                          f"{whose} idle server is culled at {at.strftime('%H:%M')} UTC if it stays idle")
             holdings.append(estimate.Holding(lease.started_at, len(lease.gpu_uuids),
-                                             cull.get((lease.user, lease.server_name)) if idle else None))
+                                             at if idle or aged else None, reason))
         free = sum(1 for g in gpus if g["state"] == "free")
-        for row, seconds in zip(queue, estimate.waits([w["count"] for w in queue], free, holdings, now, lengths)):
+        for row, (seconds, reason) in zip(queue, estimate.waits_explained([w["count"] for w in queue], free,
+                                                                          holdings, now, lengths)):
             row["estimate_s"] = None if seconds is None else round(seconds)
             row["estimate"] = estimate.say(seconds)
-    return {"cull": cull, "estimated": bool(queue)}
+            row["estimate_why"] = reason if seconds is not None else ""
+    return {"cull": cull, "why": why, "estimated": bool(queue)}
 
 
-def cull_text(deadline: datetime | None, now: datetime) -> str:
-    if deadline is None:
+def cull_text(at: datetime | None, now: datetime, reason: str = "") -> str:
+    if at is None:
         return ""
-    minutes = max(0, round((deadline - now).total_seconds() / 60))
-    return (f"If it stays idle, it is culled at {deadline.strftime('%H:%M')} UTC (in {minutes} min); "
+    minutes = max(0, round((at - now).total_seconds() / 60))
+    because = f" ({reason})" if reason else ""
+    return (f"If it stays idle, it is culled at {at.strftime('%H:%M')} UTC (in {minutes} min){because}; "
             "any activity in it moves this on.")
+
+
+async def booking_notices(handler, viewer: views.Viewer) -> dict[str, str]:
+    """{server: warning} where someone else booked the viewer's GPU later (bookings.notices)."""
+    from .bookings import notices
+
+    try:
+        return {(f"{viewer.name}/{n}" if n else viewer.name): t for n, t in (await notices(handler, viewer)).items()}
+    except PoolError as exc:
+        log.warning("No booking notices: %s", exc)
+        return {}
+
+
+async def budget_rows(handler, viewer: views.Viewer) -> list[dict]:
+    """The viewer's GPU-hour budgets: used, limit, when the next hour frees, when what they hold
+    uses it up (the warning before the culler stops it with reason `budget`)."""
+    user = handler.current_user if isinstance(handler.current_user, dict) else {}
+    groups = tuple(user.get("groups") or ())  # the hub's user model (read:users:groups)
+    if not handler.pool.budgets().any:
+        return []
+    try:
+        found = await handler.ledger(handler.pool.budget_standings, viewer.name, groups)
+    except PoolError as exc:
+        log.warning("No budgets: %s", exc)
+        return []
+    period = handler.pool.budgets().period_s
+    return [{"who": s.who, "used_gpu_hours": round(s.used, 2), "limit_gpu_hours": s.limit,
+             "exhausted": s.exhausted, "frees_at": iso(s.frees_at), "runs_out_at": iso(s.runs_out_at),
+             "message": s.message(period) + (f"; what you hold now uses it up at "
+                                             f"{s.runs_out_at.strftime('%a %H:%M')} UTC, when it is stopped"
+                                             if s.runs_out_at and not s.exhausted else "")} for s in found]
 
 
 async def page_context(handler, viewer: views.Viewer, gpus: list[dict], queue: list[dict], active: list[dict]) -> dict:
     info = await live(handler, gpus, queue, viewer)
     now = datetime.now(UTC)
     for lease in active:
-        lease["cull"] = cull_text(info["cull"].get((viewer.name, lease["server_name"])), now)
-    return {"estimate_note": estimate.NOTE if info["estimated"] else None}
+        key = (viewer.name, lease["server_name"])
+        lease["cull"] = cull_text(info["cull"].get(key), now, info["why"].get(key, ""))
+    return {"estimate_note": estimate.NOTE if info["estimated"] else None,
+            "budgets": await budget_rows(handler, viewer)}
 
 
 class WaitAPI(APIHandler):
@@ -146,9 +206,12 @@ class WaitAPI(APIHandler):
         queue = views.queue_rows(await self.call(self.pool.queue), viewer)
         info = await live(self, gpus, queue, viewer)
         mine = {f"{u}/{n}" if n else u: iso(t) for (u, n), t in info["cull"].items() if u == viewer.name}
+        reasons = {f"{u}/{n}" if n else u: r for (u, n), r in info["why"].items() if u == viewer.name}
         self.write_json({"queue": queue, "note": estimate.NOTE,
                          "utilization": {g["uuid"]: g["utilization"] for g in gpus},
-                         "cull_at": mine})
+                         "cull_at": mine, "cull_reason": reasons,
+                         "budgets": await budget_rows(self, viewer),
+                         "booked": await booking_notices(self, viewer)})
 
 
 def routes(prefix: str) -> list:

@@ -1,0 +1,231 @@
+"""Bookings: N GPUs of one host held for a user (or a group) over a time window, guaranteed by the ledger.
+
+A booking names its GPUs when it is made (the first that no other booking holds
+in that window).  During its window those GPUs are lent only to the booker, or
+to the members of the group it is for: every grant leaves them out for anyone
+else (`exclude`).  A server that got one of them before the window is told so at
+start (`soon`), shown it on the pool page, and stopped by the idle culler when
+the window starts, with reason `booking`.  A booking nobody uses within
+`grace` seconds of its start is released back to the pool (`release_no_shows`,
+run by every grant and by the culler).  Bookings live in the ledger, so they
+survive hub restarts.  Limits (`Limits`): the longest window, how far ahead,
+booked GPU-hours per user in a week, bookings a user may hold; a request that
+overlaps is refused with the next free window named.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, insert, select, update
+
+from .models import InvalidRequest, PoolError, gpus_text, iso
+from .schema import bookings_table as _b
+from .schema import gpus_table as _g
+from .schema import lease_gpus_table as _lg
+from .schema import leases_table as _l
+from .store import as_utc
+
+# Bookings that may matter now or later: booked, not yet over.
+# (bind parameters only: the SQLite fast path runs this as it is)
+ANY_LIVE = select(_b.c.id).where(_b.c.state == bindparam("booked"), _b.c.ends_at > bindparam("now"))
+LIVE = select(_b).where(_b.c.state == "booked", _b.c.ends_at > bindparam("now")).order_by(_b.c.starts_at, _b.c.id)
+
+
+class BookingRefused(PoolError):
+    """A booking over a limit, overlapping, or otherwise impossible (HTTP 400 with the reason)."""
+
+    status_code = 400
+
+
+class NotYours(PoolError):
+    """Booking for another user, or a group one is not in, without being an admin."""
+
+    status_code = 403
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_hours: float = 8.0  # the longest window
+    max_days_ahead: float = 14.0  # how far ahead a window may start
+    max_gpu_hours_per_week: float = 40.0  # a user's booked GPU-hours in any 7 days around a booking
+    max_per_user: int = 10  # live bookings one user may hold
+    grace_s: float = 900.0  # unused this long after its start, a booking is released
+
+
+@dataclass(frozen=True)
+class Booking:
+    id: int
+    user: str
+    group: str | None
+    host: str
+    gpu_uuids: tuple[str, ...]
+    starts_at: datetime
+    ends_at: datetime
+    created_by: str
+    state: str = "booked"
+
+    @property
+    def gpu_hours(self) -> float:
+        return len(self.gpu_uuids) * (self.ends_at - self.starts_at).total_seconds() / 3600.0
+
+    def active(self, now: datetime) -> bool:
+        return self.state == "booked" and self.starts_at <= now < self.ends_at
+
+    def for_(self, user: str, groups: Iterable[str]) -> bool:
+        """Whether `user` (in `groups`) may use this booking's GPUs."""
+        return user == self.user if self.group is None else self.group in set(groups)
+
+    def to_dict(self, show_user: bool = True) -> dict[str, Any]:
+        return {"id": self.id, "user": self.user if show_user else None, "group": self.group, "host": self.host,
+                "gpus": len(self.gpu_uuids), "gpu_uuids": list(self.gpu_uuids), "starts_at": iso(self.starts_at),
+                "ends_at": iso(self.ends_at), "state": self.state, "gpu_hours": round(self.gpu_hours, 3)}
+
+
+def _row(r) -> Booking:
+    return Booking(r.id, r.user_name, r.group_name, r.host, tuple(json.loads(r.gpu_uuids)), as_utc(r.starts_at),
+                   as_utc(r.ends_at), r.created_by, r.state)
+
+
+def live(conn, now: datetime) -> list[Booking]:
+    """Bookings not yet over (booked), by start."""
+    return [_row(r) for r in conn.execute(LIVE, {"now": now})]
+
+
+def exclude(free: dict[str, list[tuple[int, str]]], bookings: list[Booking], user: str, groups: Iterable[str],
+            now: datetime) -> dict[str, list[tuple[int, str]]]:
+    """The free GPUs `user` may be lent now: those booked now for others left out."""
+    groups = tuple(groups)
+    held = {(b.host, u) for b in bookings if b.active(now) and not b.for_(user, groups) for u in b.gpu_uuids}
+    if not held:
+        return free
+    return {h: [f for f in lst if (h, f[1]) not in held] for h, lst in free.items()}
+
+
+def soon(host: str, uuids: Iterable[str], bookings: list[Booking], user: str, groups: Iterable[str],
+         now: datetime) -> Booking | None:
+    """The first booking for others of any of these GPUs still to start (the server is stopped then)."""
+    mine = set(uuids)
+    later = [b for b in bookings if b.host == host and b.starts_at > now and not b.for_(user, groups)
+             and mine & set(b.gpu_uuids)]
+    return min(later, key=lambda b: b.starts_at) if later else None
+
+
+def notice(b: Booking) -> str:
+    """What a server on a GPU booked later is told at start."""
+    return (f"This GPU is booked from {b.starts_at.strftime('%a %H:%M')} UTC; your server will be stopped then "
+            f"(reason: booking), or choose another profile")
+
+
+def release_no_shows(conn, now: datetime, grace_s: float) -> list[int]:
+    """Release bookings unused `grace_s` after their start (no lease of theirs on their GPUs since)."""
+    out = []
+    for b in live(conn, now):
+        if b.starts_at + timedelta(seconds=grace_s) > now:
+            continue
+        users = select(_l.c.user_name, _l.c.groups).select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id)).where(
+            _lg.c.host == b.host, _lg.c.uuid.in_(b.gpu_uuids), _l.c.started_at >= b.starts_at - timedelta(minutes=1))
+        used = any(b.for_(u, json.loads(g)) for u, g in conn.execute(users))
+        if not used:
+            conn.execute(update(_b).where(_b.c.id == b.id, _b.c.state == "booked")
+                         .values(state="released", released_at=now))
+            out.append(b.id)
+    return out
+
+
+def lease_booked_out(conn, lease_id: int, now: datetime) -> Booking | None:
+    """The booking (for someone else) that holds an active lease's GPU now, else None (for the culler)."""
+    lease = conn.execute(select(_l.c.user_name, _l.c.groups, _l.c.host).where(
+        _l.c.id == lease_id, _l.c.ended_at.is_(None))).first()
+    if lease is None:
+        return None
+    uuids = {u for (u,) in conn.execute(select(_lg.c.uuid).where(_lg.c.lease_id == lease_id))}
+    groups = json.loads(lease.groups)
+    for b in live(conn, now):
+        if b.active(now) and b.host == lease.host and uuids & set(b.gpu_uuids) and not b.for_(lease.user_name, groups):
+            return b
+    return None
+
+
+def _window(b: Booking, start: datetime, end: datetime) -> bool:
+    return b.starts_at < end and start < b.ends_at
+
+
+def make(conn, now: datetime, *, user: str, group: str | None, count: int, starts_at: datetime, ends_at: datetime,
+         host: str | None, created_by: str, limits: Limits) -> Booking:
+    """Check a booking against every limit and the others, choose its GPUs, write it."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidRequest(f"count must be a whole number of GPUs >= 1, not {count!r}")
+    length = (ends_at - starts_at).total_seconds()
+    if length <= 0:
+        raise BookingRefused("The booking must end after it starts")
+    if starts_at < now - timedelta(minutes=1):
+        raise BookingRefused(f"The booking starts in the past ({starts_at.strftime('%Y-%m-%d %H:%M')} UTC); "
+                             "book from now on")
+    if length > limits.max_hours * 3600:
+        raise BookingRefused(f"A booking may last at most {limits.max_hours:g} hours (GPUPool.booking_max_hours)")
+    if starts_at > now + timedelta(days=limits.max_days_ahead):
+        raise BookingRefused(f"A booking may start at most {limits.max_days_ahead:g} days ahead "
+                             "(GPUPool.booking_max_days_ahead)")
+    rows = conn.execute(select(_g.c.host, _g.c.uuid, _g.c.idx).where(_g.c.present, _g.c.drained.is_(False))
+                        .order_by(_g.c.host, _g.c.idx)).all()
+    by_host: dict[str, list[str]] = {}
+    for r in rows:
+        by_host.setdefault(r.host, []).append(r.uuid)
+    hosts = [host] if host is not None else sorted(by_host)
+    largest = max((len(by_host.get(h, [])) for h in hosts), default=0)
+    if count > largest:
+        where = f"host {host}" if host else "the largest host"
+        raise BookingRefused(f"You asked for {gpus_text(count)}, but {where} has {gpus_text(largest)} to lend")
+    existing = live(conn, now)
+    mine = [b for b in existing if b.user == user]
+    if len(mine) >= limits.max_per_user:
+        raise BookingRefused(f"You hold {len(mine)} bookings, the most one user may hold "
+                             "(GPUPool.booking_max_per_user); cancel one first")
+    week = timedelta(days=7)
+    near = sum(b.gpu_hours for b in mine if abs(b.starts_at - starts_at) < week)
+    asked = count * length / 3600.0
+    if near + asked > limits.max_gpu_hours_per_week:
+        raise BookingRefused(f"You have {near:.1f} GPU-hours booked within a week of this start; {asked:.1f} more "
+                             f"would pass the {limits.max_gpu_hours_per_week:g} a user may book in a week "
+                             "(GPUPool.booking_max_gpu_hours_per_week)")
+
+    def pick(start: datetime, end: datetime) -> tuple[str, list[str]] | None:
+        for h in hosts:
+            taken = {u for b in existing if b.host == h and _window(b, start, end) for u in b.gpu_uuids}
+            free = [u for u in by_host.get(h, []) if u not in taken]
+            if len(free) >= count:
+                return h, free[:count]
+        return None
+
+    chosen = pick(starts_at, ends_at)
+    if chosen is None:
+        span = ends_at - starts_at
+        candidates = sorted({b.ends_at for b in existing if b.ends_at > starts_at})
+        nxt = next((t for t in candidates if t <= now + timedelta(days=limits.max_days_ahead)
+                    and pick(t, t + span) is not None), None)
+        later = (f"; the next free window of that length is {nxt.strftime('%a %Y-%m-%d %H:%M')} to "
+                 f"{(nxt + span).strftime('%H:%M')} UTC" if nxt else "")
+        raise BookingRefused(f"{gpus_text(count)} cannot be booked from {starts_at.strftime('%a %H:%M')} to "
+                             f"{ends_at.strftime('%H:%M')} UTC: other bookings hold them{later}")
+    chosen_host, uuids = chosen
+    bid = conn.execute(insert(_b).values(
+        user_name=user, group_name=group, host=chosen_host, gpu_uuids=json.dumps(uuids), count=count,
+        starts_at=starts_at, ends_at=ends_at, created_at=now, created_by=created_by, state="booked")
+    ).inserted_primary_key[0]
+    return Booking(bid, user, group, chosen_host, tuple(uuids), starts_at, ends_at, created_by)
+
+
+def cancel(conn, booking_id: int, by: str, admin: bool, now: datetime) -> Booking:
+    r = conn.execute(select(_b).where(_b.c.id == booking_id)).first()
+    if r is None or r.state != "booked":
+        raise InvalidRequest(f"No live booking {booking_id}")
+    b = _row(r)
+    if not admin and b.user != by:
+        raise NotYours("Only its booker or an admin may cancel a booking")
+    conn.execute(update(_b).where(_b.c.id == booking_id).values(state="cancelled", released_at=now))
+    return b

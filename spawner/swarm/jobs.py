@@ -1,0 +1,351 @@
+"""SwarmJobEngine: a job's units are Swarm services, each pinned to its leased node.
+
+The jobs runner's engine (spawner/jobs/engine.py) for `gpu-swarm`, built as the
+spawner builds a server's service: restart policy none (a job that exits stays
+exited), a placement constraint on the node whose GPUs the ledger lent, exactly
+those uuids in `NVIDIA_VISIBLE_DEVICES` (`void` without GPUs; the GPU nodes run
+`nvidia` as their default runtime), non-root, no capabilities, pids and log bounds,
+the user's home as a volume of the `local` driver with the hub's shared-storage
+options, and a unit without a network an internal overlay of its own (Swarm cannot
+attach a task to no network: it would join its node's bridge, with a route out).  A unit's exit code is its task's, its output the service's logs; stopping
+scales it to 0 replicas (its log stays until it is removed).  A task on a node that
+is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
+Homes are prepared on the manager (the Docker engine's rules, on shared storage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Mapping
+
+from ..docker.jobs import DockerJobEngine, _HomeOwner, render_user
+from ..jobs.engine import ENDED, JobRefused, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState
+from ..labels import LABEL_JOB, LABEL_POOL, LABEL_USER
+from .homes import make_home_directory
+from .tasks import LIVE_TASK_STATES, task_labels
+
+POLL_SECONDS = 0.25
+# How long stop() and remove() wait for Swarm to report a unit's task ended.
+CONFIRM_SECONDS = 20.0
+# A followed log ends this long after Swarm reports its unit ended (its last lines arrive first).
+FOLLOW_CHECK_SECONDS = 0.5
+FOLLOW_DRAIN_SECONDS = 1.0
+# Task states after which a container may still run on its node: "orphaned" is Swarm giving
+# up on a node that stayed down, not the node saying its container ended.
+MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
+
+
+# The label of a unit's own internal overlay (a unit without a network), naming the unit.
+LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
+
+
+def isolated_network(unit: str) -> str:
+    return f"{unit}-isolated"
+
+
+def newest_task(tasks: list[dict]) -> dict | None:
+    return max(tasks, key=lambda t: ((t.get("Version") or {}).get("Index", 0)), default=None)
+
+
+def unit_state(service_name: str, service_id: str, labels: Mapping, task: dict | None,
+               states: dict[str, str], hostnames: dict[str, str]) -> UnitState:
+    """A unit's state from its newest task and the nodes' states: pure."""
+    if task is None:  # Swarm has not made its task yet: it may any moment
+        return UnitState(service_name, service_id, labels, RUNNING, message="no task yet")
+    status = task.get("Status") or {}
+    state = status.get("State") or ""
+    node_id = task.get("NodeID") or ""
+    node = hostnames.get(node_id, node_id[:12])
+    if state in MAY_STILL_RUN and node_id and states.get(node_id) not in (None, "ready"):
+        return UnitState(service_name, service_id, labels, UNKNOWN, node=node,
+                         message=f"node {node} is {states.get(node_id)}: its task may still run")
+    if state in MAY_STILL_RUN:
+        return UnitState(service_name, service_id, labels, RUNNING, node=node)
+    code = (status.get("ContainerStatus") or {}).get("ExitCode")
+    if state == "complete" and code is None:
+        code = 0
+    return UnitState(service_name, service_id, labels, ENDED, exit_code=code if state != "rejected" else None,
+                     message=f"{state}: {status.get('Err') or status.get('Message') or 'no reason given'}",
+                     node=node)
+
+
+class _Follow:
+    """A log stream whose close() (by the follower, or once the unit ended) is seen by both."""
+
+    def __init__(self, source):
+        self.source = source
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        return iter(self.source)
+
+    def close(self) -> None:
+        self.closed.set()
+        try:
+            self.source.close()
+        except Exception:
+            pass
+
+
+class SwarmJobEngine(DockerJobEngine):
+    """See the module docstring; `api`: a docker.APIClient of a Swarm manager."""
+
+    # ------------------------------------------------------------ specs
+
+    def _volume_options(self, user: str) -> dict:
+        return {k: render_user(v, user) for k, v in self.settings.home_volume_driver_options.items()}
+
+    def home_volume_create_kwargs(self, user: str) -> dict:
+        options = self._volume_options(user)
+        return {"driver": "local", "driver_opts": options} if options else {}
+
+    def service_args(self, spec: UnitSpec) -> dict:
+        """create_service keywords for the unit: pure (docker.types only)."""
+        from docker.types import (ContainerSpec, DriverConfig, EndpointSpec, Mount, NetworkAttachmentConfig,
+                                  Placement, Resources, RestartPolicy, ServiceMode, TaskTemplate)
+        from docker.utils import parse_bytes
+
+        user = spec.labels.get(LABEL_USER, "")
+        options = self._volume_options(user) if user else {}
+        mounts = [Mount(target=target, source=volume, type="volume",
+                        driver_config=DriverConfig("local", options=options) if options else None,
+                        labels={LABEL_USER: user} if user else None)
+                  for volume, target in spec.volumes.items()]
+        mounts.append(Mount(target="/dev/shm", source=None, type="tmpfs", tmpfs_size=parse_bytes(spec.shm_size)))
+        env = {**spec.env, "NVIDIA_VISIBLE_DEVICES": ",".join(spec.gpus) if spec.gpus else "void"}
+        container = ContainerSpec(
+            image=spec.image, args=list(spec.command), env=env, user=spec.user, labels=dict(spec.labels),
+            workdir=spec.working_dir, mounts=mounts, cap_add=None, cap_drop=["ALL"],
+            stop_grace_period=int(5e9))
+        limits = self.container_limits
+        resources = Resources(mem_limit=parse_bytes(spec.mem_limit) if isinstance(spec.mem_limit, str)
+                              else spec.mem_limit,
+                              cpu_limit=int(spec.cpu_limit * 1e9) if spec.cpu_limit else None)
+        resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
+        constraints = [f"node.hostname=={spec.host}"] if spec.host else list(self.settings.cpu_constraints)
+        networks = [NetworkAttachmentConfig(spec.network or isolated_network(spec.name),
+                                            aliases=list(spec.aliases) or None)]
+        task = TaskTemplate(
+            container_spec=container, resources=resources, restart_policy=RestartPolicy(condition="none"),
+            placement=Placement(constraints=constraints or None), networks=networks,
+            log_driver=DriverConfig(limits.log_driver, options=limits.log_options()))
+        return {"task_template": task, "name": spec.name, "labels": dict(spec.labels),
+                "mode": ServiceMode("replicated", replicas=1), "endpoint_spec": EndpointSpec(mode="dnsrr")}
+
+    # ------------------------------------------------------------ reading Swarm
+
+    def _nodes(self) -> tuple[dict[str, str], dict[str, str]]:
+        nodes = self.api.nodes()
+        return ({n["ID"]: (n.get("Status") or {}).get("State", "unknown") for n in nodes},
+                {n["ID"]: (n.get("Description") or {}).get("Hostname", "") for n in nodes})
+
+    def _read(self, name: str) -> UnitState | None:
+        import docker.errors
+
+        try:
+            service = self.api.inspect_service(name)
+        except docker.errors.NotFound:
+            return None
+        if service["Spec"]["Name"] != name and service["ID"] != name:
+            return None
+        tasks = self.api.tasks(filters={"service": service["ID"]})
+        states, hostnames = self._nodes()
+        return unit_state(service["Spec"]["Name"], service["ID"], service["Spec"].get("Labels") or {},
+                          newest_task(tasks), states, hostnames)
+
+    def _units(self, pool_id: str) -> list[UnitState]:
+        services = self.api.services(filters={"label": [LABEL_JOB, f"{LABEL_POOL}={pool_id}"]})
+        tasks = [t for t in self.api.tasks() if task_labels(t).get(LABEL_POOL) == pool_id
+                 and LABEL_JOB in task_labels(t)]
+        states, hostnames = self._nodes()
+        by_service: dict[str, list[dict]] = {}
+        for t in tasks:
+            by_service.setdefault(t.get("ServiceID", ""), []).append(t)
+        units = [unit_state(s["Spec"]["Name"], s["ID"], s["Spec"].get("Labels") or {},
+                            newest_task(by_service.pop(s["ID"], [])), states, hostnames) for s in services]
+        # Tasks of services already removed that may still run (their node was down): units
+        # too, so that their leases stay until the node confirms them gone.
+        for service_id, left in by_service.items():
+            task = newest_task(left)
+            state = unit_state(f"removed service {service_id[:12]}", service_id, task_labels(task) if task else {}, task,
+                               states, hostnames)
+            if state.holding:
+                units.append(state)
+        return units
+
+    def _confirm_ended(self, service_id: str, timeout: float) -> bool:
+        """Until no task of the service may still run (True), or `timeout` s (False)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states, _ = self._nodes()
+            tasks = [t for t in self.api.tasks() if t.get("ServiceID") == service_id]
+            live = [t for t in tasks if (t.get("Status") or {}).get("State") in MAY_STILL_RUN]
+            if not live:
+                return True
+            if time.monotonic() > deadline or any(states.get(t.get("NodeID")) not in (None, "ready") for t in live):
+                return False
+            time.sleep(POLL_SECONDS)
+
+    def _stop(self, name: str, grace: float) -> bool:
+        import docker.errors
+        from docker.types import ServiceMode
+
+        try:
+            service = self.api.inspect_service(name)
+            if (service["Spec"].get("Mode") or {}).get("Replicated", {}).get("Replicas") != 0:
+                self.api.update_service(service["ID"], service["Version"]["Index"],
+                                        mode=ServiceMode("replicated", replicas=0), fetch_current_spec=True)
+        except docker.errors.NotFound:
+            return True
+        return self._confirm_ended(service["ID"], grace + CONFIRM_SECONDS)
+
+    def _remove(self, name: str) -> bool:
+        import docker.errors
+
+        try:
+            service = self.api.inspect_service(name)
+            service_id, unit = service["ID"], service["Spec"]["Name"]
+        except docker.errors.NotFound:
+            service_id = unit = name  # a removed service's tasks (units() names them by the service id)
+        try:
+            self.api.remove_service(service_id)
+        except docker.errors.NotFound:
+            pass
+        if not self._confirm_ended(service_id, CONFIRM_SECONDS):
+            return False
+        try:
+            self.api.remove_network(isolated_network(unit))
+        except docker.errors.APIError:
+            pass  # none (it had a network), or already gone
+        return True
+
+    def _logs(self, name: str, tail: int) -> bytes:
+        import docker.errors
+
+        try:
+            return b"".join(self.api.service_logs(name, stdout=True, stderr=True, tail=tail, is_tty=False))
+        except docker.errors.NotFound:
+            raise UnitGone(name) from None
+
+    # ------------------------------------------------------------ JobEngine
+
+    async def create(self, spec: UnitSpec) -> None:
+        if spec.network is None:
+            # Swarm cannot attach a task to no network (it would join its node's default bridge,
+            # with a route out): a unit without one gets an internal overlay of its own.
+            await self.create_network(isolated_network(spec.name), {**spec.labels, LABEL_ISOLATED: spec.name})
+        await self.docker("create_service", **self.service_args(spec))
+
+    async def inspect(self, name: str) -> UnitState | None:
+        try:
+            return await self._on_thread(self._read, name)
+        except Exception as exc:  # the manager did not answer: unknown is not gone
+            return UnitState(name=name, id=name, phase=UNKNOWN, message=str(exc))
+
+    async def wait(self, name: str, timeout: float) -> UnitState | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        while True:
+            state = await self.inspect(name)
+            left = deadline - loop.time()
+            if state is None or state.phase == ENDED or left <= 0:
+                return state
+            await asyncio.sleep(min(POLL_SECONDS, left))
+
+    async def stop(self, name: str, grace: float) -> bool:
+        return await self._on_thread(self._stop, name, grace)
+
+    async def remove(self, name: str) -> bool:
+        try:
+            return await self._on_thread(self._remove, name)
+        except Exception:
+            return False
+
+    async def logs(self, name: str, tail: int) -> bytes:
+        return await self._on_thread(self._logs, name, tail)
+
+    def open_follow(self, name: str, timeout: float):
+        """The service's logs, follow=True, as a stream that close() ends (docker-py's own
+        CancellableStream over the response, as its container logs have)."""
+        import docker.errors
+        from docker.types.daemon import CancellableStream
+
+        from ..docker.jobs import _no_read_timeout, docker_api
+
+        api = docker_api(timeout)
+        try:
+            response = api._get(api._url("/services/{0}/logs", name), stream=True,
+                                params={"follow": True, "stdout": True, "stderr": True, "tail": "all"})
+            api._raise_for_status(response)
+            source = CancellableStream(api._multiplexed_response_stream_helper(response), response)
+            _no_read_timeout(source)
+            # Swarm's follow does not end when the task does (nor when its service goes):
+            # end it once Swarm says the unit ended, after a moment for its last output.
+            source = _Follow(source)
+            threading.Thread(target=self._close_when_ended, args=(name, source, timeout), daemon=True,
+                             name="gpu-jobs-follow-end").start()
+        except docker.errors.NotFound:
+            api.close()
+            raise UnitGone(name) from None
+        except BaseException:
+            api.close()
+            raise
+        return api, source
+
+    def _close_when_ended(self, name: str, source, timeout: float) -> None:
+        from ..docker.jobs import docker_api
+
+        api = docker_api(timeout)
+        reader = SwarmJobEngine(self.settings, api)
+        try:
+            while True:
+                try:
+                    state = reader._read(name)
+                except Exception:
+                    state = UnitState(name, name, phase=UNKNOWN)
+                if state is None or state.phase == ENDED:
+                    break
+                if source.closed.wait(FOLLOW_CHECK_SECONDS):
+                    return  # the follower went away first
+            source.closed.wait(FOLLOW_DRAIN_SECONDS)
+            source.close()
+        finally:
+            api.close()
+
+    async def units(self, pool_id: str) -> list[UnitState]:
+        return await self._on_thread(self._units, pool_id)
+
+    async def create_network(self, name: str, labels: Mapping[str, str]) -> None:
+        import docker.errors
+
+        try:
+            await self.docker("inspect_network", name)
+        except docker.errors.NotFound:
+            await self.docker("create_network", name, driver="overlay", attachable=True, internal=True,
+                              labels=dict(labels))
+
+    async def lease_hosts(self, node_labels: Mapping[str, str]) -> list[str] | None:
+        """The nodes carrying every label of `node_labels` (None: any node)."""
+        wanted = dict(node_labels)
+        if not wanted:
+            return None
+        nodes = await self.docker("nodes")
+        hosts = [n["Description"]["Hostname"] for n in nodes
+                 if all(((n.get("Spec") or {}).get("Labels") or {}).get(k) == v for k, v in wanted.items())]
+        if not hosts:
+            raise JobRefused(f"No GPU node carries the labels {wanted} that this profile asks for. "
+                             "Ask an administrator.")
+        return hosts
+
+    async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
+        """The user's directory under the shared homes root, then the home volume (on the manager)."""
+        owner = _HomeOwner(self, user, directory_identity)
+        await make_home_directory(owner, self.settings.home_root_volume_options, self.settings.prefix, image, uid, gid)
+        return await super().prepare_home(user, image, uid, gid, directory_identity)
+
+    async def _on_thread(self, fn, *args):
+        from ..docker.jobs import _DOCKER
+
+        return await asyncio.get_running_loop().run_in_executor(_DOCKER, lambda: fn(*args))

@@ -1,0 +1,99 @@
+"""A cluster job across the harness Swarm's two GPU nodes (run under the machine's Swarm lock).
+
+The jobs runner with the Swarm engine (spawner/swarm/jobs.py) and a ledger filled from the
+Swarm's inventory: a cluster of 2 workers x 2 GPUs cannot fit one node (2 GPUs each), so the
+gang spans both; each worker's task runs on its lease's node, its runtime sees exactly that
+lease's GPUs, and the workers reach each other by the names in TF_CONFIG on the cluster's
+internal overlay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+
+import pytest
+
+from spawner.inventory.swarm import SwarmInventory
+from spawner.jobs.request import check_submission
+from spawner.jobs.runner import JobRunner
+from spawner.jobs.settings import JobSettings
+from spawner.pool import GPUPool
+from spawner.swarm.jobs import SwarmJobEngine
+from tests.fixtures.swarm import docker
+
+pytestmark = pytest.mark.integration
+
+# Each worker says what it was given, waits until its peer's name resolves on the cluster's
+# network, then (the chief) holds on a few seconds so that the test can look at both.
+COMMAND = ('echo "gpus=$NVIDIA_VISIBLE_DEVICES tf_config=$TF_CONFIG"; '
+           'peer=${PREFIX_NAME}-w$((1 - GPUHUB_JOB_WORKER)); '
+           'until getent hosts "$peer"; do sleep 0.5; done; echo "reached $peer"; sleep 15')
+
+
+def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swarm_cluster, notebook_image,
+                                                                             tmp_path):
+    tag = secrets.token_hex(3)
+    prefix = f"gpuhub-t{tag}"
+    homes = str(swarm_cluster.homes_root)
+    settings = JobSettings(
+        engine="swarm", prefix=prefix, host="",
+        profiles=[{"slug": "tf-gpu-2", "display_name": "2 GPUs", "image": notebook_image, "gpus": 2,
+                   "cpu_limit": 0.5}],
+        home_volume=f"{prefix}-home-{{username}}",
+        home_volume_driver_options={"type": "none", "o": "bind", "device": f"{homes}/{{username}}"},
+        home_root_volume_options={"type": "none", "o": "bind", "device": homes},
+        cpu_constraints=[f"node.labels.gpuhub.test-session=={swarm_cluster.session}"])
+    pool = GPUPool(inventory=SwarmInventory(), db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.1)
+    pool.sync_inventory()
+    runner = JobRunner(pool, settings, engine=SwarmJobEngine(settings))
+    nodes = {n.hostname for n in swarm_cluster.nodes}
+
+    async def scenario():
+        body = {"profile": "tf-gpu-2", "workers": 2,
+                "command": ["sh", "-c", COMMAND.replace("${PREFIX_NAME}", f"{prefix}-job-$GPUHUB_JOB_ID")]}
+        sub = check_submission(body, list(runner.profiles.values()), (), 600, runner.limits.max_workers)
+        job = await runner.submit("pat", (), None, sub)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 300
+        seen = {}
+        while loop.time() < deadline:
+            current = await runner.call(runner.ledger.get, job.id)
+            if current.state == "running" and len(seen) < 2:
+                for unit in current.units:
+                    found = swarm_cluster.task_container(f"{prefix}-job-{job.id}-w{unit['worker']}")
+                    if found:
+                        node, cid = found
+                        record = node.visible_devices().get(cid)
+                        if record:
+                            seen[unit["worker"]] = (node.hostname, record, unit)
+            if not current.active:
+                return current, seen, await runner.call(runner.ledger.log, job.id)
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"the cluster did not end: {current}")
+
+    try:
+        job, seen, log = asyncio.run(scenario())
+        assert job.state == "succeeded", (job, log)
+        # The gang spanned both nodes: one worker (and its 2 GPUs) on each.
+        assert {u["host"] for u in job.units} == nodes, job.units
+        assert len(seen) == 2, seen
+        for index, (node, visible, unit) in seen.items():
+            assert node == unit["host"] and visible == ",".join(unit["gpus"])
+            assert f"[worker {index}] gpus={','.join(unit['gpus'])}" in log
+            config = json.loads(log.split(f"[worker {index}] gpus={','.join(unit['gpus'])} tf_config=", 1)[1]
+                                .splitlines()[0])
+            assert config["task"] == {"type": "worker", "index": index}
+            assert config["cluster"]["worker"] == [f"{prefix}-job-{job.id}-w{i}:2222" for i in (0, 1)]
+        assert "[worker 0] reached" in log and "[worker 1] reached" in log  # by name, across nodes
+        history = [l for l in pool.history() if l.server_name.startswith(f"job/{job.id}/worker-")]
+        assert len(history) == 2 and {l.end_reason for l in history} == {"job-finished"} and not pool.leases()
+        assert not docker("service", "ls", "-q", "--filter", f"name={prefix}-job-", check=False).split()
+        assert not docker("network", "ls", "-q", "--filter", f"name={prefix}-job-", check=False).split()
+    finally:
+        for service in docker("service", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
+            docker("service", "rm", service, check=False)
+        for net in docker("network", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
+            docker("network", "rm", net, check=False)
+        pool.close()

@@ -1,0 +1,71 @@
+"""Cluster jobs without services: each worker's container, TF_CONFIG, merged logs, the form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spawner.docker.jobs import DockerJobEngine
+from spawner.jobs.cluster import merge_logs, tf_config, units_of, worker_specs
+from spawner.jobs.request import BadJob
+from spawner.jobs.settings import JobSettings
+from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_SERVER
+from spawner.pool.jobs import job_id_of
+from spawner.pool.models import Lease
+from spawner.poolpage.handlers.jobs import form_body
+
+from .test_jobs import PROFILES, _job
+
+
+def test_every_worker_gets_its_own_gpus_and_a_tf_config_naming_all_by_stable_names():
+    settings = JobSettings(prefix="gpuhub", host="node1")
+    profile = next(p for p in PROFILES if p.slug == "tf-gpu-1")
+    leases = [Lease(20 + i, "pat", f"job/12/worker-{i}", "node1", (f"GPU-{i}",), (), None) for i in range(2)]
+    job = _job(workers=2, units=tuple(units_of(leases, 2, "node1")))
+    specs = worker_specs(job, profile, settings, "gpuhub-home-pat", "ledger1")
+    assert [s.name for s in specs] == ["gpuhub-job-12-w0", "gpuhub-job-12-w1"]
+    for i, spec in enumerate(specs):
+        assert spec.gpus == (f"GPU-{i}",) and spec.network == "gpuhub-job-12-net" and spec.aliases == (spec.name,)
+        assert json.loads(spec.env["TF_CONFIG"]) == {
+            "cluster": {"worker": ["gpuhub-job-12-w0:2222", "gpuhub-job-12-w1:2222"]},
+            "task": {"type": "worker", "index": i}}
+        assert spec.labels[LABEL_LEASE] == str(20 + i) and spec.labels[LABEL_GPUS] == f"GPU-{i}"
+        assert spec.labels[LABEL_SERVER] == f"job/12/worker-{i}" and spec.labels[LABEL_JOB] == "12"
+        assert (spec.env["GPUHUB_JOB_WORKER"], spec.env["GPUHUB_JOB_WORKERS"]) == (str(i), "2")
+        assert spec.user == "5001:5000" and spec.volumes == {"gpuhub-home-pat": "/home/jovyan"}
+        # The engine locks each worker down as any job's container, on the cluster's network only.
+        create, host = DockerJobEngine(settings).create_args(spec)
+        assert host["network_mode"] == "gpuhub-job-12-net" and host["cap_drop"] == ["ALL"]
+        assert host["device_requests"][0]["DeviceIDs"] == [f"GPU-{i}"]
+
+
+def test_tf_config_and_a_cpu_clusters_units():
+    assert json.loads(tf_config(["a", "b", "c"], 2)) == {"cluster": {"worker": ["a:2222", "b:2222", "c:2222"]},
+                                                         "task": {"type": "worker", "index": 2}}
+    assert units_of(None, 2, "node1") == [{"worker": 0, "host": "node1", "lease_id": None, "gpus": []},
+                                          {"worker": 1, "host": "node1", "lease_id": None, "gpus": []}]
+
+
+def test_logs_are_merged_with_each_workers_mark():
+    assert merge_logs([(0, "epoch 1\ndone\n"), (1, "epoch 1\n")]) == \
+        "[worker 0] epoch 1\n[worker 0] done\n[worker 1] epoch 1\n"
+    assert merge_logs([]) == ""
+
+
+def test_a_job_id_is_read_from_a_plain_or_a_worker_lease_name():
+    assert job_id_of("job/12") == 12 and job_id_of("job/12/worker-3") == 12
+    assert job_id_of("") is None and job_id_of("job/x") is None and job_id_of("gpu") is None
+    assert _job(workers=2, units=({"worker": 0, "lease_id": 4}, {"worker": 1, "lease_id": 5})).lease_ids == (4, 5)
+    assert _job().lease_ids == (7,) and _job(lease_id=None).lease_ids == ()
+
+
+def test_the_page_form_becomes_a_rest_body():
+    fields = {"profile": "tf-gpu-1", "command": "python train.py --note 'two words'", "workers": "2",
+              "workdir": "tensorflow-examples", "timeout": ""}
+    assert form_body(fields.get) == {"profile": "tf-gpu-1", "command": ["python", "train.py", "--note", "two words"],
+                                     "workers": 2, "workdir": "tensorflow-examples"}
+    with pytest.raises(BadJob, match="'workers' must be a whole number"):
+        form_body({**fields, "workers": "-1"}.get)
+    with pytest.raises(BadJob, match="quotes"):
+        form_body({**fields, "command": "python 'unclosed"}.get)

@@ -1,0 +1,249 @@
+"""Bookings: the ledger's guarantee, the warning and the stop at the window's start, no-shows,
+every limit, and hostile requests through the pool service's API (SQLite here; PostgreSQL in
+tests/integration/test_pool_fairshare_postgres.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import requests
+
+from spawner.culling.policy import GPUCullPolicy, LedgerBookings
+from spawner.inventory import SimulatedInventory
+from spawner.pool import GPUPool, WaitTimeout, bookings
+from spawner.pool.bookings import BookingRefused
+from tests.fixtures.services import free_port
+
+HOST = "node-1"
+H = timedelta(hours=1)
+
+
+def make_pool(url: str, gpus: int = 2, **kwargs) -> GPUPool:
+    pool = GPUPool(inventory=SimulatedInventory(count=gpus, host=HOST), db_url=url, poll_interval=0.05, **kwargs)
+    pool.sync_inventory()
+    return pool
+
+
+def booked_at(pool: GPUPool, made_at: datetime, **kw) -> bookings.Booking:
+    """A booking made at a past time (the API refuses windows in the past; history may hold them)."""
+    return pool._write(lambda conn: bookings.make(conn, made_at, created_by=kw["user"], limits=pool.booking_limits(),
+                                                  group=kw.get("group"), host=None, **{k: v for k, v in kw.items()
+                                                                                       if k != "group"}))
+
+
+def guarantee_warning_stop_and_no_show(url: str) -> None:
+    pool = make_pool(url, gpus=1)
+    now = datetime.now(UTC)
+    # Before the window: alice gets the GPU and is told it is booked later.
+    early = pool.book("bob", 1, now + 2 * H, now + 4 * H)
+    lease = pool.try_acquire("alice", "", 1)
+    assert lease is not None and lease.notice.startswith(
+        f"This GPU is booked from {early.starts_at.strftime('%a %H:%M')} UTC; your server will be stopped then")
+    pool.release(lease.id)
+    pool.cancel_booking(early.id, "bob")
+
+    # A window that starts now: nobody else is lent the GPU, the booker is at once.
+    held = pool.try_acquire("carol", "", 1)  # holds it from before the window
+    b = pool.book("bob", 1, now, now + 2 * H)
+    # The culler stops carol's server: it is booked by someone else now (reason booking).
+    verdict = GPUCullPolicy(3600, 900, booked_out=LedgerBookings(pool)).decide(
+        timedelta(seconds=1), {"name": "", "url": "/user/carol/", "state": {"gpu_lease_id": held.id,
+                                                                             "gpu_uuids": list(held.gpu_uuids)}})
+    assert verdict.cull and verdict.end_reason == "booking" and f"booking {b.id}" in verdict.reason
+    pool.release(held.id, verdict.end_reason)
+    assert pool.lease(held.id).end_reason == "booking"
+    assert pool.try_acquire("dave", "", 1) is None  # not lent into the window to others
+    mine = pool.try_acquire("bob", "", 1)
+    assert mine is not None and mine.gpu_uuids == b.gpu_uuids
+    pool.release(mine.id)
+
+    # A group's booking: its members may use it, others not.
+    pool.cancel_booking(b.id, "bob")
+    g = pool.book("ada", 1, now, now + H, group="course", by="ada")
+    assert pool.try_acquire("erin", "", 1, groups=["other"]) is None
+    lease = pool.try_acquire("erin", "", 1, groups=["course"])
+    assert lease is not None
+    pool.release(lease.id)
+    pool.cancel_booking(g.id, "ada", admin=True)
+
+    # A no-show: unused for longer than the grace after its start, it goes back to the pool.
+    stale = booked_at(pool, now - timedelta(minutes=20), user="frank", count=1,
+                      starts_at=now - timedelta(minutes=20), ends_at=now + H)
+    assert [x.id for x in pool.bookings()] == []  # released (grace: 15 min)
+    assert pool.try_acquire("gina", "", 1) is not None
+    assert stale.id
+    pool.close()
+
+
+def test_a_booking_holds_its_gpus_warns_stops_and_frees_on_no_show(tmp_path):
+    guarantee_warning_stop_and_no_show(f"sqlite:///{tmp_path}/l.sqlite")
+
+
+def test_a_waiter_does_not_get_a_booked_gpu_but_the_booker_does(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1)
+    now = datetime.now(UTC)
+    held = pool.try_acquire("carol", "", 1)
+    pool.book("bob", 1, now, now + H)
+
+    async def main():
+        dave = asyncio.ensure_future(pool.acquire("dave", "", 1, timeout=1.0))
+        while not pool.queue():
+            await asyncio.sleep(0.02)
+        bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
+        while len(pool.queue()) < 2:
+            await asyncio.sleep(0.02)
+        pool.release(held.id)
+        got = await bob  # though dave waited first
+        with pytest.raises(WaitTimeout):
+            await dave
+        return got
+    assert asyncio.run(main()).user == "bob"
+    pool.close()
+
+
+LIMITS = dict(booking_max_hours=4, booking_max_days_ahead=7, booking_max_gpu_hours_per_week=10,
+              booking_max_per_user=3)
+
+
+@pytest.mark.parametrize("start, end, count, message", [
+    (-2 * H, -H, 1, "starts in the past"),
+    (H, H, 1, "must end after it starts"),
+    (2 * H, H, 1, "must end after it starts"),
+    (H, 6 * H, 1, "at most 4 hours"),
+    (timedelta(days=365), timedelta(days=365) + H, 1, "at most 7 days ahead"),
+    (H, 2 * H, 3, "has 2 GPUs to lend"),
+    (H, 2 * H, 0, "count must be a whole number of GPUs >= 1"),
+    (H, 2 * H, -1, "count must be a whole number of GPUs >= 1"),
+])
+def test_impossible_bookings_are_refused_with_a_reason(tmp_path, start, end, count, message):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", **LIMITS)
+    now = datetime.now(UTC)
+    with pytest.raises(Exception) as refused:
+        pool.book("bob", count, now + start, now + end)
+    assert message in str(refused.value) and getattr(refused.value, "status_code", 0) == 400
+    assert pool.bookings() == []
+
+
+def test_overlaps_name_the_next_free_window_and_limits_hold_per_user(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", **LIMITS)
+    now = datetime.now(UTC).replace(microsecond=0)
+    first = pool.book("ann", 2, now + H, now + 3 * H)
+    with pytest.raises(BookingRefused) as refused:
+        pool.book("bob", 1, now + 2 * H, now + 4 * H)
+    assert "other bookings hold them; the next free window of that length is" in str(refused.value)
+    assert (first.ends_at.strftime("%H:%M") + " to " + (first.ends_at + 2 * H).strftime("%H:%M")) in str(refused.value)
+    with pytest.raises(BookingRefused) as weekly:
+        pool.book("ann", 2, now + 4 * H, now + 8 * H)  # 4 + 8 > 10 GPU-hours in a week
+    assert "would pass the 10 a user may book in a week" in str(weekly.value)
+    pool.book("ann", 1, now + 4 * H, now + 5 * H)
+    pool.book("ann", 1, now + 6 * H, now + 7 * H)
+    with pytest.raises(BookingRefused) as many:
+        pool.book("ann", 1, now + 8 * H, now + 9 * H)
+    assert "the most one user may hold" in str(many.value)
+    assert len(pool.bookings()) == 3
+
+
+# --- the API -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def service(tmp_path):
+    """The pool service's app on a free port; the hub's login stood in for by headers."""
+    from spawner.poolpage import ADMIN_SCOPE, app
+    from spawner.poolpage.handlers import base as handlers
+
+    def current_user(self):
+        name = self.request.headers.get("X-User")
+        if not name:
+            return None
+        scopes = [ADMIN_SCOPE] if self.request.headers.get("X-Admin") else []
+        return {"name": name, "scopes": scopes, "kind": "user", "groups": []}
+
+    original = handlers.BaseHandler.get_current_user
+    handlers.BaseHandler.get_current_user = current_user
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", **LIMITS)
+    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
+
+    def run():
+        asyncio.set_event_loop(loop)
+        app.make_app(pool, "/services/gpu-pool/", "/", False).listen(port, "127.0.0.1")
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ready.wait(10)
+    yield f"http://127.0.0.1:{port}/services/gpu-pool/", pool
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    handlers.BaseHandler.get_current_user = original
+    pool.close()
+
+
+def post(url, body, user="bob", admin=False):
+    headers = {"X-User": user, **({"X-Admin": "1"} if admin else {})}
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return requests.post(url + "api/bookings", data=data, headers=headers, timeout=30)
+
+
+def test_the_api_books_lists_and_refuses_hostile_bookings_changing_nothing(service):
+    url, pool = service
+    now = datetime.now(UTC)
+    t = lambda d: (now + d).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    r = post(url, {"count": 1, "starts_at": t(H), "ends_at": t(2 * H)})
+    assert r.status_code == 201, r.text
+    assert r.json()["user"] == "bob" and r.json()["gpus"] == 1
+    hostile = [
+        ({"count": 1, "starts_at": t(-2 * H), "ends_at": t(-H)}, 400, "starts in the past"),
+        ({"count": 1, "starts_at": t(H), "ends_at": t(H)}, 400, "must end after it starts"),
+        ({"count": 1, "starts_at": t(3 * H), "ends_at": t(H)}, 400, "must end after it starts"),
+        ({"count": 1, "starts_at": t(timedelta(days=365)), "ends_at": t(timedelta(days=365) + H)}, 400, "days ahead"),
+        ({"count": 99, "starts_at": t(H), "ends_at": t(2 * H)}, 400, "has 2 GPUs to lend"),
+        ({"count": 2, "starts_at": t(H), "ends_at": t(2 * H)}, 400, "the next free window"),
+        ({"count": 1, "starts_at": t(H), "ends_at": t(2 * H), "group": "course"}, 403, "Only a GPU pool admin"),
+        ({"count": 1, "starts_at": t(H), "ends_at": t(2 * H), "user": "alice"}, 403, "Only a GPU pool admin"),
+        ({"count": "1", "starts_at": t(H), "ends_at": t(2 * H)}, 400, "whole number"),
+        ({"count": 1, "starts_at": "tomorrow", "ends_at": t(2 * H)}, 400, "not an ISO 8601"),
+        ({"count": 1, "starts_at": t(H), "ends_at": t(2 * H), "image": "evil"}, 400, "Unknown keys ['image']"),
+        ([1, 2], 400, "must be a JSON object"),
+        ("{not json", 400, "must be JSON"),
+        ("x" * 5000, 400, "larger than 4096 bytes"),
+    ]
+    for body, status, message in hostile:
+        r = post(url, body)
+        assert r.status_code == status and message in r.json()["message"], (body, r.status_code, r.text)
+    listed = requests.get(url + "api/bookings", headers={"X-User": "eve"}, timeout=30).json()
+    assert [b["user"] for b in listed["bookings"]] == [None]  # one booking, its booker hidden from eve
+    assert listed["limits"]["max_hours"] == 4
+    # An admin books for a group; eve may not cancel bob's; bob may.
+    r = post(url, {"count": 1, "starts_at": t(5 * H), "ends_at": t(6 * H), "group": "course"}, user="ada",
+             admin=True)
+    assert r.status_code == 201 and r.json()["group"] == "course"
+    bid = listed["bookings"][0]["id"]
+    assert requests.delete(f"{url}api/bookings/{bid}", headers={"X-User": "eve"}, timeout=30).status_code == 403
+    assert requests.delete(f"{url}api/bookings/{bid}", headers={"X-User": "bob"}, timeout=30).status_code == 200
+    assert [b.group for b in pool.bookings()] == ["course"]
+    # The page shows the form and the per-GPU timeline.
+    page = requests.get(url, headers={"X-User": "bob"}, timeout=30).text
+    assert 'id="booking-form"' in page and 'id="booking-timeline"' in page and "(group course)" in page
+
+
+def test_gpu_pool_book_and_bookings(tmp_path, capsys):
+    from spawner.cli import main
+
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    make_pool(url).close()
+    now = datetime.now(UTC)
+    start, end = (now + H).strftime("%Y-%m-%dT%H:%M"), (now + 2 * H).strftime("%Y-%m-%dT%H:%M")
+    assert main(["--db-url", url, "book", "--user", "bob", "--count", "2", "--start", start, "--end", end]) == 0
+    assert "Booked 2 GPU(s) on node-1" in capsys.readouterr().out
+    assert main(["--db-url", url, "book", "--user", "ann", "--start", start, "--end", end]) != 0
+    assert "the next free window" in capsys.readouterr().err
+    assert main(["--db-url", url, "--json", "bookings"]) == 0
+    (b,) = json.loads(capsys.readouterr().out)
+    assert b["user"] == "bob" and b["gpus"] == 2
+    assert main(["--db-url", url, "unbook", str(b["id"])]) == 0
