@@ -17,7 +17,7 @@ VARIANTS ?= mkl
 # workers never install side by side.  The fixtures still install what is missing when
 # one test module is run by hand; every install goes through devservices/apt-install.sh.
 TEST_PACKAGES := debootstrap slapd ldap-utils samba samba-common-bin openssl postgresql \
-	chromium chromium-driver systemd
+	chromium chromium-driver systemd openssh-client
 
 .PHONY: help venv deps docker test-packages lint typecheck images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
 

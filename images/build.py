@@ -81,7 +81,7 @@ def workflow_files() -> list[Path]:
 
 
 # Files and folders of images/ copied into every build context.
-CONTEXT_FILES = ["Dockerfile", "start-notebook.sh", "bytecode.py"]
+CONTEXT_FILES = ["Dockerfile", "start-notebook.sh", "start-sshd.sh", "bytecode.py"]
 CONTEXT_DIRS = ["skel", "jupyter"]
 BYTECODE_MODES = ("warmup", "all", "none")
 # What a local build of the in-lab extension leaves (never committed, never an input: the

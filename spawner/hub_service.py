@@ -30,11 +30,12 @@ async def stop_when_the_hub_is_gone(name: str, log: logging.Logger | logging.Log
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def write_when_config_loaded(path: Path, render: Callable[[Any], str | None]) -> None:
+def write_when_config_loaded(path: Path, render: Callable[[Any], str | None], private: bool = False) -> None:
     """In the hub: on the next turn of its event loop (every config file loaded, long before
     services start), write `render(hub)` to `path` atomically, so the settings a service reads
     come from the hub's final config (options set after hub_config count).  `render` returns
-    None to write nothing.  Outside a running hub (a script loading the config): nothing."""
+    None to write nothing; `private` makes the file readable by the hub's user only (it holds a
+    secret).  Outside a running hub (a script loading the config): nothing."""
     try:
         loop = asyncio.get_running_loop()
         from jupyterhub.app import JupyterHub
@@ -48,7 +49,11 @@ def write_when_config_loaded(path: Path, render: Callable[[Any], str | None]) ->
         if text is None:
             return
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        if private:
+            os.chmod(tmp, 0o600)  # an older file of the same name may have been wider
         tmp.replace(path)
 
     loop.call_soon(write)

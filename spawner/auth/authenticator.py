@@ -18,6 +18,7 @@ from . import connection
 from .entries import in_groups
 from .kinds import ACTIVE_DIRECTORY, KINDS, OPENLDAP
 from .login import DirectoryLogin, group_carriers, privileged_groups
+from .standing import StandingCheck
 from .messages import (
     SETTING,
     MSG_NOT_ALLOWED,
@@ -316,6 +317,28 @@ class DirectoryAuthenticator(LDAPAuthenticator):
             self.log.exception("Login of %s failed unexpectedly", loggable(login))
             self._refuse(login, LoginRefused("unexpected error", MSG_UNAVAILABLE, 503))
         return None
+
+    async def check_standing(self, username: str) -> str | None:
+        """For a login proven without the password (an SSH key, a hub API token): None when
+        the account may log in now (found, not disabled or locked, in `allowed_groups`), else
+        the message a refused login shows.  The same checks as a password login's, minus the bind."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.executor_threads, "directory-login")
+        loop = asyncio.get_running_loop()
+        try:
+            model = await loop.run_in_executor(self._executor, StandingCheck(self).run, username)
+        except LoginRefused as refusal:
+            self.log.warning("Standing of %s refused: %s", loggable(username), refusal.log)
+            return refusal.message or "Your account may not log in now"
+        except DirectoryUnavailable as e:
+            self.log.warning("Standing of %s not checked: directory unavailable: %s", loggable(username), e)
+            return MSG_UNAVAILABLE
+        if username in self.allowed_users or (self.allowed_groups and in_groups(self.allowed_groups,
+                                                                                 model["auth_state"])):
+            return None
+        if not self.allowed_groups and not self.allowed_users:
+            return None if self.allow_all else MSG_NOT_ALLOWED
+        return MSG_NOT_ALLOWED
 
     def check_allow_config(self):
         """At the hub's start: refuse a privileged group given by a name several directory

@@ -26,6 +26,7 @@ from ..lending.spawner import GPULendingSpawner, shared_pool  # noqa: F401 (shar
 from ..pool.models import PoolError
 from ..profiles import Profile
 from ..readiness import wait_for_server
+from ..ssh.spawner_access import SSHAccess
 from .reconcile import reconcile
 
 
@@ -39,7 +40,7 @@ def _deep_merge(base: dict, override: dict) -> dict:
     return merged
 
 
-class GPUDockerSpawner(GPULendingSpawner, DockerSpawner):
+class GPUDockerSpawner(SSHAccess, GPULendingSpawner, DockerSpawner):
     """A DockerSpawner that lends GPUs exclusively from a locked pool."""
 
     home_volume_name = Unicode(

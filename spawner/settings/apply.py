@@ -139,6 +139,10 @@ def apply_settings(c, settings: Settings) -> None:
         from .jobs import configure_jobs
 
         configure_jobs(c, settings)
+    if settings.ssh:
+        from .ssh_service import configure_ssh
+
+        configure_ssh(c, settings)
 
     if _inside_the_hub():
         start_with_the_hub(settings)

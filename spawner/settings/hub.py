@@ -15,6 +15,7 @@ from typing import Mapping
 from urllib.parse import urlparse
 
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
+from ..ssh.settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
 from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
 
@@ -75,6 +76,10 @@ class Settings:
     jobs: bool = True
     job_max_seconds: int = 86400
     job_log_max_bytes: int = 1024 * 1024
+    ssh: bool = False  # GPUHUB_SSH: the SSH gateway (gpu-ssh service); it opens a port, so off by default
+    ssh_page_port: int = 8092  # GPUHUB_SSH_PAGE_PORT: the service's web page (keys), behind the proxy
+    ssh_port: int = SSHGateway.port.default_value  # GPUHUB_SSH_PORT: c.SSHGateway.port (its default, read there)
+    ssh_address: str = ""  # GPUHUB_SSH_ADDRESS: sets c.SSHGateway.address (its default when unset)
     directory: "DirectorySettings | None" = None
     extra: dict = field(default_factory=dict)
 
@@ -243,6 +248,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             f"GPUHUB_POOL_PAGE_PORT ({pool_page_port}) must differ from the hub's, the proxy API's "
             "and GPUHUB_BIND_URL's ports")
 
+    ssh = env_bool(env, "GPUHUB_SSH", False)
+    ssh_page_port = env_int(env, "GPUHUB_SSH_PAGE_PORT", Settings.ssh_page_port, minimum=1)
+    if ssh and ssh_page_port in (hub_port, proxy_api_port, public_port, pool_page_port):
+        raise SettingsError(f"GPUHUB_SSH_PAGE_PORT ({ssh_page_port}) must differ from the hub's, the proxy "
+                            "API's, the pool page's and GPUHUB_BIND_URL's ports")
+    ssh_port = env_int(env, "GPUHUB_SSH_PORT", Settings.ssh_port, minimum=1)
+    if ssh and ssh_port in (hub_port, proxy_api_port, public_port, pool_page_port, ssh_page_port):
+        raise SettingsError(f"GPUHUB_SSH_PORT ({ssh_port}) must differ from the hub's other ports")
+
     return Settings(
         bind_url=bind_url,
         ssl_cert=ssl_cert,
@@ -291,6 +305,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         jobs=pool_page and _jobs_wanted(env, spawner),
         job_max_seconds=env_int(env, "GPUHUB_JOB_MAX_SECONDS", Settings.job_max_seconds, minimum=1),
         job_log_max_bytes=env_int(env, "GPUHUB_JOB_LOG_MAX_BYTES", Settings.job_log_max_bytes, minimum=1024),
+        ssh=ssh,
+        ssh_page_port=ssh_page_port,
+        ssh_port=ssh_port,
+        ssh_address=env.get("GPUHUB_SSH_ADDRESS", "").strip(),
         directory=directory,
     )
 

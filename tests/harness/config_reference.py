@@ -37,6 +37,8 @@ CLASSES = [
     ("spawner.auth", "DirectoryAuthenticator"),
     ("spawner.culling", "GPUIdleCuller"),
     ("spawner.poolpage.limits", "PoolServiceLimits"),
+    ("spawner.ssh.settings", "SSHGateway"),
+    ("spawner.ssh.spawner_access", "SSHAccess"),
     ("gpuhub_activity", "BusyKernelActivity"),
     ("gpuhub_activity.lab", "LabStatus"),
 ]

@@ -67,8 +67,9 @@ def test_dockerspawner_inspects_its_object_through_get_object():
 
 
 def test_hub_auth_get_user_is_async_on_request_and_caches_on_the_handler():
-    # spawner/poolpage/handlers.py asks the hub who a request is in prepare(), without blocking
-    # the loop, then relies on HubAuth keeping the answer in `handler._cached_hub_user`.
+    # spawner/poolpage/handlers.py and spawner/ssh/keys_api.py (whose loop also relays SSH traffic)
+    # ask the hub who a request is in prepare(), without blocking the loop, then rely on HubAuth
+    # keeping the answer in `handler._cached_hub_user`.
     from jupyterhub.services.auth import HubAuth
 
     assert "sync" in inspect.signature(HubAuth.get_user).parameters

@@ -1,0 +1,231 @@
+"""SSH into one's own server with Debian's OpenSSH client, through the hub's gpu-ssh gateway.
+
+Real parts only: a hub process with the directory login against the real OpenLDAP, the
+gateway it starts as a service, the notebook image's sshd in the user's container on the
+real dockerd, the real idle culler.  `ssh`, `scp` and `ssh -L` are OpenSSH's own.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+from datetime import datetime
+
+import asyncssh
+import requests
+
+from spawner.auth import MSG_NOT_ALLOWED
+
+from ..fixtures.hub import DUMMY_PASSWORD, wait_for
+from ..fixtures.services import free_port
+from ..fixtures.ssh import SSHClient, host_key_line, ssh_env, wait_for_gateway
+from .test_auth_hub import AUTHENTICATOR, form_login
+
+THROTTLE = """
+c.SSHGateway.free_failures = 3
+c.SSHGateway.failure_delay = 0.2
+c.SSHGateway.max_failure_delay = 1.6
+"""
+
+
+def ssh_hub(make_hub, extra_config: str = "", **env):
+    settings = ssh_env()
+    settings.update({k: str(v) for k, v in env.items()})
+    hub = make_hub(extra_config=extra_config, env=settings)
+    port = int(settings["GPUHUB_SSH_PORT"])
+    wait_for_gateway(port, hub)
+    return hub, port
+
+
+def container_of(hub, docker_client, user: str):
+    (container,) = [c for c in hub.containers(docker_client, all=False) if c.name.endswith(f"-{user}")]
+    return container
+
+
+def env_of(container) -> dict:
+    return dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
+
+
+def contents(hub, user: str, token: str, path: str) -> str | None:
+    r = requests.get(f"{hub.url}/user/{user}/api/contents/{path}", headers={"Authorization": f"token {token}"},
+                     timeout=30)
+    return r.json()["content"] if r.status_code == 200 else None
+
+
+def test_ssh_scp_and_port_forwarding_land_in_ones_own_server_and_strangers_do_not(
+        make_hub, openldap, docker_client, tmp_path):
+    directory = openldap
+    hub, port = ssh_hub(make_hub, directory.config_py(authenticator_class=AUTHENTICATOR) + THROTTLE,
+                        GPUHUB_AUTHENTICATOR="ldap", JUPYTERHUB_CRYPT_KEY=secrets.token_hex(32))
+    alice, bob, frank = (directory.users[n] for n in ("alice", "bob", "frank"))
+    for user in (alice, bob):
+        assert form_login(hub, user.name, user.password).status_code == 302
+    client = SSHClient(port, tmp_path / "ssh")
+
+    # No server yet: the first `ssh` starts one (and says so), then runs in it as alice.
+    r = client.ssh("alice", "id; pwd", password=alice.password)
+    assert r.returncode == 0, r.stderr + hub.log_tail(80)
+    assert "starting one" in r.stderr
+    home = env_of(container_of(hub, docker_client, "alice"))["HOME"]
+    id_line, pwd = r.stdout.strip().splitlines()
+    assert id_line.startswith(f"uid={alice.uid_number}(alice) gid={alice.gid_number}")
+    assert pwd == home
+    assert hub.server_model("alice")["ready"]
+
+    # scp into the home: alice's JupyterLab sees the file (its contents API).
+    token = hub.user_token("alice")
+    local = tmp_path / "notes.txt"
+    local.write_text("copied over ssh\n")
+    r = client.scp("alice", local, "notes.txt", password=alice.password)
+    assert r.returncode == 0, r.stderr
+    assert contents(hub, "alice", token, "notes.txt") == "copied over ssh\n"
+
+    # ssh -L: a port inside the container (its JupyterLab on 8888) on this machine.
+    local_port = free_port()
+    forward = client.popen("alice", "sleep 300", password=alice.password,
+                           extra=("-L", f"127.0.0.1:{local_port}:localhost:8888"))
+    try:
+        def through_forward():
+            try:
+                return requests.get(f"http://127.0.0.1:{local_port}/user/alice/api", timeout=5).json()
+            except (requests.RequestException, ValueError):
+                return None
+        answer = wait_for(through_forward, 60, "the forwarded port to answer", hub)
+        assert "version" in answer
+    finally:
+        forward.terminate()
+        forward.wait(30)
+    # Forwarding anywhere but the container itself is refused.
+    r = client.ssh("alice", "true", password=alice.password,
+                   extra=("-o", "ExitOnForwardFailure=yes", "-W", "169.254.169.254:80"))
+    assert r.returncode != 0 and "Only ports of your own server" in r.stderr
+
+    # A hub API token works as the password; a registered public key works as a key.
+    r = client.ssh("alice", "id -u", password=token)
+    assert (r.returncode, r.stdout.strip()) == (0, str(alice.uid_number)), r.stderr
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="alice@laptop")
+    key_file = tmp_path / "id_ed25519"
+    key.write_private_key(str(key_file))
+    key_file.chmod(0o600)
+    keys_api = f"{hub.url}/services/gpu-ssh/api/keys"
+    auth = {"Authorization": f"token {token}"}
+    r = requests.post(keys_api, json={"key": key.export_public_key().decode()}, headers=auth, timeout=30)
+    assert r.status_code == 201, r.text
+    r = requests.post(keys_api, json={"key": "ssh-rsa AAAA-not-a-key"}, headers=auth, timeout=30)
+    assert r.status_code == 400 and "not an OpenSSH public key" in r.json()["message"]
+    r = client.ssh("alice", "whoami", key=key_file)
+    assert (r.returncode, r.stdout.strip()) == (0, "alice"), r.stderr
+    # The same key does not open bob's account.
+    assert client.ssh("bob", "whoami", key=key_file).returncode == 255
+
+    # Bob lands in his own container, as himself: two servers, two uids.
+    r = client.ssh("bob", "id -u; hostname", password=bob.password)
+    assert r.returncode == 0, r.stderr
+    bob_uid, bob_host = r.stdout.split()
+    assert bob_uid == str(bob.uid_number)
+    assert bob_host == container_of(hub, docker_client, "bob").attrs["Config"]["Hostname"]
+
+    # Refused: a wrong password, an account outside the allowed groups, alice's password
+    # under bob's name.  Nothing runs.
+    for name, password, says in (("alice", "wrong-" + alice.password, "Permission denied"),
+                                 ("frank", frank.password, MSG_NOT_ALLOWED),
+                                 ("bob", alice.password, "Permission denied")):
+        r = client.ssh(name, "echo ran", password=password)
+        assert r.returncode == 255 and "ran" not in r.stdout, (name, r)
+        assert says in r.stderr, (name, r.stderr)
+
+    # Guessing is slowed down: 30 wrong passwords in a row take longer and longer.
+    times = []
+    for _ in range(30):
+        r = client.ssh("alice", "true", password="guess-" + secrets.token_hex(4))
+        assert r.returncode == 255
+        times.append(r.seconds)
+    early, late = statistics.median(times[:3]), statistics.median(times[-5:])
+    assert late > early + 1.0, times  # the capped delay (1.6 s) dominates the late attempts
+    # ... and it grew on the way there, never falling back (beyond a loaded machine's noise).
+    assert all(later > earlier - 0.5 for earlier, later in zip(times, times[1:])), times
+    # The owner still gets in (slowed down too, as anyone from this address).
+    r = client.ssh("alice", "true", password=alice.password)
+    assert r.returncode == 0, r.stderr
+
+
+def _iso(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def test_ssh_session_keeps_its_server_from_being_culled_and_the_host_key_survives_a_restart(
+        make_hub, tmp_path):
+    hub, port = ssh_hub(make_hub, "c.SSHGateway.activity_interval = 2\n", GPUHUB_CULL="true",
+                        GPUHUB_CULL_EVERY="1", GPUHUB_CULL_TIMEOUT_GPU="10", GPUHUB_CULL_TIMEOUT_CPU="600")
+    hub.create_user("alice")
+    started = hub.start_server("alice", {"profile": "tf-gpu-1"})
+    client = SSHClient(port, tmp_path / "ssh")
+
+    # A session with no traffic at all: the person is there, the server is in use.
+    session = client.popen("alice", "sleep 600", password=DUMMY_PASSWORD)
+    try:
+        began = _iso(started["started"])
+
+        def activity_or_gone():
+            server = hub.server_model("alice")
+            if server is None:
+                return "culled"
+            if server.get("last_activity") and _iso(server["last_activity"]) > began + 30:
+                return "active"
+            return None
+        # Three culling timeouts later, the culler (every second) has left it alone.
+        assert wait_for(activity_or_gone, 120, "SSH activity reports", hub) == "active"
+    finally:
+        session.terminate()
+        session.wait(30)
+    # Without the session, the same server is culled.
+    hub.wait_stopped("alice", timeout=90)
+    (lease,) = hub.ledger().history(user="alice")
+    assert lease.end_reason == "culled"
+
+    # The host key is the same after a restart: the known_hosts entry still checks.
+    before = host_key_line(port, client.known_hosts)
+    assert before
+    hub.stop()
+    hub.start()
+    wait_for_gateway(port, hub)
+    r = client.ssh("alice", "echo back", password=DUMMY_PASSWORD, strict=True)
+    assert r.returncode == 0 and r.stdout.strip() == "back", r.stderr
+    assert host_key_line(port, client.known_hosts) == before
+    # It started alice's last profile, and said so.
+    assert "tf-gpu-1" in r.stderr
+
+
+def test_ssh_waits_in_the_gpu_queue_saying_so_and_limits_connections_per_user(make_hub, tmp_path):
+    hub, port = ssh_hub(make_hub, "c.SSHGateway.max_connections_per_user = 1\n", GPUHUB_SIMULATED_GPUS="1")
+    client = SSHClient(port, tmp_path / "ssh")
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+    # Alice's last profile has a GPU; Bob holds the only one.
+    hub.start_server("alice", {"profile": "tf-gpu-1"})
+    hub.stop_server("alice")
+    hub.start_server("bob", {"profile": "tf-gpu-1"})
+    waiting = client.popen("alice", "echo in", password=DUMMY_PASSWORD)
+    try:
+        # Her connection started her last profile, which waits in the queue for Bob's GPU ...
+        wait_for(lambda: [w for w in hub.ledger().queue() if w.user == "alice"], 120, "alice to queue", hub)
+        hub.stop_server("bob")
+        out, err = waiting.communicate(timeout=240)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    # ... and she was told where she stood, then got in.
+    assert (waiting.returncode, out.strip()) == (0, "in"), err
+    assert "tf-gpu-1" in err and "you are 1st in the queue" in err, err
+
+    held = client.popen("alice", "echo held; sleep 300", password=DUMMY_PASSWORD)
+    try:
+        assert held.stdout.readline().strip() == "held"  # logged in, its session running
+        r = client.ssh("alice", "echo second", password=DUMMY_PASSWORD)
+        assert r.returncode == 255 and "second" not in r.stdout
+        assert "You have 1 SSH connections open" in r.stderr and "max_connections_per_user = 1" in r.stderr
+    finally:
+        held.terminate()
+        held.wait(30)
+    r = client.ssh("alice", "echo ok", password=DUMMY_PASSWORD)
+    assert r.stdout.strip() == "ok", r.stderr
