@@ -67,7 +67,8 @@ class Standing:
 
     @property
     def exhausted(self) -> bool:
-        return self.used >= self.limit
+        # Within a millisecond of GPU time: the hours are sums of floats, never exact.
+        return self.used >= self.limit - 1e-6
 
     def message(self, period_s: float) -> str:
         period = _period(period_s)
