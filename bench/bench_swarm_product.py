@@ -25,23 +25,10 @@ sys.path.insert(0, str(REPO))
 from bench.common import environment  # noqa: E402
 from devservices.postgres import start_postgres  # noqa: E402
 from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa: E402
-from devservices.swarm_hub import cleanup_swarm_hub, prepare_swarm_hub  # noqa: E402
+from devservices.swarm_hub import cleanup_swarm_hub, prepare_swarm_hub, profiles_config  # noqa: E402
 from devservices.tcp_proxy import BlackholeProxy  # noqa: E402
 
 
-def profiles_config(image: str) -> str:
-    """The Swarm tests' profiles (tests/integration/test_swarm.py): CPU, 1 GPU, and one per GPU model."""
-    return f"""
-c.GPUDockerSpawner.profiles = [
-    {{"slug": "tf-cpu", "display_name": "CPU", "image": {image!r}, "gpus": 0}},
-    {{"slug": "tf-gpu-1", "display_name": "1 GPU", "image": {image!r}, "gpus": 1}},
-    {{"slug": "a100", "display_name": "1 A100", "image": {image!r}, "gpus": 1,
-      "node_labels": {{"gpu.model": "a100"}}}},
-    {{"slug": "t4", "display_name": "1 T4", "image": {image!r}, "gpus": 1,
-      "node_labels": {{"gpu.model": "t4"}}}},
-]
-c.Spawner.poll_interval = 3
-"""
 
 SCRIPT = "echo ran as $(id -u); cat /proc/loadavg"
 ADMIN = {"GPUHUB_ADMIN_USERS": "ada", "GPUHUB_POOL_EXEC_USERS": "ada", "GPUHUB_POOL_PAGE": "true"}

@@ -52,3 +52,18 @@ def cleanup_swarm_hub(hub, docker_client) -> None:
         docker("service", "rm", service, check=False)
     cleanup_hub(hub, docker_client)
     docker("rm", "-f", hub.site.container, check=False)
+
+
+def profiles_config(image: str) -> str:
+    """The Swarm hubs' profiles (tests and benchmarks): CPU, 1 GPU, and one per GPU model (node label gpu.model)."""
+    return f"""
+c.GPUDockerSpawner.profiles = [
+    {{"slug": "tf-cpu", "display_name": "CPU", "image": {image!r}, "gpus": 0}},
+    {{"slug": "tf-gpu-1", "display_name": "1 GPU", "image": {image!r}, "gpus": 1}},
+    {{"slug": "a100", "display_name": "1 A100", "image": {image!r}, "gpus": 1,
+      "node_labels": {{"gpu.model": "a100"}}}},
+    {{"slug": "t4", "display_name": "1 T4", "image": {image!r}, "gpus": 1,
+      "node_labels": {{"gpu.model": "t4"}}}},
+]
+c.Spawner.poll_interval = 3
+"""

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from ..containers import ContainerLimits, gpu_host_config, hardened_host_config
 from ..homes import prepare_home_volume
-from ..jobs.engine import CREATED, ENDED, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState
+from ..jobs.engine import CREATED, ENDED, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
 from ..jobs.settings import JobSettings
 from ..labels import HOLDING_STATES, LABEL_JOB, LABEL_POOL
 
@@ -150,14 +150,7 @@ class DockerJobEngine:
                          message=state.get("Error") or None, node=self.settings.host)
 
     async def wait(self, name: str, timeout: float) -> UnitState | None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout, 0.0)
-        while True:
-            state = await self.inspect(name)
-            left = deadline - loop.time()
-            if state is None or state.phase == ENDED or left <= 0:
-                return state
-            await asyncio.sleep(min(POLL_SECONDS, left))
+        return await wait_until_ended(self.inspect, name, timeout, POLL_SECONDS)
 
     async def stop(self, name: str, grace: float) -> bool:
         import docker.errors

@@ -122,3 +122,18 @@ class JobEngine(Protocol):
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         """The user's home volume, ready for uid:gid on every host (homes.py's rules); its name."""
+
+
+async def wait_until_ended(inspect, name: str, timeout: float, poll: float) -> UnitState | None:
+    """`inspect(name)` every `poll` seconds until the unit has ended, is gone (None) or
+    `timeout` seconds passed: what every engine's `wait` is, for engines that poll."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(timeout, 0.0)
+    while True:
+        state = await inspect(name)
+        left = deadline - loop.time()
+        if state is None or state.phase == ENDED or left <= 0:
+            return state
+        await asyncio.sleep(min(poll, left))

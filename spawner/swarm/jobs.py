@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 
 from ..docker.jobs import DockerJobEngine, _HomeOwner, render_user
-from ..jobs.engine import ENDED, JobRefused, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState
+from ..jobs.engine import ENDED, JobRefused, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
 from ..labels import LABEL_JOB, LABEL_POOL, LABEL_USER
 from .homes import make_home_directory
 from .tasks import LIVE_TASK_STATES, task_labels
@@ -254,14 +254,7 @@ class SwarmJobEngine(DockerJobEngine):
             return UnitState(name=name, id=name, phase=UNKNOWN, message=str(exc))
 
     async def wait(self, name: str, timeout: float) -> UnitState | None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(timeout, 0.0)
-        while True:
-            state = await self.inspect(name)
-            left = deadline - loop.time()
-            if state is None or state.phase == ENDED or left <= 0:
-                return state
-            await asyncio.sleep(min(POLL_SECONDS, left))
+        return await wait_until_ended(self.inspect, name, timeout, POLL_SECONDS)
 
     async def stop(self, name: str, grace: float) -> bool:
         return await self._on_thread(self._stop, name, grace)

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from tests.fixtures.hub import DUMMY_PASSWORD, wait_for
+from devservices.swarm_hub import profiles_config  # noqa: F401 (the Swarm test modules import it from here)
 from tests.fixtures.swarm import docker, in_parallel
 
 pytestmark = pytest.mark.integration
@@ -68,19 +69,6 @@ def test_gpus_lent_across_both_nodes_exactly_as_leased(make_swarm_hub, swarm_clu
     assert hub.ledger().leases() == []
 
 
-def profiles_config(image: str) -> str:
-    """Profiles of the tests: the default ones plus one per GPU model (node label gpu.model)."""
-    return f"""
-c.GPUDockerSpawner.profiles = [
-    {{"slug": "tf-cpu", "display_name": "CPU", "image": {image!r}, "gpus": 0}},
-    {{"slug": "tf-gpu-1", "display_name": "1 GPU", "image": {image!r}, "gpus": 1}},
-    {{"slug": "a100", "display_name": "1 A100", "image": {image!r}, "gpus": 1,
-      "node_labels": {{"gpu.model": "a100"}}}},
-    {{"slug": "t4", "display_name": "1 T4", "image": {image!r}, "gpus": 1,
-      "node_labels": {{"gpu.model": "t4"}}}},
-]
-c.Spawner.poll_interval = 3
-"""
 
 
 def in_task(swarm, hub, user: str, script: str) -> str:
