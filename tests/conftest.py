@@ -33,7 +33,9 @@ pytest_plugins = [
 # A module runs whole on one worker, so its module-scoped fixtures start once.
 # Modules that use a service bound to fixed ports (Samba AD listens on 389 and
 # 636), or the machine's one Swarm, form one work unit, so only one worker ever starts it; a module that
-# uses it without being listed here stops the run with a message (below).
+# uses it without being listed here stops the run with a message (below; under xdist the
+# controller shows only an INTERNALERROR about a "crashitem", so tests/unit/test_layout.py checks
+# the list against the modules' sources as well).
 # Long modules are handed out first (`--no-loadscope-reorder` keeps this order)
 # so no worker is left alone with a long module at the end.
 # (xdist's own `xdist_group` marker has no effect with pytest 9: the work units
@@ -44,7 +46,8 @@ FIXED_PORT_UNITS = {
     # One Swarm per machine (the manager is the shared dockerd): its modules share one
     # session's `swarm_cluster`, on one worker.
     "swarm": ("swarm_cluster", {"tests/integration/test_swarm.py", "tests/integration/test_swarm_jobs.py",
-                                "tests/integration/test_swarm_scripts.py", "tests/integration/test_ssh_swarm.py"}),
+                                "tests/integration/test_swarm_scripts.py", "tests/integration/test_ssh_swarm.py",
+                                "tests/integration/test_job_clusters_swarm.py"}),
 }
 LONG_MODULES_FIRST = [  # by their time in a run (longest first)
     "test_failure_paths.py", "test_swarm.py", "test_apt_install.py", "test_gpu_spawner.py", "test_jobs.py", "test_auth_hub.py",

@@ -121,3 +121,14 @@ def test_every_package_install_goes_through_the_one_installer():
             if found:
                 offenders.append(f"{rel}:{number}: {line.strip()}")
     assert not offenders, "install through devservices/apt-install.sh:\n" + "\n".join(offenders)
+
+
+def test_every_module_on_the_machines_one_swarm_is_in_its_work_unit():
+    # A module that starts the Swarm outside the unit stops an xdist run at collection, and the
+    # controller says only "INTERNALERROR ... crashitem" (what a merge of two branches once did).
+    from tests.conftest import FIXED_PORT_UNITS
+
+    _, listed = FIXED_PORT_UNITS["swarm"]
+    users = {f"tests/integration/{p.name}" for p in sorted((REPO / "tests" / "integration").glob("test_*.py"))
+             if re.search(r"\b(swarm_cluster|make_swarm_hub)\b", p.read_text())}
+    assert users == set(listed)
