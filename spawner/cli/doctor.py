@@ -2,6 +2,7 @@
 
 NVML, the inventory, Docker and its NVIDIA device path, a one-GPU container, the images, the
 ledger and the data directory; each check gives ok / warn / FAIL, one line of detail and a fix.
+This module gathers the facts; the pure checks and the results are in doctor_checks.py.
 """
 
 from __future__ import annotations
@@ -9,11 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import pwd
-import stat
-import sys
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +19,24 @@ from sqlalchemy.engine import make_url
 from traitlets import TraitError
 from traitlets.config import Config
 
-from ..inventory.machine import Inventory, image_cuda_version
-from ..labels import LABEL_CUDA, PREFIX
+from ..inventory.machine import Inventory
+from ..labels import PREFIX
+from .doctor_checks import (  # noqa: F401 (the doctor's public names: gpu-pool, the tests)
+    FAIL,
+    OK,
+    WARN,
+    Result,
+    _one_line,
+    as_json,
+    build_command,
+    cuda_fit,
+    data_dir_result,
+    exit_status,
+    image_variant,
+    render,
+    version_at_least,
+    visible_devices,
+)
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -30,7 +44,6 @@ if TYPE_CHECKING:
 # The NVML and inventory checks import nothing of the hub's web stack (profiles need tornado,
 # the spawner JupyterHub), so they also run on a bare GPU machine (bench/device_check.py).
 
-OK, WARN, FAIL = "ok", "warn", "FAIL"
 # Who holds the probe's short lease in the ledger (history shows it, ended as `doctor`).
 PROBE_USER = "gpu-pool doctor"
 BASE_IMAGE = "gpuhub/debian-base:latest"
@@ -38,14 +51,6 @@ CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 LABEL_DOCTOR = f"{PREFIX}.doctor"  # on every container the doctor runs: gpu-probe, image-check
 TOOLKIT_FIX = ("install the NVIDIA Container Toolkit (nvidia-container-toolkit), run "
                "`nvidia-ctk runtime configure --runtime=docker`, then restart dockerd")
-
-
-@dataclass
-class Result:
-    check: str
-    status: str
-    detail: str
-    fix: str = ""
 
 
 @dataclass
@@ -57,94 +62,6 @@ class Target:
     hub_user: str
     # Warnings about how the settings were read (the settings check reports them).
     notes: list = field(default_factory=list)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def version_at_least(version: str, wanted: tuple[int, ...]) -> bool:
-    """'28.2.1' >= (28, 2); a version that does not parse counts as older."""
-    parts = []
-    for piece in version.split("+")[0].split("-")[0].split(".")[: len(wanted)]:
-        if not piece.isdigit():
-            return False
-        parts.append(int(piece))
-    return tuple(parts) >= wanted
-
-
-def cuda_fit(image: str, labels: dict, gpus: int, driver: tuple[int, int] | None) -> Result:
-    """Does the image's CUDA label fit the driver's CUDA version?"""
-    needed = image_cuda_version((labels or {}).get(LABEL_CUDA))
-    name = f"image {image}"
-    if needed is None:
-        if gpus and not (labels or {}).get(LABEL_CUDA):
-            return Result(name, WARN, f"present, no {LABEL_CUDA} label: its CUDA cannot be checked")
-        return Result(name, OK, "present (CPU image)" if not gpus else "present, no CUDA needed")
-    want = f"{needed[0]}.{needed[1]}"
-    if driver is None:
-        return Result(name, WARN, f"present, needs CUDA {want}; the driver's CUDA version is unknown")
-    have = f"{driver[0]}.{driver[1]}"
-    if needed > driver:
-        return Result(name, FAIL, f"needs CUDA {want} but this host's driver supports up to {have}",
-                      f"update the NVIDIA driver to one supporting CUDA {want}, or build the image "
-                      f"for CUDA {have} or older")
-    return Result(name, OK, f"present, needs CUDA {want}; the driver supports up to {have}")
-
-
-def image_variant(image: str) -> str | None:
-    """The images/build.py variant that makes `image` (gpuhub/notebook-cuda:latest: cuda), or None."""
-    repo, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
-    if tag == "latest" and repo.startswith("gpuhub/notebook-"):
-        return repo.removeprefix("gpuhub/notebook-") or None
-    return None
-
-
-def source_clone() -> Path | None:
-    """The clone this package was installed from (install.sh notes it beside the hub's config,
-    PREFIX/hub_config/clone), or this package's own checkout; None when unknown."""
-    noted = Path(sys.prefix).parent / "hub_config" / "clone"
-    candidates = [Path(noted.read_text().strip())] if noted.is_file() else []
-    candidates.append(Path(__file__).resolve().parents[2])
-    return next((c for c in candidates if (c / "images" / "build-images.sh").is_file()), None)
-
-
-def build_command(variant: str) -> str:
-    """The exact command that builds a notebook image variant on this host."""
-    clone = source_clone()
-    script = f"{clone}/images/build-images.sh" if clone else "images/build-images.sh"
-    where = "" if clone else " (in the clone this was installed from)"
-    return f"PYTHON={sys.executable} {script} {variant}{where}"
-
-
-def visible_devices(environ: bytes) -> str:
-    """NVIDIA_VISIBLE_DEVICES in a /proc/PID/environ dump ('' when unset)."""
-    env = dict(item.split("=", 1) for item in environ.decode(errors="replace").split("\0") if "=" in item)
-    return env.get("NVIDIA_VISIBLE_DEVICES", "")
-
-
-def data_dir_result(path: Path, hub_user: str) -> Result:
-    name = "data directory"
-    if not path.is_dir():
-        return Result(name, FAIL, f"{path} does not exist",
-                      f"mkdir -p {path} && chown {hub_user} {path} && chmod 700 {path}")
-    st = path.stat()
-    try:
-        uid = pwd.getpwnam(hub_user).pw_uid
-    except KeyError:
-        return Result(name, FAIL, f"no user {hub_user!r} on this machine", "pass --hub-user with the hub's user")
-    if st.st_uid != uid:
-        try:
-            owner = pwd.getpwuid(st.st_uid).pw_name
-        except KeyError:
-            owner = str(st.st_uid)
-        return Result(name, FAIL, f"{path} is owned by {owner}, not by the hub's user {hub_user}",
-                      f"chown -R {hub_user} {path}")
-    if st.st_mode & stat.S_IWOTH:
-        return Result(name, FAIL, f"{path} is world-writable (mode {stat.S_IMODE(st.st_mode):o}): anyone "
-                      "could replace the hub's database or cookie secret", f"chmod o-w {path} (700 is best)")
-    return Result(name, OK, f"{path}, owned by {hub_user}, mode {stat.S_IMODE(st.st_mode):o}")
 
 
 class Doctor:
@@ -534,21 +451,3 @@ def target_from_env(hub_user: str, env=None, env_file_problems=()) -> Target:
     return Target(config, settings.data_dir, hub_user, notes)
 
 
-def render(results: list[Result]) -> str:
-    width = max((len(r.check) for r in results), default=0)
-    lines = []
-    for r in results:
-        lines.append(f"{r.status:<4}  {r.check:<{width}}  {r.detail}")
-        if r.fix and r.status != OK:
-            lines.append(f"{'':<4}  {'':<{width}}  fix: {r.fix}")
-    failed = sum(r.status == FAIL for r in results)
-    lines.append(f"{failed} check(s) failed" if failed else "all checks passed")
-    return "\n".join(lines)
-
-
-def as_json(results: list[Result]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in results]
-
-
-def exit_status(results: list[Result]) -> int:
-    return 1 if any(r.status == FAIL for r in results) else 0

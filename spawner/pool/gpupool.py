@@ -1,48 +1,46 @@
 """GPUPool: the configurable facade of the ledger, its public API in one class.
 
 It holds the options (traitlets) and composes the store, placement, policy,
-grant, waiting, admin and reads modules; it adds no logic of its own.  What
-admins do to the ledger (drain, audit, reconcile, rehome) is its mixin in
-admin_actions.py.
+grant, waiting, admin and reads modules; it adds no logic of its own.  Its mixins:
+what admins do to the ledger (drain, audit, reconcile, rehome) in admin_actions.py,
+acquire and release in leasing.py, budgets, bookings and fair-share standings in fair_use.py,
+the reads in pool_queries.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
-from dataclasses import replace
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import ColumnElement
 from sqlalchemy.engine import Engine, make_url
 from traitlets import Any as AnyTrait
 from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, validate
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from . import bookings, budget, fairshare, grant, inventory_sync, queries, release, rollup, timeline, validation
-from .bookings import Booking
+from . import budget, fairshare, grant, inventory_sync, rollup, validation
 from .grant import Outcome, QueueRules
-from .models import EndReason, GPUStatus, InvalidRequest, Lease, Waiter
 from .admin_actions import PoolAdministration
+from .fair_use import PoolFairUse
+from .leasing import PoolLeasing
+from .pool_queries import PoolQueries
 from .placement import Topology
 from .gpu_readings import PoolReadings
-from .policy import WaiterRow, limit_for
-from .schema import NAME_MAX, create_schema, leases_table
+from .policy import limit_for
+from .schema import NAME_MAX, create_schema
 from .store import Store
 from .validation import HostChoice, Request
-from .waiting import QueueWatch, Wait, Wakeups
+from .waiting import QueueWatch, Wakeups
 
 
 # The SQLite ledger's file name, in the hub's data directory (GPUHUB_DATA_DIR).
 LEDGER_FILE = "gpu-pool.sqlite"
 
 
-class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
+class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolReadings, LoggingConfigurable):
     """The GPU lease ledger.  See the package docstring for the policy."""
 
     db_url = Unicode(
@@ -509,346 +507,6 @@ class GPUPool(PoolAdministration, PoolReadings, LoggingConfigurable):
         return QueueRules(self.limit_for(groups), self.waiter_stale_after, self.backfill_window, self._owner,
                           self.queue_order, self.shares(), self._use_cache, self.budgets(), self.booking_grace)
 
-    def _own_budgets(self) -> budget.Budgets:
-        return budget.Budgets(self.gpu_hour_budget, dict(self.group_gpu_hour_budgets), self.budget_period)
-
-    def budgets(self) -> budget.Budgets:
-        """The budgets in force: this hub's (a lender), else those the lending hub wrote in the ledger."""
-        if self.inventory is not None:
-            return self._own_budgets()
-        found = getattr(self, "_ledger_budgets", None)
-        if found is None:
-            found = self._ledger_budgets = self._read(budget.published)
-        return found
-
-    def budget_standings(self, user: str, groups: Iterable[str] = ()) -> list[budget.Standing]:
-        """The GPU-hour budgets that apply to `user`, as they stand now (empty: none)."""
-        user = validation.name(user, "The user name")
-        groups = tuple(validation.name(g, "A group name") for g in groups)
-        b = self.budgets()
-        return self._read(lambda conn: budget.standings(self._store, conn, user, groups, b, self._store.now(conn)))
-
-    # --- bookings (bookings.py) -------------------------------------------------------
-
-    def booking_limits(self) -> bookings.Limits:
-        return bookings.Limits(self.booking_max_hours, self.booking_max_days_ahead,
-                               self.booking_max_gpu_hours_per_week, self.booking_max_per_user, self.booking_grace)
-
-    def book(self, user: str, count: int, starts_at: datetime, ends_at: datetime, *, group: str | None = None,
-             host: str | None = None, by: str | None = None) -> Booking:
-        """Book `count` GPUs of one host for `user` (or `group`'s members) over [starts_at, ends_at).
-
-        Who may book for whom (a user for themself; an admin for anyone or a group) is
-        the caller's to check.  Raises BookingRefused (400, with the reason: past, too
-        long, too far ahead, too big, over the weekly limit, overlapping: with the next
-        free window) or InvalidRequest."""
-        user = validation.name(user, "The user name")
-        group = validation.name(group, "The group name") if group is not None else None
-        host = validation.name(host, "The host name") if host is not None else None
-        by = validation.name(by or user, "The booker's name")
-        starts_at = validation.aware(starts_at, "starts_at")
-        ends_at = validation.aware(ends_at, "ends_at")
-        if starts_at is None or ends_at is None:
-            raise InvalidRequest("A booking needs a start and an end")
-        limits = self.booking_limits()
-        made = self._write(lambda conn: bookings.make(
-            conn, self._store.now(conn), user=user, group=group, count=count, starts_at=starts_at, ends_at=ends_at,
-            host=host, created_by=by, limits=limits))
-        self.log.info("Booked %d GPU(s) on %s for %s from %s to %s (booking %d, by %s)", len(made.gpu_uuids),
-                      made.host, f"group {group}" if group else user, made.starts_at, made.ends_at, made.id, by)
-        return made
-
-    def bookings(self) -> list[Booking]:
-        """Bookings not yet over, by start (no-shows past their grace released first)."""
-        def write(conn):
-            now = self._store.now(conn)
-            bookings.release_no_shows(conn, now, self.booking_grace)
-            return bookings.live(conn, now)
-        return self._write(write, durable=False)
-
-    def cancel_booking(self, booking_id: int, by: str, admin: bool = False) -> Booking:
-        """Cancel a live booking (its booker, or an admin)."""
-        booking_id = validation.lease_id(booking_id)
-        by = validation.name(by, "The user name")
-        done = self._write(lambda conn: bookings.cancel(conn, booking_id, by, admin, self._store.now(conn)))
-        self._notify()  # its GPUs may be lent now
-        return done
-
-    def lease_booked_out(self, lease_id: int) -> Booking | None:
-        """For the culler: the booking for someone else that holds this active lease's GPU now."""
-        lease_id = validation.lease_id(lease_id)
-        return self._read(lambda conn: bookings.lease_booked_out(conn, lease_id, self._store.now(conn)))
-
-    def lease_over_budget(self, lease_id: int) -> budget.Standing | None:
-        """For the culler: the used-up budget of an active lease's user or group, else None.
-
-        The culler then records its intent `budget` in the ledger before it stops the server,
-        and the lease's end says so."""
-        lease_id = validation.lease_id(lease_id)
-        b = self.budgets()
-        if not b.any:
-            return None
-        return self._read(lambda conn: budget.lease_over_budget(self._store, conn, lease_id, b,
-                                                                self._store.now(conn)))
-
-    def shares(self) -> fairshare.Shares:
-        return fairshare.Shares(self.fairshare_shares, self.fairshare_group_shares, self.fifo_after)
-
     def _attempt(self, conn, req: Request, waiter_id: int | None, enqueue: bool) -> Outcome:
         return grant.attempt(self._store, conn, req, waiter_id, enqueue, self._rules(req.groups),
                              self._topology.choose, self.log)
-
-    # --- acquiring (grant.py, waiting.py) -----------------------------------------
-
-    def check_request(
-        self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = "",
-        workers: int = 1,
-    ) -> None:
-        """Refuse up front a request that can never be met: bad input, too big, over quota.
-
-        Takes no lease and joins no queue.  Raises InvalidRequest,
-        Unsatisfiable, QuotaExceeded or PoolUnavailable; returns None when the
-        request could be met now or after a wait.  `workers` > 1: a gang (see acquire_gang).
-        """
-        req = self._make_request(user, server_name, count, groups, host, workers)
-        self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets()))
-
-    def try_acquire(
-        self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None
-    ) -> Lease | None:
-        """Lend `count` GPUs of one host now, in one transaction, or return None.
-
-        Waiting requests keep their turn: this only succeeds when the queue
-        policy would let a newly arrived request through.  `host` restricts
-        the choice to one host (default: the inventory's host, or any host
-        when the pool has no inventory).  Raises InvalidRequest,
-        Unsatisfiable, QuotaExceeded, PoolUnavailable.
-        """
-        req = self._make_request(user, server_name, count, groups, host)
-        return self._write(self._attempt, req, None, False).lease
-
-    async def acquire(
-        self,
-        user: str,
-        server_name: str,
-        count: int,
-        groups: Iterable[str] = (),
-        timeout: float = 60.0,
-        on_wait: Callable[[int, int, int], Any] | None = None,
-        host: HostChoice = None,
-    ) -> Lease:
-        """Lend `count` GPUs of one host, waiting up to `timeout` seconds in the fair queue.
-
-        `on_wait(position, wanted, free)` (a plain or async callable) is called
-        whenever the queue position changes, first when the request joins the
-        queue; position 1 is the head.  A callable with a `why` parameter gets
-        it too, and is called when it changes: why the request is where it is
-        (fairshare.why; names nobody).  Raises WaitTimeout (with .position)
-        when the time runs out, and the errors of try_acquire.  Cancelling
-        the call removes the request from the queue and leaves no lease.
-        """
-        req = self._make_request(user, server_name, count, groups, host)
-        return await self._wait(req, timeout).run(req, timeout, self.poll_interval, on_wait)
-
-    async def acquire_gang(
-        self,
-        user: str,
-        server_name: str,
-        count: int,
-        workers: int,
-        groups: Iterable[str] = (),
-        timeout: float = 60.0,
-        on_wait: Callable[[int, int, int], Any] | None = None,
-        host: HostChoice = None,
-    ) -> tuple[Lease, ...]:
-        """Lend `workers` leases of `count` GPUs each (a cluster job), all in one transaction or none.
-
-        The gang queues as one request in the fair queue and holds nothing while it waits, so
-        two gangs never deadlock each other.  Worker i's lease is named
-        `<server_name>/worker-<i>` (one accounting line per worker); the leases come back in
-        worker order.  Placement takes the fewest hosts (one when one fits them all) among
-        `host` (a name or a list; default as for acquire).  Quotas count every worker's
-        GPUs.  Raises as acquire does; cancelling leaves no lease and no queue row.
-        """
-        req = self._make_request(user, server_name, count, groups, host, workers)
-        return await self._wait(req, timeout).run_all(req, timeout, self.poll_interval, on_wait)
-
-    def _wait(self, req: Request, timeout) -> Wait:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-            raise InvalidRequest(f"timeout must be a number of seconds >= 0, not {timeout!r}")
-        return Wait(
-            attempt=lambda r, w, e: self._write(self._attempt, r, w, e),
-            undo_leases=self._undo_leases,
-            remove_waiter=self._remove_waiter,
-            wakeups=self._wakeups,
-            log=self.log,
-            watch=self._watch,
-        )
-
-    def _watch(self) -> QueueWatch:
-        """The running loop's QueueWatch (made while it has waiters)."""
-        loop = asyncio.get_running_loop()
-        watch = self._watches.get(loop)
-        if watch is None:
-            watch = self._watches[loop] = QueueWatch(
-                look=self._look, beat=self._beat, poll_interval=self.poll_interval,
-                heartbeat_interval=min(self.heartbeat_interval, self.waiter_stale_after / 3),
-                wakeups=self._wakeups, log=self.log, on_idle=lambda: self._watches.pop(loop, None))
-        return watch
-
-    def _look(self, mine: dict, known: dict | None = None) -> dict[int, grant.View] | None:
-        return self._read(lambda conn: grant.look(self._store, conn, mine, self.waiter_stale_after,
-                                                  self.backfill_window, self._topology.choose, known,
-                                                  self._rules()))
-
-    def _beat(self, ids: list[int]) -> None:
-        self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
-
-    def _remove_waiter(self, waiter_id: int) -> None:
-        self._write(lambda conn: release.remove_waiter(self._store, conn, waiter_id), durable=False)
-        self._notify()  # the queue moved
-
-    def _undo_leases(self, lease_ids: list[int]) -> None:
-        def undo(conn):
-            for lease_id in lease_ids:
-                release.undo_lease(conn, lease_id)
-        self._write(undo)
-        self._notify()
-
-    # --- releasing and admin (release.py) -------------------------------------------
-
-    def release(self, lease_id: int, reason: EndReason | str = EndReason.STOPPED) -> bool:
-        """End a lease.  Idempotent: False if it had already ended (or never existed)."""
-        lease_id = validation.lease_id(lease_id)
-        reason = validation.reason(reason)
-        ended = self._write(lambda conn: release.release(self._store, conn, lease_id, reason), durable=False)
-        if ended:
-            self._notify()
-        return ended
-
-    def release_all(self, lease_ids: Iterable[int], reason: EndReason | str = EndReason.STOPPED) -> list[int]:
-        """End several leases (a cluster's) in one transaction; the ids that were still active."""
-        ids = [validation.lease_id(i) for i in lease_ids]
-        reason = validation.reason(reason)
-        ended = self._write(lambda conn: [i for i in ids if release.release(self._store, conn, i, reason)],
-                            durable=False)
-        if ended:
-            self._notify()
-        return ended
-
-    def set_problem(self, lease_id: int, problem: str) -> bool:
-        """Note why an active lease stays lent after its server ended (a container that would
-        not stop); `gpu-pool status` shows it.  False if the lease is not active."""
-        lease_id = validation.lease_id(lease_id)
-        problem = str(problem)[:500]
-        return self._write(lambda conn: release.set_problem(conn, lease_id, problem), durable=False)
-
-    # --- reading (queries.py) ---------------------------------------------------------
-
-    def lease(self, lease_id: int) -> Lease | None:
-        """The lease with this id (active or ended), or None."""
-        lease_id = validation.lease_id(lease_id)
-        found = self._read(lambda conn: queries.load_leases(conn, leases_table.c.id == lease_id))
-        return found[0] if found else None
-
-    def leases(self, user: str | None = None, host: str | None = None) -> list[Lease]:
-        """Active leases, oldest first, optionally of one user or host."""
-        where: ColumnElement[bool] = leases_table.c.ended_at.is_(None)
-        if user is not None:
-            where &= leases_table.c.user_name == validation.name(user, "The user name")
-        if host is not None:
-            where &= leases_table.c.host == validation.name(host, "The host name")
-        return self._read(lambda conn: queries.load_leases(conn, where))
-
-    def history(
-        self, user: str | None = None, since: datetime | None = None, until: datetime | None = None
-    ) -> list[Lease]:
-        """Leases (ended or active) that overlap [since, until), by start time."""
-        since, until = validation.aware(since, "since"), validation.aware(until, "until")
-        user = validation.name(user, "The user name") if user is not None else None
-        where = queries.history_where(user, since, until)
-        order = (leases_table.c.started_at, leases_table.c.id)
-        return self._read(lambda conn: queries.load_leases(conn, where, order=order))
-
-    def usage(self, since: datetime | None = None, until: datetime | None = None) -> dict:
-        """GPU-hours inside [since, until): {"users": {user: h}, "groups": {group: h}}.
-
-        Active leases count up to now.  A lease counts fully for each group
-        its user was in when it started.
-        """
-        since, until = validation.aware(since, "since"), validation.aware(until, "until")
-        # From the rolled-up hours (rollup.py): its cost follows the period, not the history.
-        return self._read(lambda conn: rollup.usage(self._store, conn, since, until, self._store.now(conn),
-                                                    lambda where: queries.load_leases(conn, where)))
-
-    def gpus(self) -> list[GPUStatus]:
-        """Every GPU in the ledger with its drain flag and holding lease, by host and index."""
-        return self._read(queries.gpus)
-
-    def counts(self) -> dict[str, int]:
-        """{"free", "lent", "drained", "queued"} for metrics.
-
-        free: lendable now; lent: in an active lease (drained or not);
-        drained: drained and not lent; queued: live waiters.
-        """
-        queued = self._read(lambda conn: queries.queued_count(conn, self._store.now(conn), self.waiter_stale_after))
-        return queries.counts(self.gpus(), queued)
-
-    def queue(self) -> list[Waiter]:
-        """Live waiters, in the order they are served (queue_order), each with why it is there."""
-        def read(conn):
-            now = self._store.now(conn)
-            waiters = queries.queue(conn, now, self.waiter_stale_after)
-            rows = [WaiterRow(w.id, w.user, w.count, None, w.since, now, workers=w.workers, groups=w.groups)
-                    for w in waiters]
-            o = grant.ordered(self._store, conn, rows, now, self.queue_order, self.shares(), self._use_cache)
-            by_id = {w.id: w for w in waiters}
-            return [replace(by_id[r.id], position=i + 1,
-                            why=grant.explain(o, i, self.queue_order, self.shares(), now)
-                            if self.queue_order == fairshare.FAIRSHARE else fairshare.fifo_why(i + 1))
-                    for i, r in enumerate(o.rows)]
-        return self._read(read)
-
-    def timeline(self, since: datetime, until: datetime | None = None) -> timeline.Timeline:
-        """When each GPU was lent or drained, and requests waited, inside [since, until) (until: now)."""
-        since, until = validation.aware(since, "since"), validation.aware(until, "until")
-
-        def read(conn):
-            now = self._store.now(conn)
-            return timeline.timeline(conn, since, min(until or now, now), now, self.waiter_stale_after)
-        return self._read(read)
-
-    def recent_leases(self, user: str, limit: int = 50) -> list[Lease]:
-        """`user`'s newest `limit` leases (active or ended), newest first."""
-        user = validation.name(user, "The user name")
-        return self._read(lambda conn: queries.recent_leases(conn, user, max(1, int(limit))))
-
-    def recent_use(self) -> rollup.Use:
-        """Every user's and group's GPU-hours decayed with the fair-share half-life, now, and the
-        users' all-time totals (active leases included)."""
-        return self._read(lambda conn: rollup.decayed_use(self._store, conn, self._store.now(conn)))
-
-    def fairshare(self) -> dict:
-        """Every user's and group's recent use, share, standing and priority (`gpu-pool fairshare`)."""
-        use = self.recent_use()
-        shares = self.shares()
-        users = []
-        for user in sorted(set(use.users) | set(self.fairshare_shares)):
-            u = use.users.get(user, 0.0)
-            users.append({"user": user, "recent_gpu_hours": round(u, 3),
-                          "total_gpu_hours": round(use.total_users.get(user, 0.0), 3),
-                          "share": shares.user_share(user), "standing": round(u / shares.user_share(user), 3),
-                          "priority": round(fairshare.priority(u / shares.user_share(user)), 4)})
-        groups = []
-        for group in sorted(set(use.groups) | set(self.fairshare_group_shares)):
-            g = use.groups.get(group, 0.0)
-            share = self.fairshare_group_shares.get(group)
-            groups.append({"group": group, "recent_gpu_hours": round(g, 3), "share": share,
-                           "counts": share is not None,
-                           "standing": round(g / share, 3) if share else None})
-        return {"order": self.queue_order, "half_life_s": use.half_life_s, "fifo_after_s": self.fifo_after,
-                "at": use.at.isoformat(), "users": users, "groups": groups}
-
-    def lease_lengths(self, limit: int = 500) -> list[float]:
-        """Seconds the newest `limit` ended leases lasted, newest first (for wait estimates)."""
-        return self._read(lambda conn: timeline.lease_lengths(conn, max(1, int(limit))))

@@ -11,7 +11,6 @@ page's form posts to the same handlers (the hub's XSRF token checked on cookie l
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from ..service_auth import AsksTheHubFirst
 from .key_store import KeyRefused, KeyStore
 
 log = logging.getLogger("gpu-ssh")
@@ -31,23 +31,12 @@ MAX_BODY = 64 * 1024
 HUB_AUTH_TIMEOUT = 10.0
 
 
-class Base(HubOAuthenticated, web.RequestHandler):
+class Base(AsksTheHubFirst, HubOAuthenticated, web.RequestHandler):
     """Who is asking comes from the hub, asked asynchronously in prepare(): the same process
     relays SSH traffic, which must never wait on a blocking call to the hub."""
 
-    async def prepare(self):
-        try:
-            await asyncio.wait_for(self.hub_auth.get_user(self, sync=False), HUB_AUTH_TIMEOUT)
-        except asyncio.TimeoutError:
-            raise web.HTTPError(503, "The hub did not confirm who you are in time; try again") from None
-        result = super().prepare()
-        if result is not None:
-            await result
-
-    def get_current_user(self):
-        if not hasattr(self, "_cached_hub_user"):
-            return None
-        return super().get_current_user()
+    def hub_auth_timeout(self) -> float:
+        return HUB_AUTH_TIMEOUT
 
     def set_default_headers(self) -> None:
         self.set_header("X-Frame-Options", "DENY")

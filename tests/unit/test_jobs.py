@@ -168,7 +168,7 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     settings = _settings(tmp_path, GPUHUB_POOL_PAGE_PORT="9123", GPUHUB_MAX_GPUS_PER_USER="1")
     c.GPUDockerSpawner.profiles = DEFAULT_PROFILES
     c.GPUPool.max_gpus_per_user = 1
-    c.JupyterHub.hub_connect_ip = "172.30.0.1"
+    c.JupyterHub.hub_connect_ip = "192.0.2.1"
     c.GPUDockerSpawner.environment.update({"OTHER": "kept"})  # as the culler adds its own
     configure_pool_page(c, settings)
     configure_jobs(c, settings)
@@ -184,12 +184,12 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     assert service["oauth_client_allowed_scopes"].count(JOBS_SCOPE) == 1
     js = JobSettings.from_env(service["environment"])
     assert [p["slug"] for p in js.profiles] == [p["slug"] for p in DEFAULT_PROFILES]
-    assert js.pool == {"max_gpus_per_user": 1} and js.bridge_ip == "172.30.0.1"
+    assert js.pool == {"max_gpus_per_user": 1} and js.bridge_ip == "192.0.2.1"
     assert js.max_seconds == 86400 and js.log_max_bytes == 1024 * 1024
     # notebook servers submit with their own token, to the bridge address
     assert {JOBS_SCOPE, ACCESS_SCOPE} <= set(c.GPUDockerSpawner.server_token_scopes)
     env = c.GPUDockerSpawner.environment.get_value({})
-    url = "http://172.30.0.1:9123/services/gpu-pool/"
+    url = "http://192.0.2.1:9123/services/gpu-pool/"
     assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": url, "GPUHUB_POOL_URL": url}
     assert json.loads(service["environment"][ENV_NAME])["prefix"] == "gpuhub"
     # the hub's final config, written at its start, wins over what was known here

@@ -4,7 +4,6 @@ on these (app.py only puts the routes together)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import TYPE_CHECKING
@@ -13,6 +12,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
 
 from ...ledger_io import ledger_call
+from ...service_auth import AsksTheHubFirst
 from ...pool import GPUPool
 from ...pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
 from .. import ADMIN_SCOPE
@@ -45,7 +45,7 @@ class Unframed(_Handler):
         self.set_header("Content-Security-Policy", "frame-ancestors 'none'")
 
 
-class BaseHandler(Unframed, HubOAuthenticated, web.RequestHandler):
+class BaseHandler(AsksTheHubFirst, Unframed, HubOAuthenticated, web.RequestHandler):
     """A request of a logged-in hub user, who is a `views.Viewer`.
 
     Who it is comes from the hub (a token or cookie not in the cache is checked with the hub's
@@ -53,25 +53,8 @@ class BaseHandler(Unframed, HubOAuthenticated, web.RequestHandler):
     so the synchronous `current_user` that handlers read never waits on the hub on the loop.
     """
 
-    async def prepare(self):
-        timeout = self.settings["limits"].hub_auth_timeout
-        try:
-            await asyncio.wait_for(self.hub_auth.get_user(self, sync=False), timeout)
-        except asyncio.TimeoutError:
-            log.warning("The hub did not identify a %s %s request within %g s", self.request.method,
-                        self.request.path, timeout)
-            raise web.HTTPError(503, f"The hub did not confirm who you are within {timeout:g} s; "
-                                     "try again in a moment") from None
-        result = super().prepare()
-        if result is not None:
-            await result
-
-    def get_current_user(self):
-        if not hasattr(self, "_cached_hub_user"):
-            # prepare() did not run or failed before asking (an error page): nobody, rather
-            # than a blocking call to the hub on the event loop.
-            return None
-        return super().get_current_user()
+    def hub_auth_timeout(self) -> float:
+        return self.settings["limits"].hub_auth_timeout
 
     @property
     def pool(self) -> GPUPool:

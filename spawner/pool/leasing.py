@@ -1,0 +1,191 @@
+"""Lending and returning leases, as methods of the GPUPool facade (a mixin): a request checked,
+granted now or after a wait in the queue (one lease, or a gang's), and a lease's end.
+
+The decisions are in grant.py (one transaction) and waiting.py (the queue's wait); the SQL of
+an end in release.py.  The facade supplies the store, its options, its topology and wake-ups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import budget, grant, release, validation
+from .models import EndReason, InvalidRequest, Lease
+from .validation import HostChoice, Request
+from .waiting import QueueWatch, Wait
+
+if TYPE_CHECKING:
+    from .placement import Topology
+    from .store import Store
+    from .waiting import Wakeups
+
+
+class PoolLeasing:
+    """GPUPool's acquire and release (see the module docstring)."""
+
+    # Supplied by the GPUPool facade (declared for the type checker only).
+    _store: Store
+    _topology: Topology
+    _wakeups: Wakeups
+    _watches: dict[Any, QueueWatch]
+    log: logging.Logger
+    _write: Callable[..., Any]
+    _read: Callable[..., Any]
+    _notify: Callable[[], None]
+    _make_request: Callable[..., Request]
+    _attempt: Callable[..., grant.Outcome]
+    _rules: Callable[..., grant.QueueRules]
+    limit_for: Callable[..., tuple[int | None, str]]
+    budgets: Callable[[], budget.Budgets]
+    poll_interval: float
+    heartbeat_interval: float
+    waiter_stale_after: float
+    backfill_window: float
+
+    # --- acquiring (grant.py, waiting.py) -----------------------------------------
+
+    def check_request(
+        self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = "",
+        workers: int = 1,
+    ) -> None:
+        """Refuse up front a request that can never be met: bad input, too big, over quota.
+
+        Takes no lease and joins no queue.  Raises InvalidRequest,
+        Unsatisfiable, QuotaExceeded or PoolUnavailable; returns None when the
+        request could be met now or after a wait.  `workers` > 1: a gang (see acquire_gang).
+        """
+        req = self._make_request(user, server_name, count, groups, host, workers)
+        self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets()))
+
+    def try_acquire(
+        self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None
+    ) -> Lease | None:
+        """Lend `count` GPUs of one host now, in one transaction, or return None.
+
+        Waiting requests keep their turn: this only succeeds when the queue
+        policy would let a newly arrived request through.  `host` restricts
+        the choice to one host (default: the inventory's host, or any host
+        when the pool has no inventory).  Raises InvalidRequest,
+        Unsatisfiable, QuotaExceeded, PoolUnavailable.
+        """
+        req = self._make_request(user, server_name, count, groups, host)
+        return self._write(self._attempt, req, None, False).lease
+
+    async def acquire(
+        self,
+        user: str,
+        server_name: str,
+        count: int,
+        groups: Iterable[str] = (),
+        timeout: float = 60.0,
+        on_wait: Callable[[int, int, int], Any] | None = None,
+        host: HostChoice = None,
+    ) -> Lease:
+        """Lend `count` GPUs of one host, waiting up to `timeout` seconds in the fair queue.
+
+        `on_wait(position, wanted, free)` (a plain or async callable) is called
+        whenever the queue position changes, first when the request joins the
+        queue; position 1 is the head.  A callable with a `why` parameter gets
+        it too, and is called when it changes: why the request is where it is
+        (fairshare.why; names nobody).  Raises WaitTimeout (with .position)
+        when the time runs out, and the errors of try_acquire.  Cancelling
+        the call removes the request from the queue and leaves no lease.
+        """
+        req = self._make_request(user, server_name, count, groups, host)
+        return await self._wait(req, timeout).run(req, timeout, self.poll_interval, on_wait)
+
+    async def acquire_gang(
+        self,
+        user: str,
+        server_name: str,
+        count: int,
+        workers: int,
+        groups: Iterable[str] = (),
+        timeout: float = 60.0,
+        on_wait: Callable[[int, int, int], Any] | None = None,
+        host: HostChoice = None,
+    ) -> tuple[Lease, ...]:
+        """Lend `workers` leases of `count` GPUs each (a cluster job), all in one transaction or none.
+
+        The gang queues as one request in the fair queue and holds nothing while it waits, so
+        two gangs never deadlock each other.  Worker i's lease is named
+        `<server_name>/worker-<i>` (one accounting line per worker); the leases come back in
+        worker order.  Placement takes the fewest hosts (one when one fits them all) among
+        `host` (a name or a list; default as for acquire).  Quotas count every worker's
+        GPUs.  Raises as acquire does; cancelling leaves no lease and no queue row.
+        """
+        req = self._make_request(user, server_name, count, groups, host, workers)
+        return await self._wait(req, timeout).run_all(req, timeout, self.poll_interval, on_wait)
+
+    def _wait(self, req: Request, timeout) -> Wait:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+            raise InvalidRequest(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+        return Wait(
+            attempt=lambda r, w, e: self._write(self._attempt, r, w, e),
+            undo_leases=self._undo_leases,
+            remove_waiter=self._remove_waiter,
+            wakeups=self._wakeups,
+            log=self.log,
+            watch=self._watch,
+        )
+
+    def _watch(self) -> QueueWatch:
+        """The running loop's QueueWatch (made while it has waiters)."""
+        loop = asyncio.get_running_loop()
+        watch = self._watches.get(loop)
+        if watch is None:
+            watch = self._watches[loop] = QueueWatch(
+                look=self._look, beat=self._beat, poll_interval=self.poll_interval,
+                heartbeat_interval=min(self.heartbeat_interval, self.waiter_stale_after / 3),
+                wakeups=self._wakeups, log=self.log, on_idle=lambda: self._watches.pop(loop, None))
+        return watch
+
+    def _look(self, mine: dict, known: dict | None = None) -> dict[int, grant.View] | None:
+        return self._read(lambda conn: grant.look(self._store, conn, mine, self.waiter_stale_after,
+                                                  self.backfill_window, self._topology.choose, known,
+                                                  self._rules()))
+
+    def _beat(self, ids: list[int]) -> None:
+        self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
+
+    def _remove_waiter(self, waiter_id: int) -> None:
+        self._write(lambda conn: release.remove_waiter(self._store, conn, waiter_id), durable=False)
+        self._notify()  # the queue moved
+
+    def _undo_leases(self, lease_ids: list[int]) -> None:
+        def undo(conn):
+            for lease_id in lease_ids:
+                release.undo_lease(conn, lease_id)
+        self._write(undo)
+        self._notify()
+
+    # --- releasing and admin (release.py) -------------------------------------------
+
+    def release(self, lease_id: int, reason: EndReason | str = EndReason.STOPPED) -> bool:
+        """End a lease.  Idempotent: False if it had already ended (or never existed)."""
+        lease_id = validation.lease_id(lease_id)
+        reason = validation.reason(reason)
+        ended = self._write(lambda conn: release.release(self._store, conn, lease_id, reason), durable=False)
+        if ended:
+            self._notify()
+        return ended
+
+    def release_all(self, lease_ids: Iterable[int], reason: EndReason | str = EndReason.STOPPED) -> list[int]:
+        """End several leases (a cluster's) in one transaction; the ids that were still active."""
+        ids = [validation.lease_id(i) for i in lease_ids]
+        reason = validation.reason(reason)
+        ended = self._write(lambda conn: [i for i in ids if release.release(self._store, conn, i, reason)],
+                            durable=False)
+        if ended:
+            self._notify()
+        return ended
+
+    def set_problem(self, lease_id: int, problem: str) -> bool:
+        """Note why an active lease stays lent after its server ended (a container that would
+        not stop); `gpu-pool status` shows it.  False if the lease is not active."""
+        lease_id = validation.lease_id(lease_id)
+        problem = str(problem)[:500]
+        return self._write(lambda conn: release.set_problem(conn, lease_id, problem), durable=False)
