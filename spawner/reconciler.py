@@ -43,12 +43,14 @@ class Reconciler(LoggingConfigurable):
     )
 
     def __init__(self, pool_factory: Callable[[], GPUPool], docker_factory: Callable, host: str,
-                 tracked_lease_ids: Callable[[], set[int]], pass_fn: Callable, **kwargs):
+                 tracked_lease_ids: Callable[[], set[int]], pass_fn: Callable,
+                 starting_servers: Callable[[], set[tuple[str, str]]] = set, **kwargs):
         super().__init__(**kwargs)
         self._pool_factory = pool_factory
         self._docker_factory = docker_factory
         self._host = host
         self._tracked = tracked_lease_ids
+        self._starting = starting_servers
         # One pass, the engine's own: the containers of one host, or every node of a Swarm.
         self._pass = pass_fn
 
@@ -56,8 +58,10 @@ class Reconciler(LoggingConfigurable):
         try:
             pool = self._pool_factory()
             client = self._docker_factory()
+            # Read before the ledger is: a spawn that was granted a lease after this
+            # snapshot is in `starting` (its lease may not be recorded on the spawner yet).
             report = await asyncio.to_thread(self._pass, pool, client, self._host, self._tracked(), self.log,
-                                             self.min_lease_age)
+                                             self.min_lease_age, self._starting())
             self.log.debug("GPU reconcile pass: kept leases %s, ended %s, removed containers %s",
                            report.kept, report.ended, report.containers_stopped)
             RECONCILE_PASSES.labels("ok").inc()
@@ -109,6 +113,11 @@ def start_in_hub(config=None) -> None:
                     ids |= spawner.leases_in_hand()
         return ids
 
+    def starting() -> set[tuple[str, str]]:
+        return {(user.name, spawner.name or "")
+                for user in list(app.users.values()) for spawner in list(user.spawners.values())
+                if isinstance(spawner, GPULendingSpawner) and spawner.pending == "spawn"}
+
     def docker_client():
         import docker
 
@@ -121,7 +130,7 @@ def start_in_hub(config=None) -> None:
         await app._start_future
         take_over_spawn_limit(app)
         reconciler = Reconciler(pool, docker_client, pool().inventory.host, tracked, app.spawner_class.reconcile_pass,
-                                config=app.config, log=app.log)
+                                starting, config=app.config, log=app.log)
         if reconciler.enabled:
             await reconciler.run_forever()
 

@@ -29,15 +29,20 @@ PROCESS_STARTED = datetime.now(timezone.utc)
 
 
 def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterable[int],
-              log=None, min_age: float = 30.0, process_started: datetime | None = None) -> ReconcileReport:
+              log=None, min_age: float = 30.0, starting: Iterable[tuple[str, str]] = (),
+              process_started: datetime | None = None) -> ReconcileReport:
     """One pass over the ledger and Docker on `host` (see the module docstring).
 
     A lease granted to this process less than `min_age` seconds ago is left
-    alone: its spawn may not have recorded it on the spawner yet.  Leases
-    from before `process_started` (a previous hub's) are judged at once.
+    alone: its spawn may not have recorded it on the spawner yet.  So is a
+    lease of a server in `starting` ((user, server name) pairs whose spawn is
+    in progress), of any age: the spawn owns it, and records or settles it
+    itself.  Leases from before `process_started` (a previous hub's) are
+    judged at once.
     """
     report = ReconcileReport()
     tracked = set(tracked_lease_ids)
+    in_spawn = set(starting)
     cutoff = max(datetime.now(timezone.utc) - timedelta(seconds=min_age), process_started or PROCESS_STARTED)
     # Only containers lent GPUs by this ledger: other hubs on this Docker host
     # (with their own ledgers) are none of our business.
@@ -56,7 +61,8 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
 
     active = {lease.id: lease for lease in pool.leases(host=host)}
     for lease_id, lease in active.items():
-        if lease_id in tracked or lease.started_at > cutoff or is_job_server(lease.server_name):
+        if lease_id in tracked or lease.started_at > cutoff or is_job_server(lease.server_name) \
+                or (lease.user, lease.server_name or "") in in_spawn:
             report.kept.append(lease_id)
             continue
         removed = [_remove(container, report, log, f"its lease {lease_id} is held by no server the hub tracks")

@@ -498,8 +498,12 @@ class GPULendingSpawner(Spawner):
             admission.leave(id(self))
 
     @staticmethod
-    def reconcile_pass(pool: GPUPool, client, host: str, tracked: set[int], log, min_age: float, /):
+    def reconcile_pass(pool: GPUPool, client, host: str, tracked: set[int], log, min_age: float,
+                       starting: set[tuple[str, str]], /):
         """One reconcile pass of this engine: the ledger's leases against what the engine runs.
+
+        `tracked`: the leases the hub's servers hold; `starting`: (user, server name) of the
+        spawns in progress, whose leases are theirs even before they record them.
 
         Returns a `reconciler.ReconcileReport`; runs in a thread (blocking calls are fine)."""
         raise NotImplementedError("an engine defines its reconcile pass")

@@ -386,6 +386,10 @@ class Gateway:
                 say(f"  {message}")
 
         progress: asyncio.Task | None = None
+        # The POST: JupyterHub answers it only when the spawn is done or slow_spawn_timeout
+        # (10 s) passed, so it runs beside the loop, which follows the spawn's progress as
+        # soon as the hub says it is pending (a queue wait is over long before the answer).
+        starting: asyncio.Task | None = None
         try:
             while time.monotonic() < deadline:
                 try:
@@ -411,24 +415,30 @@ class Gateway:
                     options = dict((server or {}).get("user_options") or {})
                     profile = options.get("profile") or "the default profile"
                     say(f"No server is running for you: starting one ({profile}). This may take a while.")
-                    try:
-                        await self.hub.start_server(name, options)
-                    except HubUnavailable as exc:
-                        raise UserFacingError(f"The hub could not start your server: {exc}") from None
+                    starting = asyncio.create_task(self.hub.start_server(name, options))
                     announced = True
                 elif pending and not announced:
                     say("Your server is starting; waiting for it.")
                     announced = True
-                if progress is None:
+                if starting is not None and starting.done():
+                    failure = starting.exception()
+                    if isinstance(failure, HubUnavailable):
+                        raise UserFacingError(f"The hub could not start your server: {failure}") from None
+                    if failure is not None:
+                        raise failure
+                if progress is None and (pending or starting is None or starting.done()):
                     progress = asyncio.create_task(self.hub.progress(name, relay, timeout))
                 if pending:
                     was_pending = True
                 elif was_pending:  # it was starting and is neither starting nor running: it failed
                     last = seen[-1] if seen else "see the hub's home page"
                     raise UserFacingError(f"Your server did not start: {last}")
-                await asyncio.sleep(1.0)
+                # Until the stream is followed, look again soon: a short wait's messages are on it only while it lasts.
+                await asyncio.sleep(1.0 if progress is not None else 0.2)
             raise UserFacingError(f"Your server did not start within {timeout:g} s (SSHGateway.start_timeout); "
                                   "see the hub's home page, then connect again.")
         finally:
-            if progress is not None:
-                progress.cancel()
+            # The hub's spawn goes on without these; only this connection stops listening.
+            for task in (progress, starting):
+                if task is not None:
+                    task.cancel()

@@ -72,7 +72,8 @@ class _SwarmAsDocker:
         self.containers = _Services(client, pool_id)
 
 
-def reconcile_swarm(pool, docker_client, tracked_lease_ids, log=None, min_age: float = 30.0) -> ReconcileReport:
+def reconcile_swarm(pool, docker_client, tracked_lease_ids, log=None, min_age: float = 30.0,
+                    starting=()) -> ReconcileReport:
     """One pass per GPU node of the Swarm (see the module docstring)."""
     inventory = pool.inventory
     inventory.forget_cache()
@@ -82,7 +83,7 @@ def reconcile_swarm(pool, docker_client, tracked_lease_ids, log=None, min_age: f
     report = ReconcileReport()
     tracked = set(tracked_lease_ids)
     for host in sorted(inventory.hosts()):
-        one = reconcile(pool, view, host, tracked, log, min_age)
+        one = reconcile(pool, view, host, tracked, log, min_age, starting)
         report.kept += one.kept
         report.ended += one.ended
         report.containers_stopped += one.containers_stopped

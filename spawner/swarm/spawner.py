@@ -117,10 +117,10 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     # Each reconcile pass covers every node of the Swarm (used by reconcile.start_in_hub).
     @staticmethod
-    def reconcile_pass(pool, client, host, tracked, log, min_age):
+    def reconcile_pass(pool, client, host, tracked, log, min_age, starting=()):
         from .reconcile import reconcile_swarm
 
-        return reconcile_swarm(pool, client, tracked, log, min_age)
+        return reconcile_swarm(pool, client, tracked, log, min_age, starting)
 
     # ---------------------------------------------------------------- profiles
 

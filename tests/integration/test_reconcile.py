@@ -79,6 +79,20 @@ def test_a_lease_just_granted_is_not_taken_from_its_spawn(pool, docker_client):
     assert report.ended == [] and [lease.id for lease in pool.leases()] == [young.id]
 
 
+def test_the_lease_of_a_spawn_in_progress_is_left_to_it_at_any_age(pool, containers, docker_client):
+    # The hub's pass snapshots its servers, then reads the ledger: a spawn granted its lease
+    # in between has not recorded it, but it is starting, so the lease is its own.  (A CI run
+    # saw this end a restarted kept server's new lease with min_lease_age = 0.)
+    ledger = pool_identity(pool)
+    starting = pool.try_acquire("gil", "", 1)
+    stranger = pool.try_acquire("hal", "", 1)
+    started = containers("gil", starting.id, starting.gpu_uuids, ledger)
+    report = reconcile(pool, docker_client, HOST, set(), min_age=0, starting={("gil", "")},
+                       process_started=datetime.now(timezone.utc))
+    assert report.kept == [starting.id] and report.ended == [stranger.id]
+    assert started.name in names(docker_client)
+
+
 def test_a_reconcile_pass_survives_a_container_removed_while_listing(pool, containers, docker_client,
                                                                     docker_faults):
     import docker as docker_sdk
