@@ -145,9 +145,9 @@ class PoolReadings:
         `cuda_version` is the driver's (MAJOR.MINOR) or None.  Raises
         InvalidRequest on bad input (nothing is written) and PoolUnavailable.
         """
-        host, readings, cuda_version = checked(host, readings, cuda_version)
+        host, clean, cuda_version = checked(host, readings, cuda_version)
         # Losing the last readings in a server crash costs one interval: no fsync wait.
-        return self._write(lambda conn: record(self._store, conn, host, readings, cuda_version), durable=False)
+        return self._write(lambda conn: record(self._store, conn, host, clean, cuda_version), durable=False)
 
     def gpu_readings(self, max_age: float, host: str | None = None) -> dict[tuple[str, str], Reading]:
         """{(host, uuid): newest reading} of the readings at most `max_age` seconds old."""
