@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the local Debian base and the given notebook image variants, then print
-# their sizes.  What `make images` runs:
+# Build the local Debian base, the given notebook image variants and the hub image
+# (images/build_hub.py: JupyterHub, configurable-http-proxy and this package, for the Swarm
+# stack hub_config/swarm-stack.yml), then print their sizes.  What `make images` runs:
 #
 #     images/build-images.sh mkl            # the default
 #     images/build-images.sh mkl cuda       # also the CUDA image (~2.6 GB of wheels)
@@ -23,6 +24,7 @@ refs=("$BASE")
 for variant in "$@"; do
     refs+=("$("$PYTHON" "$HERE/build.py" --variant "$variant" --base-image "$BASE")")
 done
+refs+=("$("$PYTHON" "$HERE/build_hub.py" --base-image "$BASE")")
 
 printf '\n%-48s %-8s %-6s %s\n' IMAGE TF CUDA SIZE
 for ref in "${refs[@]}"; do
