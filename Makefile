@@ -53,7 +53,7 @@ test-packages:
 
 # Debian base + notebook images (VARIANTS="mkl cuda" adds CUDA) + the hub image, then their sizes.
 images: venv docker
-	images/build-images.sh $(VARIANTS)
+	images/build-images.sh $(VARIANTS) hub
 
 # A server install (docs/admins/install.md): venv in /opt/jupyterhub-gpu (the system's
 # Python; the package from a wheel built out of tree), configurable-http-proxy, the

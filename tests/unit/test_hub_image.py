@@ -100,6 +100,9 @@ def test_the_tag_changes_with_the_package_the_config_and_the_lock(tmp_path, monk
     assert build_hub.inputs_hash("gpuhub/debian-base:x", requirements) in seen
 
 
-def test_make_images_builds_the_hub_image_too():
+def test_make_images_builds_the_hub_image_too_a_one_host_install_does_not():
     script = (IMAGES / "build-images.sh").read_text()
-    assert "build_hub.py" in script
+    assert '[ "$variant" = hub ]' in script and "build_hub.py" in script
+    makefile = (REPO / "Makefile").read_text()
+    assert "\timages/build-images.sh $(VARIANTS) hub\n" in makefile
+    assert " hub" not in (REPO / "hub_config" / "install.sh").read_text().split("build-images.sh", 1)[1].split("\n")[0]
