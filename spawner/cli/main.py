@@ -45,11 +45,6 @@ from ..pool.validation import iso_time
 AGENT_INVENTORIES = ("nvml", "static", "simulated")
 
 
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw.isdigit() else None
-
-
 class CLIError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
@@ -130,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="this node's name in the ledger: its Swarm node hostname (default: hostname)")
     p.add_argument("--db-url-file", default=ledger_env(ENV_DB_URL_FILE) or None,
                    help=f"a file holding the ledger URL, e.g. a Docker secret (or set {ENV_DB_URL_FILE})")
-    p.add_argument("--simulated-gpus", type=int, default=_env_int("GPUHUB_SIMULATED_GPUS"),
+    p.add_argument("--simulated-gpus", type=int, default=os.environ.get("GPUHUB_SIMULATED_GPUS", "").strip() or None,
                    help="simulated inventory: how many GPUs (GPUHUB_SIMULATED_GPUS)")
     p.add_argument("--utilization-file", default=os.environ.get("GPUHUB_SIMULATED_UTILIZATION_FILE") or None,
                    help="simulated inventory: the JSON file {uuid: percent} (GPUHUB_SIMULATED_UTILIZATION_FILE)")

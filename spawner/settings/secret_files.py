@@ -8,7 +8,7 @@ each secret setting below, the hub takes its value from the variable or from the
 
 GPUHUB_DIRECTORY_BIND_PASSWORD_FILE is read where the directory's settings are
 (directory.py); the cookie secret is a file JupyterHub reads itself (GPUHUB_COOKIE_SECRET_FILE,
-checked in hub.py).
+checked here by `private_file`).
 """
 
 from __future__ import annotations

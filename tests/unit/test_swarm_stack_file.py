@@ -112,3 +112,19 @@ def test_the_stack_with_its_settings_and_secrets_is_a_valid_swarm_hub(tmp_path, 
 @pytest.mark.parametrize("service", ["hub", "agent"])
 def test_the_image_is_one_setting(service):
     assert stack()["services"][service]["image"] == "${GPUHUB_HUB_IMAGE:-gpuhub/hub:latest}"
+
+
+def test_the_agent_takes_its_inventory_from_its_services_environment(monkeypatch, capsys):
+    """A stack file can change the agent's inventory without replacing its command (an override
+    file's `command` is appended to the base's by `docker stack deploy`, not replaced)."""
+    from spawner.cli.main import _parser, main
+
+    monkeypatch.setenv("GPUHUB_AGENT_INVENTORY", "simulated")
+    monkeypatch.setenv("GPUHUB_SIMULATED_GPUS", "2")
+    monkeypatch.setenv("GPUHUB_SIMULATED_UTILIZATION_FILE", "/etc/gpuhub/utilization.json")
+    args = _parser().parse_args(stack()["services"]["agent"]["command"][1:])
+    assert (args.inventory, args.simulated_gpus, args.utilization_file) == (
+        "simulated", 2, "/etc/gpuhub/utilization.json")
+    monkeypatch.setenv("GPUHUB_AGENT_INVENTORY", "magic")
+    assert main(["agent"]) == 2
+    assert "GPUHUB_AGENT_INVENTORY='magic' must be one of: nvml, static, simulated" in capsys.readouterr().err
