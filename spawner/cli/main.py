@@ -128,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--simulated-gpus", type=int, default=os.environ.get("GPUHUB_SIMULATED_GPUS", "").strip() or None,
                    help="simulated inventory: how many GPUs (GPUHUB_SIMULATED_GPUS)")
     p.add_argument("--utilization-file", default=os.environ.get("GPUHUB_SIMULATED_UTILIZATION_FILE") or None,
-                   help="simulated inventory: the JSON file {uuid: percent} (GPUHUB_SIMULATED_UTILIZATION_FILE)")
+                   help="simulated inventory: the JSON file {uuid: percent or {\"utilization\", \"memory_used_mib\"}} "
+                        "(GPUHUB_SIMULATED_UTILIZATION_FILE)")
     p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
     p.add_argument("lease_id", type=int)
     p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])
