@@ -226,7 +226,8 @@ class JobLogsAPI(JobsMixin, APIHandler):
                        else await self.runner.read_log(job))
             if current is not None:
                 return self.finish(current)
-        self.finish(await self.call(self.runner.ledger.log, job.id) or "")
+        kept = await self.call(self.runner.ledger.log, job.id) or ""
+        self.finish(cluster.worker_log(kept, worker) if worker is not None else kept)
 
     def worker_argument(self, job: Job) -> int | None:
         """`?worker=i` of a cluster job (0 <= i < its workers), else None; 400 when it is not one."""
