@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--db-url-file", default=ledger_env(ENV_DB_URL_FILE) or None,
                    help=f"a file holding the ledger URL, e.g. a Docker secret (or set {ENV_DB_URL_FILE})")
     p.add_argument("--simulated-gpus", type=int, help="simulated inventory: how many GPUs")
-    p.add_argument("--utilization-file", help="simulated inventory: the JSON file {uuid: percent}")
+    p.add_argument("--utilization-file", help="simulated inventory: the JSON file {uuid: percent or {\"utilization\", \"memory_used_mib\"}}")
     p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
     p.add_argument("lease_id", type=int)
     p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])

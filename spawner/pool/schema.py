@@ -34,8 +34,8 @@ from .models import PoolUnavailable
 # 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;
 # 8: gpu_pool_waiters.workers and gpu_pool_jobs.workers/units (gangs, cluster jobs)
 # 8: gpu_pool_lease_hours and gpu_pool_decayed_use (history rolled up, so reads cost what their
-# period holds, not the history), gpu_pool_bookings
-SCHEMA_VERSION = 8
+# period holds, not the history), gpu_pool_bookings; 9: gpu_pool_readings.memory_used_mib
+SCHEMA_VERSION = 9
 NAME_MAX = 255
 
 
@@ -219,6 +219,7 @@ readings_table = Table(
     Column("host", String(NAME_MAX), primary_key=True),
     Column("uuid", String(128), primary_key=True),
     Column("utilization", Float),  # percent; NULL: the agent could not read it
+    Column("memory_used_mib", Integer),  # MiB in use; NULL: unknown (or an agent older than 9)
     Column("cuda_version", String(16)),  # the driver's, MAJOR.MINOR; NULL if unknown
     Column("at", UTCDateTime, nullable=False),
 )
@@ -337,6 +338,9 @@ def create_schema(conn) -> int | None:
                                          ("ix_gpu_pool_lease_gpus_ended", "gpu_pool_lease_gpus", "ended_at"),
                                          ("ix_gpu_pool_queue_log_left", "gpu_pool_queue_log", "left_at")):
                 conn.execute(text(f"CREATE INDEX IF NOT EXISTS {index} ON {table} ({column})"))
+        if int(version) < 9:
+            # 8 -> 9: the agents' readings of GPU memory in use (unknown in the readings before).
+            _add_columns(conn, "gpu_pool_readings", {"memory_used_mib": "INTEGER"})
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

@@ -398,26 +398,16 @@ def job_profiles(runner: JobRunner | None) -> list[dict]:
     return [{"slug": p.slug, "name": p.display_name, "gpus": p.gpus} for p in runner.profiles.values()]
 
 
-async def start_jobs(app: web.Application, port: int):
-    """Take up the jobs and, when containers reach the service through the hub's bridge,
-    listen there too; returns the coroutine function that stops both."""
+async def start_jobs(app: web.Application):
+    """Take up the jobs; returns the coroutine function that stops them.  (The containers reach
+    the jobs API on the hub's bridge, where the service listens for them: app.serve.)"""
     runner: JobRunner | None = app.settings.get("jobs")
     if runner is None:
         async def nothing():
             pass
         return nothing
     await runner.start()
-    bridge = None
-    if runner.settings.bridge_ip:
-        from tornado.httpserver import HTTPServer
-
-        bridge = HTTPServer(app)  # no xheaders: containers cannot claim another address
-        bridge.listen(port, runner.settings.bridge_ip)
-        log.info("Jobs API for containers on http://%s:%s%s", runner.settings.bridge_ip, port,
-                 url_path_join(app.settings["prefix"], "api", "jobs"))
 
     async def stop():
-        if bridge is not None:
-            bridge.stop()
         await runner.stop()
     return stop
