@@ -195,7 +195,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
     whatever its workers), wait for a queued job on the runner's own news of it, and end
     their Docker streams when they go."""
 
-    _follow: LogFollow | None = None
+    _follow: LogFollow | MergedFollow | None = None
     _gone: asyncio.Event | None = None
 
     async def get(self, job_id: str):
@@ -277,6 +277,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
         if not job.container:
             return False  # no container (yet or any more): nothing to follow; get() checks first
         limits: PoolServiceLimits = self.settings["limits"]
+        follow: LogFollow | MergedFollow
         if job.is_cluster and worker is None:
             indexes = range(job.workers)
             opened = await asyncio.gather(*(self.open_follow(job, cluster.worker_name(
@@ -293,9 +294,9 @@ class JobLogsAPI(JobsMixin, APIHandler):
         else:
             unit = (cluster.worker_name(self.runner.settings, job.id, worker) if worker is not None
                     else job.container)
-            if (opened := await self.open_follow(job, unit)) is None:
+            if (one := await self.open_follow(job, unit)) is None:
                 return False
-            self._follow = follow = opened
+            self._follow = follow = one
         try:
             if reader_gone.is_set():
                 return True
