@@ -90,19 +90,36 @@ def test_a_waiter_does_not_get_a_booked_gpu_but_the_booker_does(tmp_path):
     pool.book("bob", 1, now, now + H)
 
     async def main():
-        dave = asyncio.ensure_future(pool.acquire("dave", "", 1, timeout=1.0))
+        dave = asyncio.ensure_future(pool.acquire("dave", "", 1, timeout=60))
         while not pool.queue():
             await asyncio.sleep(0.02)
         bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
         while len(pool.queue()) < 2:
             await asyncio.sleep(0.02)
         pool.release(held.id)
-        got = await bob  # though dave waited first
-        with pytest.raises(WaitTimeout):
+        got = await bob  # while dave, who waited first, still waits ahead of him (the GPU is not his)
+        assert [w.user for w in pool.queue()] == ["dave"] and not dave.done()
+        dave.cancel()
+        with pytest.raises(asyncio.CancelledError):
             await dave
         return got
     assert asyncio.run(main()).user == "bob"
     pool.close()
+
+
+def test_the_pool_page_books_by_the_lending_hubs_limits(tmp_path):
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    hub = make_pool(url, gpus=2, booking_max_hours=2, booking_grace=60)
+    page = GPUPool(db_url=url)  # the pool service's and the culler's: no inventory, no configuration
+    try:
+        assert (page.booking_limits().max_hours, page.booking_limits().grace_s) == (2, 60)
+        now = datetime.now(UTC)
+        with pytest.raises(BookingRefused, match="at most 2 hours"):
+            page.book("bob", 1, now + H, now + 4 * H)
+        assert page.bookings() == []
+    finally:
+        page.close()
+        hub.close()
 
 
 LIMITS = dict(booking_max_hours=4, booking_max_days_ahead=7, booking_max_gpu_hours_per_week=10,
