@@ -110,26 +110,33 @@ def waits_explained(queue: list[int], free: int, holdings: list[Holding], now: d
 
     `who`: each waiter's (user, groups), so that their own bookings do not hold them back;
     `free_slots`: the free GPUs themselves (else `free` anonymous ones)."""
-    slots: list[tuple[datetime, str, Slot | None]] = [(now, "GPUs are free now", s) for s in free_slots] or \
-        [(now, "GPUs are free now", None)] * free
+    # (back at, why, the GPU, until): until, where a waiter ahead took the GPU only once someone
+    # else's booking of it ended, is when that waiter takes it; the booking's own people may use
+    # it before (the queue lets them pass, as the grant does).
+    Entry = tuple[datetime, str, Slot | None, datetime | None]
+    slots: list[Entry] = [(now, "GPUs are free now", s, None) for s in free_slots] or \
+        [(now, "GPUs are free now", None, None)] * free
     for h in holdings:
         back, why = back_and_why(h, now, lengths)
         if back is None:
             continue
         keys: Sequence[Slot | None] = h.slots if len(h.slots) == h.gpus else [None] * h.gpus
-        slots += [(back, why, k) for k in keys]
+        slots += [(back, why, k, None) for k in keys]
     out: list[tuple[float | None, str]] = []
     for i, count in enumerate(queue):
         waiter = who[i] if i < len(who) else None
-        ready = sorted(((*_free_for(k, at, why, waiter, bookings), n) for n, (at, why, k) in enumerate(slots)),
+        ready = sorted(((t, reason, n) for n, (at, why, k, until) in enumerate(slots)
+                        for t, reason in [_free_for(k, at, why, waiter, bookings)] if until is None or t < until),
                        key=lambda r: (r[0], r[2]))
         if count > len(ready) or count < 1:
             out.append((None, "nothing lent is expected back"))
             continue
         taken = ready[:count]
         when, reason, _ = taken[-1]
+        gaps = [(at, why, k, t) for t, _, n in taken for at, why, k, until in [slots[n]] if t > at and until is None]
         for n in sorted((n for *_, n in taken), reverse=True):
             del slots[n]
+        slots += gaps
         out.append(((when - now).total_seconds(), reason))
     return out
 

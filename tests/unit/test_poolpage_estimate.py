@@ -72,6 +72,10 @@ def test_a_lease_on_a_gpu_booked_later_ends_at_the_bookings_start():
         (1800.0, "a server is stopped at 12:30 UTC for a booking")]
     assert estimate.waits_explained([1], 0, [holding], NOW, LENGTHS, bookings=[bob], who=[("cy", ())]) == [
         (5400.0, "a booking of a GPU ends at 13:30 UTC")]
+    # cy waits first, bob behind her: the queue lets bob pass (the GPU is not cy's in the window).
+    assert estimate.waits_explained([1, 1], 0, [holding], NOW, LENGTHS, bookings=[bob],
+                                    who=[("cy", ()), ("bob", ())]) == [
+        (5400.0, "a booking of a GPU ends at 13:30 UTC"), (1800.0, "a server is stopped at 12:30 UTC for a booking")]
     # The booker's own lease is not cut by the booking.
     assert known_ends(Lease(9, "bob", "", "node", ("g0",), (), NOW - H, None), {}, [bob], NOW, "a") == ()
 
