@@ -159,19 +159,24 @@ def notice(b: Booking) -> str:
             f"(reason: booking), or choose another profile")
 
 
-def release_no_shows(conn, now: datetime, grace_s: float) -> list[int]:
-    """Release bookings unused `grace_s` after their start (no lease of theirs on their GPUs since)."""
+def no_shows(conn, bookings: list[Booking], now: datetime, grace_s: float) -> list[int]:
+    """Ids of the bookings unused `grace_s` after their start (no lease of theirs on their GPUs since)."""
     out = []
-    for b in live(conn, now):
+    for b in bookings:
         if b.starts_at + timedelta(seconds=grace_s) > now:
             continue
         users = select(_l.c.user_name, _l.c.groups).select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id)).where(
             _lg.c.host == b.host, _lg.c.uuid.in_(b.gpu_uuids), _l.c.started_at >= b.starts_at - timedelta(minutes=1))
-        used = any(b.for_(u, json.loads(g)) for u, g in conn.execute(users))
-        if not used:
-            conn.execute(update(_b).where(_b.c.id == b.id, _b.c.state == "booked")
-                         .values(state="released", released_at=now))
+        if not any(b.for_(u, json.loads(g)) for u, g in conn.execute(users)):
             out.append(b.id)
+    return out
+
+
+def release_no_shows(conn, now: datetime, grace_s: float) -> list[int]:
+    """Release bookings unused `grace_s` after their start (see no_shows)."""
+    out = no_shows(conn, live(conn, now), now, grace_s)
+    for bid in out:
+        conn.execute(update(_b).where(_b.c.id == bid, _b.c.state == "booked").values(state="released", released_at=now))
     return out
 
 

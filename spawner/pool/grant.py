@@ -298,6 +298,10 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
     now = store.now(conn)
     snap = snapshot(store, conn)
     booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
+    if booked and rules is not None:
+        # A no-show past its grace holds nothing: the write that serves a waiter releases it.
+        gone = set(bookings.no_shows(conn, booked, now, rules.booking_grace))
+        booked = [b for b in booked if b.id not in gone]
     # Each waiter's turn leaves out the GPUs booked now for others (a write decides the rest).
     booked_out = bookings.held_for_others(booked, now) if booked else None
     alive_since = now - timedelta(seconds=stale_after)

@@ -107,6 +107,24 @@ def test_a_waiter_does_not_get_a_booked_gpu_but_the_booker_does(tmp_path):
     pool.close()
 
 
+def test_a_waiter_gets_a_no_shows_gpu_once_its_grace_has_passed(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1, booking_grace=1.0)
+    now = datetime.now(UTC)
+    b = pool.book("dee", 1, now, now + H)
+
+    async def main():
+        alice = asyncio.ensure_future(pool.acquire("alice", "", 1, timeout=120))
+        while not pool.queue():
+            await asyncio.sleep(0.02)
+        assert not alice.done()  # the booking holds the GPU while dee may still come
+        # Her own waiting releases the booking once its grace has passed (not at her wait's end).
+        return await asyncio.wait_for(alice, 30)
+    lease = asyncio.run(main())
+    assert lease.user == "alice" and lease.started_at >= b.starts_at + timedelta(seconds=1)
+    assert pool.bookings() == []
+    pool.close()
+
+
 def test_the_pool_page_books_by_the_lending_hubs_limits(tmp_path):
     url = f"sqlite:///{tmp_path}/l.sqlite"
     hub = make_pool(url, gpus=2, booking_max_hours=2, booking_grace=60)
