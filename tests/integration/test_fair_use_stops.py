@@ -35,9 +35,6 @@ def queued(hub, user: str, token: str) -> list[dict]:
 
 def test_a_booked_gpu_stops_the_server_on_it_goes_to_the_booker_and_a_no_show_frees_it(make_hub):
     grace = 20
-    hub = culling_hub(make_hub, GPUHUB_SIMULATED_GPUS=1, GPUHUB_CULL_TIMEOUT_GPU=3600,
-                      GPUHUB_LEASE_WAIT_TIMEOUT=400, start=False)
-    hub.extra_config = f"c.GPUPool.booking_grace = {grace}\n"
     hub = make_hub(extra_config=f"c.GPUPool.booking_grace = {grace}\n", env={
         "GPUHUB_CULL": "true", "GPUHUB_CULL_EVERY": "1", "GPUHUB_CULL_TIMEOUT_GPU": "3600",
         "GPUHUB_CULL_TIMEOUT_CPU": "3600", "GPUHUB_SIMULATED_GPUS": "1", "GPUHUB_LEASE_WAIT_TIMEOUT": "400"})
@@ -67,7 +64,7 @@ def test_a_booked_gpu_stops_the_server_on_it_goes_to_the_booker_and_a_no_show_fr
     wait_for(lambda: queued(hub, "cy", tokens["cy"]), 60, "cy in the queue", hub)
     [row] = [q for q in page_api(hub, "GET", "api/wait", tokens["cy"]).json()["queue"] if q["yours"]]
     assert row["estimate_why"] == f"a booking of a GPU ends at {ends.strftime('%H:%M')} UTC", row
-    assert 0 < (ends - datetime.now(UTC)).total_seconds() - row["estimate_s"] < 60, row
+    assert -2 < row["estimate_s"] - (ends - datetime.now(UTC)).total_seconds() < 60, row
     # bob waits behind her.
     r = hub.api("POST", "/users/bob/server", json={"profile": "tf-gpu-1"}, timeout=60)
     assert r.status_code == 202, r.text
@@ -129,7 +126,7 @@ def test_a_server_past_its_gpu_hour_budget_is_warned_then_ended_and_its_home_kep
     # Past it, the culler ends the server: reason `budget`, once the budget is used up.
     wait_for(lambda: hub.ledger().lease(lease.id).ended_at is not None, 240, "the lease to end", hub)
     ended = hub.ledger().lease(lease.id)
-    assert ended.end_reason == "budget" and ended.ended_at >= runs_out
+    assert ended.end_reason == "budget" and ended.ended_at >= runs_out - timedelta(seconds=1)
     hub.wait_stopped("alice", timeout=60)
 
     # A new GPU server is refused with the budget's message; a CPU one starts, her home is there.

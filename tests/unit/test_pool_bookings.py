@@ -14,7 +14,7 @@ import requests
 
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, WaitTimeout, bookings
+from spawner.pool import GPUPool, bookings
 from spawner.pool.bookings import BookingRefused
 from tests.fixtures.services import free_port
 
