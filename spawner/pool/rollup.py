@@ -8,6 +8,8 @@ queue all read it.  So when a lease ends, in the same transaction:
   the database and clips exactly only the leases of its two edge hours (and the
   active leases, at most one per GPU): its cost follows the period, not the
   history.
+- `gpu_pool_lent_hours` adds its GPU-seconds to each of those hours for the whole pool: a
+  period's occupancy chart reads one row per hour.
 - `gpu_pool_decayed_use` adds the lease to its user's and each of its groups'
   GPU-hours decayed with the fair-share half-life (an exact integral, kept
   "as of" a time and decayed further when read): the queue's order reads one
@@ -31,6 +33,7 @@ from .schema import decayed_use_table as _d
 from .schema import lease_gpus_table as _lg
 from .schema import lease_hours_table as _h
 from .schema import leases_table as _l
+from .schema import lent_hours_table as _lh
 from .schema import meta_table as _m
 from .schema import usage_days_table as _ud
 from .schema import usage_hours_table as _uh
@@ -87,6 +90,8 @@ def _adder(table, column):
 
 
 ADD_HOUR, NEW_HOUR = _adder(_uh, "hour")
+ADD_LENT = update(_lh).where(_lh.c.hour == bindparam("w_at")).values(gpu_seconds=_lh.c.gpu_seconds + bindparam("add"))
+NEW_LENT = insert(_lh).values(hour=bindparam("w_at"), gpu_seconds=bindparam("add"))
 ADD_DAY, NEW_DAY = _adder(_ud, "day")
 LEASES_OF_HOUR = select(_h.c.lease_id).where(_h.c.hour == bindparam("hour"))
 HALF_LIFE = select(_m.c.value).where(_m.c.key == bindparam("key"))
@@ -190,6 +195,12 @@ def record_ended(store, conn, lease_ids: Iterable[int]) -> None:
                 params = {"w_at": at, "w_user": user, "w_groups": groups, "add": seconds}
                 if not store.run(conn, add, params):
                     store.run(conn, new, params)
+        lent: dict[datetime, float] = {}
+        for r in hour_rows:
+            lent[r["hour"]] = lent.get(r["hour"], 0.0) + r["gpu_seconds"]
+        for at, seconds in lent.items():
+            if not store.run(conn, ADD_LENT, {"w_at": at, "add": seconds}):
+                store.run(conn, NEW_LENT, {"w_at": at, "add": seconds})
     for (kind, name), ended_leases in adds.items():
         _add(store, conn, kind, name, ended_leases, hl)
 
@@ -234,6 +245,12 @@ def backfill(conn) -> None:
         rows = [{column: at, "user_name": u, "groups": g, "gpu_seconds": s} for (at, u, g), s in sums.items()]
         for i in range(0, len(rows), 5000):
             conn.execute(insert(table), rows[i:i + 5000])
+    lent: dict[datetime, float] = {}
+    for (at, _, _), seconds in hours.items():
+        lent[at] = lent.get(at, 0.0) + seconds
+    rows = [{"hour": at, "gpu_seconds": s} for at, s in sorted(lent.items())]
+    for i in range(0, len(rows), 5000):
+        conn.execute(insert(_lh), rows[i:i + 5000])
 
 
 def ensure_decay(store, conn, configured: float, force: bool = False) -> None:

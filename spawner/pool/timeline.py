@@ -5,8 +5,8 @@ from the leases' GPUs, drained ones from the drain/undrain audit records (and
 the drain flag), queue ones from gpu_pool_queue_log.  Times are aware UTC.
 
 A long period's lent GPUs (`hourly`) come from the hourly rollup instead
-(gpu_pool_usage_hours, summed per hour in the database): its cost follows the
-number of hours, not of leases.  Only the active leases and those that ended in
+(gpu_pool_lent_hours, one row per hour): its cost follows the number of hours,
+not of leases.  Only the active leases and those that ended in
 the current hour are read whole, and the lent intervals of drained GPUs (a
 drained GPU counts as drained only while it is not lent).
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, select
 
-from .schema import (audit_table, gpus_table, lease_gpus_table, leases_table, queue_log_table, usage_hours_table,
+from .schema import (audit_table, gpus_table, lease_gpus_table, leases_table, lent_hours_table, queue_log_table,
                      waiters_table)
 
 Interval = tuple[datetime, datetime]
@@ -64,9 +64,8 @@ def lent_intervals(conn, since: datetime, until: datetime, now: datetime, where=
 
 
 HOUR = timedelta(hours=1)
-LENT_BY_HOUR = (select(usage_hours_table.c.hour, func.sum(usage_hours_table.c.gpu_seconds))
-                .where(usage_hours_table.c.hour >= bindparam("first"), usage_hours_table.c.hour < bindparam("end"))
-                .group_by(usage_hours_table.c.hour))
+LENT_BY_HOUR = select(lent_hours_table.c.hour, lent_hours_table.c.gpu_seconds).where(
+    lent_hours_table.c.hour >= bindparam("first"), lent_hours_table.c.hour < bindparam("end"))
 
 
 def _floor_hour(t: datetime) -> datetime:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy import select
 
 from spawner.inventory import SimulatedInventory, StaticInventory
-from spawner.pool import GPUPool, InvalidRequest, QuotaExceeded, Unsatisfiable, WaitTimeout, waiters_table
+from spawner.pool import SCHEMA_VERSION, GPUPool, InvalidRequest, QuotaExceeded, Unsatisfiable, WaitTimeout, waiters_table
 from spawner.pool.placement import choose, choose_gang
 from spawner.pool.policy import Snapshot, WaiterRow, available_after
 
@@ -242,5 +242,5 @@ def test_a_version_7_ledger_gains_the_workers_column_in_place(tmp_path):
     finally:
         pool.close()
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == "8"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == str(SCHEMA_VERSION)
     engine.dispose()

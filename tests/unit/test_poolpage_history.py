@@ -181,7 +181,7 @@ def hourly_series_match_the_leases(url: str) -> None:
     lease, a lease ended this hour, a drained GPU lent meanwhile). Also run on PostgreSQL."""
     from spawner.pool import rollup
     from spawner.pool.schema import lease_gpus_table, leases_table
-    from sqlalchemy import insert
+    from sqlalchemy import insert, text
 
     pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=4, host="n"), poll_interval=0.05)
     try:
@@ -215,6 +215,27 @@ def hourly_series_match_the_leases(url: str) -> None:
         # (each bucket is rounded to 0.001 GPU; the two reads are a moment apart)
         assert abs(sum(hourly["lent"]) - sum(exact["lent"])) < 32 * 0.001 and sum(exact["lent"]) > 1
         assert hourly["drained"] == exact["drained"] and hourly["free"][-1] == exact["free"][-1]
+        # A lease ended through the pool is rolled up as it ends; a ledger of schema 8 (no
+        # pool-wide hours yet) gets them from its users' hours when it is opened.
+        def lent_seconds() -> float:
+            with pool._engine_ready().connect() as conn:
+                return conn.execute(text("SELECT COALESCE(SUM(gpu_seconds), 0) FROM gpu_pool_lent_hours")).scalar()
+        before = lent_seconds()
         pool.release(active.id)
+        ended = pool.lease(active.id)  # its GPU-seconds, added to the pool's hours as it ends
+        assert abs(lent_seconds() - before - (ended.ended_at - ended.started_at).total_seconds()) < 1e-3
+
+        def same_total() -> bool:
+            until = datetime.now(UTC)
+            exact = occupancy.series(pool.timeline(start, until), buckets=32)
+            hourly = occupancy.series(pool.timeline(start, until, hourly=True), buckets=32)
+            return abs(sum(hourly["lent"]) - sum(exact["lent"])) < 32 * 0.001
+        assert same_total()
+        with pool._engine_ready().begin() as conn:
+            conn.execute(text("DELETE FROM gpu_pool_lent_hours"))
+            conn.execute(text("UPDATE gpu_pool_meta SET value = '8' WHERE key = 'schema_version'"))
+        pool.close()
+        pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=4, host="n"), poll_interval=0.05)
+        assert same_total()
     finally:
         pool.close()
