@@ -411,19 +411,46 @@ class _LazyTotals(Mapping):
         return len(set(self._rows) | set(self._live))
 
 
-def whole_hours(store, conn, first: datetime | None, end: datetime) -> list:
+def _negated(rows) -> list:
+    return [(user, groups, -seconds) for user, groups, seconds in rows]
+
+
+DAY = timedelta(days=1)
+DAY_ROW = _sums(_ud, "day", True)
+
+
+def _part_of_day(store, conn, day: datetime, lo: datetime, hi: datetime, last: datetime | None) -> list:
+    """The rows of the whole hours [lo, hi) inside `day`: the hours themselves, or the day's
+    sums less the hours of the day outside [lo, hi), whichever reads fewer hours (hours from
+    `last` on hold nothing yet: a period that ends now costs its last day's one row per user)."""
+    inside = (hi - lo) / HOUR
+    after = max(timedelta(0), min(day + DAY, last) - hi) if last is not None else day + DAY - hi
+    outside = (lo - day) / HOUR + after / HOUR
+    if inside <= outside + 1:
+        return store.rows(conn, HOURS_INSIDE, {"first": lo, "end": hi}) if lo < hi else []
+    rows = list(store.rows(conn, DAY_ROW, {"first": day, "end": day + DAY}))
+    if day < lo:
+        rows += _negated(store.rows(conn, HOURS_INSIDE, {"first": day, "end": lo}))
+    if hi < day + DAY:
+        rows += _negated(store.rows(conn, HOURS_INSIDE, {"first": hi, "end": day + DAY}))
+    return rows
+
+
+def whole_hours(store, conn, first: datetime | None, end: datetime, last: datetime | None = None) -> list:
     """(user, groups, GPU-seconds) rows of the whole hours [first, end) (first None: since the
-    start): the whole days from the daily sums, the hours around them from the hourly ones."""
+    start): the whole days from the daily sums, the hours around them from the hourly ones (or
+    their days' sums less the hours outside, see _part_of_day; a row may then be negative).
+    `last`: the first hour with no rolled-up use yet (the current one + 1), if known."""
     day0 = ceil_day(first) if first is not None else None
     day1 = floor_day(end)
     if first is not None and day0 is not None and day0 >= day1:
-        return store.rows(conn, HOURS_INSIDE, {"first": first, "end": end}) if first < end else []
+        return _part_of_day(store, conn, floor_day(first), first, end, last) if first < end else []
     rows = list(store.rows(conn, DAYS_INSIDE, {"first": day0, "end": day1}) if day0 is not None
                 else store.rows(conn, DAYS_BEFORE, {"end": day1}))
     if first is not None and day0 is not None and first < day0:
-        rows += store.rows(conn, HOURS_INSIDE, {"first": first, "end": day0})
+        rows += _part_of_day(store, conn, floor_day(first), first, day0, last)
     if day1 < end:
-        rows += store.rows(conn, HOURS_INSIDE, {"first": day1, "end": end})
+        rows += _part_of_day(store, conn, day1, day1, end, last)
     return rows
 
 
@@ -436,9 +463,16 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
     users: dict[str, float] = {}
     groups: dict[str, float] = {}
 
+    parsed: dict[str, list] = {}
+
     def add(user: str, groups_json: str | tuple, hours: float) -> None:
         users[user] = users.get(user, 0.0) + hours
-        for g in (json.loads(groups_json) if isinstance(groups_json, str) else groups_json):
+        if isinstance(groups_json, str):
+            found = parsed.get(groups_json)
+            if found is None:
+                found = parsed[groups_json] = json.loads(groups_json)
+            groups_json = found
+        for g in groups_json:
             groups[g] = groups.get(g, 0.0) + hours
 
     if since is not None and since >= end:
@@ -453,8 +487,13 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
             edge_hours.add(floor_hour(since))
         if last != end:
             edge_hours.add(last)
-        for user, groups_json, seconds in whole_hours(store, conn, first, last):
+        # (Only ended leases are rolled up, so nothing is in the hours after the current one.)
+        for user, groups_json, seconds in whole_hours(store, conn, first, last, floor_hour(now) + HOUR):
             add(user, groups_json, seconds / 3600.0)
+        # A day's sums less its hours outside may leave a user or group at a rounding error of 0.
+        for found in (users, groups):
+            for name in [n for n, h in found.items() if abs(h) < 1e-9]:
+                del found[name]
     ids: set[int] = set()
     for hour in edge_hours:
         ids.update(i for (i,) in store.rows(conn, LEASES_OF_HOUR, {"hour": hour}))
