@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, text, update
 
 from .schema import decayed_use_table as _d
 from .schema import lease_gpus_table as _lg
@@ -251,6 +251,11 @@ def backfill(conn) -> None:
     rows = [{"hour": at, "gpu_seconds": s} for at, s in sorted(lent.items())]
     for i in range(0, len(rows), 5000):
         conn.execute(insert(_lh), rows[i:i + 5000])
+    if conn.dialect.name == "postgresql":
+        # Tables just filled in bulk have no statistics until autovacuum comes round: without
+        # them the planner may scan a year of hours for one week's.
+        conn.execute(text("ANALYZE gpu_pool_leases, gpu_pool_lease_gpus, gpu_pool_lease_hours, "
+                          "gpu_pool_usage_hours, gpu_pool_usage_days, gpu_pool_lent_hours"))
 
 
 def ensure_decay(store, conn, configured: float, force: bool = False) -> None:
