@@ -468,16 +468,17 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
     users: dict[str, float] = {}
     groups: dict[str, float] = {}
 
-    parsed: dict[str, list] = {}
+    parsed: dict[str, tuple[str, ...]] = {}
 
     def add(user: str, groups_json: str | tuple, hours: float) -> None:
         users[user] = users.get(user, 0.0) + hours
+        names = groups_json
         if isinstance(groups_json, str):
             found = parsed.get(groups_json)
             if found is None:
-                found = parsed[groups_json] = json.loads(groups_json)
-            groups_json = found
-        for g in groups_json:
+                found = parsed[groups_json] = tuple(json.loads(groups_json))
+            names = found
+        for g in names:
             groups[g] = groups.get(g, 0.0) + hours
 
     if since is not None and since >= end:
