@@ -9,6 +9,7 @@ the REST API (`hub.api(...)`).  tests/fixtures/hub.py wraps it in the `make_hub`
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -53,6 +54,10 @@ def ensure_chp() -> None:
                        capture_output=True, text=True)
     if not _chp_available():
         raise RuntimeError("configurable-http-proxy is not installed (npm install -g configurable-http-proxy)")
+
+
+# The idle culler lists the users at the start of each round; the hub logs that request.
+CULL_ROUND = re.compile(r"GET /hub/api/users\?state=\S* \(idle-culler@")
 
 
 @dataclass
@@ -165,6 +170,19 @@ class Hub:
         target = self.metric("gpuhub_reconcile_passes") + passes
         wait_for(lambda: self.metric("gpuhub_reconcile_passes") >= target, timeout=timeout,
                  what=f"{passes} reconcile passes", hub=self)
+
+    def cull_rounds(self) -> int:
+        """How many rounds the idle culler has begun: each starts by listing the users (as the hub logs)."""
+        return len(CULL_ROUND.findall(self.log_path.read_text(errors="replace")))
+
+    def wait_cull_rounds(self, rounds: int, timeout: float = 60) -> None:
+        """Return once the idle culler has done `rounds` more whole rounds.
+
+        Rounds never overlap (the culler's PeriodicCallback awaits each), so the start of
+        the (rounds + 1)th new one means `rounds` whole ones ran after this call."""
+        target = self.cull_rounds() + rounds + 1
+        wait_for(lambda: self.cull_rounds() >= target, timeout=timeout, what=f"{rounds} idle-culler rounds",
+                 hub=self)
 
     def create_user(self, name: str, admin: bool = False) -> dict:
         r = self.api("POST", f"/users/{name}", json={"admin": admin})

@@ -45,6 +45,7 @@ class _HomeOwner:
         self.fallback_uid, self.fallback_gid = s.fallback_uid, s.fallback_gid
         self._directory = has_directory_identity
         self._create_kwargs = engine.home_volume_create_kwargs(user)
+        self._escape_name = s.home_name_escape
 
     def has_directory_identity(self) -> bool:
         return self._directory
@@ -53,14 +54,16 @@ class _HomeOwner:
         return self._create_kwargs
 
     def _render_templates(self, template: str) -> str:
-        return render_user(template, self.user.name)
+        return render_user(template, self.user.name, self._escape_name)
 
 
-def render_user(template: str, user: str) -> str:
+def render_user(template: str, user: str, escape: str = "default") -> str:
+    """`template` with {username} escaped as the servers' DockerSpawner does (`escape`:
+    JobSettings.home_name_escape), so a job mounts the very volume the server does."""
     from dockerspawner import DockerSpawner
 
-    # DockerSpawner's own escaping, so a job mounts the very volume the server does.
-    return template.format(username=DockerSpawner._escape(user), raw_username=user)
+    escaped = DockerSpawner._legacy_escape(user) if escape == "legacy" else DockerSpawner._escape(user)
+    return template.format(username=escaped, raw_username=user)
 
 
 def phase_of(state: str) -> str:
@@ -233,7 +236,7 @@ class DockerJobEngine:
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         await prepare_home_volume(_HomeOwner(self, user, directory_identity), image, uid, gid)
-        return render_user(self.settings.home_volume, user)
+        return render_user(self.settings.home_volume, user, self.settings.home_name_escape)
 
 
 def _no_read_timeout(source) -> None:

@@ -29,6 +29,9 @@ class JobSettings:
     network: str = "gpuhub"
     prefix: str = "gpuhub"
     home_volume: str = "gpuhub-home-{username}"
+    # How {username} is escaped in home_volume, as the servers' DockerSpawner.escape does it:
+    # "default" (DockerSpawner's own) or "legacy" (its c.DockerSpawner.escape = "legacy").
+    home_name_escape: str = "default"
     home_mount_point: str = "/home/jovyan"
     home_volume_prep_image: str = ""
     home_prep_timeout: float = 600.0

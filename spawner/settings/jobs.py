@@ -54,6 +54,7 @@ def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
         network=spawner.get("network_name", settings.docker_network),
         prefix=spawner.get("prefix", settings.container_prefix),
         home_volume=spawner.get("home_volume_name", settings.home_volume),
+        home_name_escape=home_name_escape(c),
         home_mount_point=spawner.get("home_mount_point", JobSettings.home_mount_point),
         home_volume_prep_image=spawner.get("home_volume_prep_image", ""),
         fallback_uid=spawner.get("fallback_uid", JobSettings.fallback_uid),
@@ -68,6 +69,25 @@ def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
         reconcile_interval=float(c.Reconciler.get("interval", JobSettings.reconcile_interval)),
         reconcile_min_age=float(c.Reconciler.get("min_lease_age", JobSettings.reconcile_min_age)),
     )
+
+
+def home_name_escape(c) -> str:
+    """How the servers escape {username} in their home volume's name (DockerSpawner.escape), for
+    the jobs service to mount the same volumes; a callable of the admin's own cannot cross to
+    the service, so it stops the hub with what to do instead."""
+    from dockerspawner import DockerSpawner
+
+    escape = "default"
+    for section in (c.DockerSpawner, c.GPUDockerSpawner, c.GPUSwarmSpawner):  # the most specific last
+        if "escape" in section:
+            escape = section.escape
+    if escape in ("default", DockerSpawner._escape):
+        return "default"
+    if escape in ("legacy", DockerSpawner._legacy_escape):
+        return "legacy"
+    raise ValueError(f"DockerSpawner.escape = {escape!r}: batch jobs mount the servers' home volumes by "
+                     "name and can follow only DockerSpawner's own escape or 'legacy'; use one of those, "
+                     "or turn jobs off (GPUHUB_JOBS=false)")
 
 
 def write_when_loaded(settings, path: Path) -> None:

@@ -98,7 +98,8 @@ class SwarmJobEngine(DockerJobEngine):
     # ------------------------------------------------------------ specs
 
     def _volume_options(self, user: str) -> dict:
-        return {k: render_user(v, user) for k, v in self.settings.home_volume_driver_options.items()}
+        return {k: render_user(v, user, self.settings.home_name_escape)
+                for k, v in self.settings.home_volume_driver_options.items()}
 
     def home_volume_create_kwargs(self, user: str) -> dict:
         options = self._volume_options(user)

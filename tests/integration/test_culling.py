@@ -111,7 +111,6 @@ def test_busy_kernel_and_cpu_server_survive_while_idle_gpu_server_is_culled(make
     hub.start_server("alice", {"profile": "tf-gpu-1"})
     kernel = Kernel(hub, "alice", hub.user_token("alice"))
     kernel.execute_and_leave("import time; time.sleep(600)")
-    busy_since = time.monotonic()
 
     hub.start_server("carol", {"profile": "tf-cpu"})  # CPU, idle, long timeout
     hub.start_server("bob", {"profile": "tf-gpu-1"})  # GPU, idle
@@ -120,10 +119,9 @@ def test_busy_kernel_and_cpu_server_survive_while_idle_gpu_server_is_culled(make
     (bob_lease,) = leases_of(hub, "bob")
     assert bob_lease.end_reason == "culled"
 
-    # Give the culler many more rounds past the GPU timeout (10 s) for Alice.
-    remaining = 25 - (time.monotonic() - busy_since)
-    if remaining > 0:
-        time.sleep(remaining)
+    # Bob's idle server was culled; Alice's, started before his, would have been in the same
+    # round but for her busy kernel.  A few more rounds judge her again.
+    hub.wait_cull_rounds(3)
 
     alice = hub.server_model("alice")
     assert alice is not None and alice["ready"], hub.log_tail(80)
@@ -195,7 +193,7 @@ def test_gpu_under_threshold_is_culled_even_while_active(make_hub, tmp_path):
     (bob_lease,) = leases_of(hub, "bob")
     assert bob_lease.end_reason == "culled"
 
-    time.sleep(3)
+    hub.wait_cull_rounds(2)  # judged again with her GPU busy
     alice = hub.server_model("alice")
     assert alice is not None and alice["ready"], hub.log_tail(80)
 
@@ -211,7 +209,7 @@ def test_hub_shutdown_does_not_wait_for_the_culler(make_hub):
     finally:
         signal.signal(signal.SIGINT, previous)
     wait_for(lambda: "Starting service 'idle-culler'" in hub.log_tail(200), 30, "the culler to start", hub)
-    time.sleep(2)  # a few cull rounds
+    hub.wait_cull_rounds(2)
 
     hub.stop()
     assert hub.process.returncode is not None

@@ -7,7 +7,7 @@ NVIDIA hook double) and their leases end with job-* reasons.
 
 from __future__ import annotations
 
-import time
+import os
 
 import requests
 
@@ -226,9 +226,12 @@ def test_jobs_survive_a_hub_sigkill_and_their_leases_end_after(make_hub, docker_
                        what="the job's container to start")
     queued = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["echo", "second"]})
     wait_for(lambda: job(hub, pat, queued["id"])["queue_position"] == 1, hub=hub, what="the second job queued")
+    from .test_poolpage_scripts import service_pid
+
+    service = service_pid(hub)
     hub.kill()
-    time.sleep(3)
-    # The job runs on without the hub or the service.
+    # The jobs service ends with its hub; the job runs on without either.
+    wait_for(lambda: not os.path.exists(f"/proc/{service}"), hub=hub, what="the jobs service to end with its hub")
     assert [c.status for c in job_containers(hub, docker_client, j["id"])] == ["running"]
     assert lease_of(hub, running["lease_id"]).active
     hub.start()

@@ -236,3 +236,24 @@ def test_job_records_and_the_in_place_migration_from_schema_3(tmp_path):
         version = conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar()
     assert version == str(SCHEMA_VERSION)
     engine.dispose()
+
+
+@pytest.mark.parametrize("escape, volume", [(None, "gpuhub-home-a-2eb-40c"), ("legacy", "gpuhub-home-a_2Eb_40c")])
+def test_a_jobs_home_is_the_volume_the_servers_escape_names(tmp_path, escape, volume):
+    from spawner.docker.jobs import render_user
+    from spawner.settings.jobs import job_settings
+
+    c = Config()
+    if escape:
+        c.DockerSpawner.escape = escape
+    js = JobSettings.from_env({ENV_NAME: job_settings(c, _settings(tmp_path)).to_env()})
+    assert render_user(js.home_volume, "a.b@c", js.home_name_escape) == volume
+
+
+def test_an_escape_the_jobs_service_cannot_follow_stops_the_hub_saying_what_to_do(tmp_path):
+    from spawner.settings.jobs import job_settings
+
+    c = Config()
+    c.GPUDockerSpawner.escape = str.lower
+    with pytest.raises(ValueError, match="GPUHUB_JOBS=false"):
+        job_settings(c, _settings(tmp_path))
