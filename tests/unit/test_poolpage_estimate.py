@@ -37,6 +37,9 @@ def test_a_running_jobs_lease_is_back_at_its_start_plus_its_timeout():
     # Sooner than the typical 4 h lease: the timeout is what the waiter is told.
     assert estimate.waits_explained([1], 0, [holding], NOW, LENGTHS) == [
         (1200.0, "ann's job reaches its timeout at 12:20 UTC")]
+    # The culler stops servers, not jobs: a booking of its GPU does not end it.
+    later = booking("bob", "g0", NOW + 5 * M, NOW + H)
+    assert known_ends(lease, {3: job(3, NOW - 10 * M, 1800)}, [later], NOW, "ann's") == ends
     # A notebook server of the same age has no timeout: the typical length holds.
     server = Lease(8, "ann", "", "node", ("g0",), (), NOW - 10 * M, None)
     assert known_ends(server, {3: job(3, NOW - 10 * M, 1800)}, [], NOW, "ann's") == ()

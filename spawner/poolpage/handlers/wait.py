@@ -160,13 +160,15 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
 
 def known_ends(lease, running_jobs: dict, booked: list, now: datetime, whose: str) -> tuple:
     """The ends known for a lease at the latest, each with its reason: its job's timeout (a job
-    is stopped at its start + its timeout), the start of someone else's booking of its GPU (its
-    server is stopped then, reason `booking`)."""
+    is stopped at its start + its timeout), the start of someone else's booking of its GPU (a
+    server is stopped then by the culler, reason `booking`; the culler stops no jobs)."""
     ends = []
-    job = running_jobs.get(job_id_of(lease.server_name)) if is_job_server(lease.server_name) else None
-    if job is not None:
-        at = (job.started_at or lease.started_at) + timedelta(seconds=job.timeout_s)
-        ends.append((at, f"{whose} job reaches its timeout at {at.strftime('%H:%M')} UTC"))
+    if is_job_server(lease.server_name):
+        job = running_jobs.get(job_id_of(lease.server_name))
+        if job is not None:
+            at = (job.started_at or lease.started_at) + timedelta(seconds=job.timeout_s)
+            ends.append((at, f"{whose} job reaches its timeout at {at.strftime('%H:%M')} UTC"))
+        return tuple(ends)
     for b in booked:
         # A booking for someone else of one of its GPUs, still to start or started: it ends the lease.
         if b.host == lease.host and set(b.gpu_uuids) & set(lease.gpu_uuids) and b.ends_at > now \
