@@ -119,11 +119,21 @@ def live(conn, now: datetime) -> list[Booking]:
     return [_row(r) for r in conn.execute(LIVE, {"now": now})]
 
 
-def exclude(free: dict[str, list[tuple[int, str]]], bookings: list[Booking], user: str, groups: Iterable[str],
-            now: datetime) -> dict[str, list[tuple[int, str]]]:
-    """The free GPUs `user` may be lent now: those booked now for others left out."""
+def blocking(bookings: list[Booking], user: str, groups: Iterable[str], now: datetime,
+             until: datetime | None = None) -> set[tuple[str, str]]:
+    """The GPUs ((host, uuid)) booked for others now, or (`until`: a lease held until then at
+    most) from before `until`."""
     groups = tuple(groups)
-    held = {(b.host, u) for b in bookings if b.active(now) and not b.for_(user, groups) for u in b.gpu_uuids}
+    return {(b.host, u) for b in bookings if b.state == "booked" and not b.for_(user, groups)
+            and (b.active(now) or (until is not None and now < b.ends_at and b.starts_at < until))
+            for u in b.gpu_uuids}
+
+
+def exclude(free: dict[str, list[tuple[int, str]]], bookings: list[Booking], user: str, groups: Iterable[str],
+            now: datetime, until: datetime | None = None) -> dict[str, list[tuple[int, str]]]:
+    """The free GPUs `user` may be lent now: those booked now for others left out (and, for a
+    lease held until `until` at most, those booked for others from before then)."""
+    held = blocking(bookings, user, groups, now, until)
     if not held:
         return free
     return {h: [f for f in lst if (h, f[1]) not in held] for h, lst in free.items()}

@@ -127,14 +127,19 @@ def attempt(
     snap = check(store, conn, req, rules.limit, rules.budgets)
     # (One indexed probe first: most grants meet no booking at all.)
     booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
-    whole, booked_out = snap, None
+    whole, booked_out, mine_out = snap, None, set()
     if booked:
         # Bookings unused past their grace go back to the pool; the GPUs booked now for
         # others are not this request's to take, nor those of the waiters ahead of it.
         if bookings.release_no_shows(conn, now, rules.booking_grace):
             booked = bookings.live(conn, now)
         booked_out = bookings.held_for_others(booked, now)
-        snap = Snapshot(bookings.exclude(snap.free, booked, req.user, req.groups, now), snap.capacity, snap.drained)
+        # A request that says how long it holds its GPUs (a batch job: nothing stops it at a
+        # booking's start) is not lent those booked for others from before then either.
+        until = now + timedelta(seconds=req.holds_for) if req.holds_for is not None else None
+        mine_out = bookings.blocking(booked, req.user, req.groups, now, until)
+        snap = Snapshot(bookings.exclude(snap.free, booked, req.user, req.groups, now, until), snap.capacity,
+                        snap.drained)
 
     alive_since = now - timedelta(seconds=rules.stale_after)
     fair = rules.order == fairshare.FAIRSHARE
@@ -172,8 +177,7 @@ def attempt(
         ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
     avail = available_after(whole, ahead, now, rules.backfill_window, choose, booked_out)
     if booked_out is not None:
-        avail = {h: [f for f in lst if (h, f[1]) not in booked_out(req.user, tuple(req.groups))]
-                 for h, lst in avail.items()}
+        avail = {h: [f for f in lst if (h, f[1]) not in mine_out] for h, lst in avail.items()}
 
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
     free = sum(len(snap.free.get(h, ())) for h in hosts)

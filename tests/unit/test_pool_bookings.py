@@ -14,7 +14,7 @@ import requests
 
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, bookings
+from spawner.pool import GPUPool, InvalidRequest, WaitTimeout, bookings
 from spawner.pool.bookings import BookingRefused
 from tests.fixtures.services import free_port
 
@@ -122,6 +122,30 @@ def test_a_waiter_gets_a_no_shows_gpu_once_its_grace_has_passed(tmp_path):
     lease = asyncio.run(main())
     assert lease.user == "alice" and lease.started_at >= b.starts_at + timedelta(seconds=1)
     assert pool.bookings() == []
+    pool.close()
+
+
+def test_a_job_is_not_lent_a_gpu_booked_for_someone_else_before_its_timeout(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1)
+    now = datetime.now(UTC)
+    pool.book("bob", 1, now + timedelta(minutes=30), now + H)
+
+    async def main():
+        # An hour's job would run into bob's window, and nothing stops a job there: it waits.
+        with pytest.raises(WaitTimeout):
+            await pool.acquire("ann", "job/1", 1, timeout=0.3, holds_for=3600)
+        # A 10-minute job ends before it: lent. So is a notebook server (told, and stopped then).
+        short = await pool.acquire("ann", "job/2", 1, timeout=5, holds_for=600)
+        pool.release(short.id)
+        server = await pool.acquire("ann", "", 1, timeout=5)
+        assert server.notice and server.notice.startswith("This GPU is booked from")
+        pool.release(server.id)
+        # bob's own job may hold it into his window.
+        mine = await pool.acquire("bob", "job/3", 1, timeout=5, holds_for=3600)
+        pool.release(mine.id)
+    asyncio.run(main())
+    with pytest.raises(InvalidRequest, match="holds_for must be a number of seconds"):
+        asyncio.run(pool.acquire("ann", "job/4", 1, timeout=1, holds_for=-1))
     pool.close()
 
 
