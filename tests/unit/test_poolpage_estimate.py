@@ -91,3 +91,77 @@ def test_a_gpu_coming_back_inside_someone_elses_booking_waits_for_its_end():
         (3 * 3600.0, "a booking of a GPU ends at 15:00 UTC")]
     # Without bookings, the old count model: the same answer as before.
     assert estimate.waits([1], 0, [lent], NOW, LENGTHS) == [3600.0]
+
+
+def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
+    """The pool service's api/wait (the hub's login and server list stood in for): cy and dee
+    wait for the GPUs of dan's job (20 min timeout) and of ann's server on a GPU bob booked from
+    in 30 min; each is told what ends her wait: the job's timeout, then bob's booking (not
+    ann's stop)."""
+    import asyncio
+    import threading
+
+    import requests
+
+    from spawner.inventory import SimulatedInventory
+    from spawner.pool import GPUPool
+    from spawner.poolpage import app
+    from spawner.poolpage.handlers import base as handlers
+    from spawner.poolpage.hubapi import Server
+    from tests.fixtures.services import free_port
+
+    from spawner.pool.jobs import RUNNING, JobLedger, job_server_name
+
+    pool = GPUPool(inventory=SimulatedInventory(count=2, host="node"), db_url=f"sqlite:///{tmp_path}/l.sqlite")
+    pool.sync_inventory()
+    now = datetime.now(UTC)
+    held = pool.try_acquire("ann", "", 1)
+    later = pool.book("bob", 1, now + 30 * M, now + 90 * M)  # (on ann's GPU: the other is dan's)
+    # dan's job holds the other GPU, running, with a timeout of 20 min.
+    jobs = JobLedger(pool)
+    job = jobs.create("dan", [], "p", ["python"], "/home/dan", 1200, "node", 1000, 100)
+    job_lease = pool.try_acquire("dan", job_server_name(job.id), 1)
+    assert job_lease is not None and job_lease.gpu_uuids != held.gpu_uuids and later.gpu_uuids == held.gpu_uuids
+    job = jobs.update(job.id, None, "started_at", state=RUNNING, lease_id=job_lease.id)
+    for user in ("cy", "dee"):  # their queue rows, as their waiting spawns write them
+        waiting = pool._write(pool._attempt, pool._make_request(user, "", 1, [], None), None, True)
+        assert waiting.lease is None and waiting.waiter_id is not None
+
+    class Hub:
+        async def active_servers(self):
+            return [Server("ann", "", lease_id=held.id, host="node", gpu_uuids=held.gpu_uuids, ready=True,
+                           last_activity=now, started=now)]
+
+    original = handlers.BaseHandler.get_current_user
+    handlers.BaseHandler.get_current_user = lambda self: {"name": self.request.headers["X-User"], "scopes": [],
+                                                          "kind": "user", "groups": []}
+    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
+
+    def run():
+        asyncio.set_event_loop(loop)
+        web_app = app.make_app(pool, "/services/gpu-pool/", "/", False)
+        web_app.settings["hub_api"] = Hub()
+        web_app.listen(port, "127.0.0.1")
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        got = requests.get(f"http://127.0.0.1:{port}/services/gpu-pool/api/wait", headers={"X-User": "cy"},
+                           timeout=30).json()
+        cy, dee = got["queue"]
+        # cy, first: dan's job is stopped at its timeout (his name hidden from her).
+        ends = job.started_at + timedelta(seconds=1200)
+        assert cy["yours"] and cy["estimate_why"] == f"a job reaches its timeout at {ends:%H:%M} UTC"
+        assert 20 * 60 - 120 < cy["estimate_s"] <= 20 * 60
+        # dee, next: ann's GPU is hers only when bob's booking of it ends.
+        assert dee["estimate_why"] == f"a booking of a GPU ends at {later.ends_at:%H:%M} UTC"
+        assert 90 * 60 - 120 < dee["estimate_s"] <= 90 * 60 and dee["estimate"].endswith("(estimate)")
+        assert "booking" in got["note"] and "job's timeout" in got["note"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        handlers.BaseHandler.get_current_user = original
+        pool.close()
