@@ -3,8 +3,10 @@
 The spawner hands an ended server's lease to `settle_lease` with its
 engine's `lease_holders`.  The lease is released only when the engine
 confirms that no object given it still runs; otherwise it stays lent, with
-the reason recorded in the ledger for admins, and the reconciler ends it once
-the engine has removed what held it.  An unknown answer never frees a GPU.
+the reason recorded in the ledger for admins, and a watch in the background
+keeps asking (a loaded node may report a task gone only after the grace): the
+lease is released the moment the engine confirms, or the reconciler ends it
+once it has removed what held it.  An unknown answer never frees a GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from ..pool import PoolError
 # How long a container Docker is still removing (auto-removal after a stop)
 # may take to go before it counts as stuck.
 SETTLE_GRACE_SECONDS = 10.0
+# After the grace, the background watch asks again this often (doubling up to a
+# minute) for this long; the reconciler's passes cover whatever outlasts it.
+SETTLE_RECHECK_SECONDS = 2.0
+SETTLE_WATCH_SECONDS = 900.0
+
+# The watches in flight (a reference each, so none is collected mid-wait).
+_watches: set[asyncio.Task] = set()
 
 
 @dataclass(frozen=True)
@@ -59,10 +68,38 @@ async def settle_lease(held: HeldLease, lease_holders, ledger, pool, log, owner:
             log.info("Released GPU lease %s of %s (%s): %s", held.id, owner, held.reason,
                      ", ".join(held.gpu_uuids))
         return True
-    log.error("GPU lease %s of %s (%s) stays lent: %s. The reconciler retries removing it and ends "
-              "the lease once it is gone.", held.id, owner, ", ".join(held.gpu_uuids), why)
+    log.error("GPU lease %s of %s (%s) stays lent: %s. It is released once the engine confirms it "
+              "gone (asked again in the background; the reconciler retries removing it).",
+              held.id, owner, ", ".join(held.gpu_uuids), why)
     try:
         await ledger(pool.set_problem, held.id, why)
     except PoolError as exc:
         log.error("Could not record the problem of GPU lease %s: %s", held.id, exc)
+    watch = asyncio.get_running_loop().create_task(_watch_until_gone(held, lease_holders, ledger, pool, log, owner))
+    _watches.add(watch)
+    watch.add_done_callback(_watches.discard)
     return False
+
+
+async def _watch_until_gone(held: HeldLease, lease_holders, ledger, pool, log, owner: str) -> None:
+    """Release `held` when the engine confirms nothing given it still runs (bounded in time)."""
+    deadline = time.monotonic() + SETTLE_WATCH_SECONDS
+    pause = SETTLE_RECHECK_SECONDS
+    while time.monotonic() < deadline:
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 60.0)
+        try:
+            if await lease_holders(held.id):
+                continue
+        except Exception:  # still unknown: the GPU may be in use
+            continue
+        try:
+            ended = await ledger(pool.release, held.id, held.reason)
+        except PoolError as exc:
+            log.error("Could not release GPU lease %s of %s: %s", held.id, owner, exc)
+            continue
+        if ended:
+            pool_changed()
+            log.info("Released GPU lease %s of %s (%s) once its holder was gone: %s", held.id, owner,
+                     held.reason, ", ".join(held.gpu_uuids))
+        return  # released here, or ended meanwhile by the reconciler

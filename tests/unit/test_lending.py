@@ -189,6 +189,33 @@ def test_a_container_that_would_not_stop_keeps_its_gpu_lent_with_the_reason(conf
     assert lease.problem == "jupyter-alice would not stop"
 
 
+def test_a_container_that_stops_after_the_grace_frees_its_gpu_once_it_is_gone(config, monkeypatch):
+    # A loaded Swarm node reports a task gone only after the stop's grace: the GPU is lent
+    # again once it does, not at the reconciler's next pass minutes later.
+    monkeypatch.setattr("spawner.lending.ending.SETTLE_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr("spawner.lending.ending.SETTLE_RECHECK_SECONDS", 0.01)
+    spawner = make(config)
+
+    async def scenario():
+        await spawn(spawner)
+        lease_id = spawner.lease_id
+        spawner.holders = ["jupyter-alice"]
+        await user_stop(spawner)
+        assert spawner.pool.lease(lease_id).active, "freed while its container still ran"
+        spawner.holders = ConnectionError("the node does not answer")
+        await asyncio.sleep(0.05)
+        assert spawner.pool.lease(lease_id).active, "freed on an unknown answer"
+        spawner.holders = []  # the engine has removed it at last
+        for _ in range(200):
+            if not spawner.pool.lease(lease_id).active:
+                break
+            await asyncio.sleep(0.01)
+        return lease_id
+
+    lease_id = run(scenario())
+    assert history(spawner)[lease_id].end_reason == EndReason.STOPPED
+
+
 def test_an_engine_that_cannot_answer_never_frees_the_gpu(config, monkeypatch):
     monkeypatch.setattr("spawner.lending.ending.SETTLE_GRACE_SECONDS", 0.0)
     spawner = make(config)
