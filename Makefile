@@ -25,7 +25,7 @@ help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
 	@echo "make demo-swarm  the same demo on a 2-node Docker Swarm made on this machine"
 	@echo "make test    run the whole test suite (unit + integration, real services)"
-	@echo "make images  build the notebook images (VARIANTS='mkl cuda')"
+	@echo "make images  build the notebook images (VARIANTS='mkl cuda') and the hub image (Swarm stack)"
 	@echo "make lint    the linter (ruff), also run first by make test"
 	@echo "make typecheck  the type checker (mypy on spawner/), run by make test after lint"
 	@echo "make docs    build the documentation site into docs/_build/html (warnings are errors)"
@@ -51,9 +51,9 @@ docker:
 test-packages:
 	bash devservices/apt-install.sh --missing-only $(TEST_PACKAGES)
 
-# Debian base + notebook images (VARIANTS="mkl cuda" adds CUDA), then their sizes.
+# Debian base + notebook images (VARIANTS="mkl cuda" adds CUDA) + the hub image, then their sizes.
 images: venv docker
-	images/build-images.sh $(VARIANTS)
+	images/build-images.sh $(VARIANTS) hub
 
 # A server install (docs/admins/install.md): venv in /opt/jupyterhub-gpu (the system's
 # Python; the package from a wheel built out of tree), configurable-http-proxy, the

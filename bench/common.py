@@ -90,9 +90,32 @@ def time_to_ready(hub, user: str, options: dict) -> float:
         time.sleep(0.05)
 
 
+def lease_ended(hub, user: str) -> bool:
+    """Whether `user` holds no active lease in the hub's ledger: their GPUs are lendable again."""
+    return not any(lease.user == user for lease in hub.ledger().leases())
+
+
+def timed_stop(hub, user: str, lends: bool) -> tuple[float, float | None]:
+    """DELETE a server: (seconds until the hub reports it gone, seconds until its GPUs are
+    lendable again in the ledger, watched every 20 ms; None for an arm that lends none)."""
+    began = time.perf_counter()
+    r = hub.api("DELETE", f"/users/{user}/server")
+    assert r.status_code in (202, 204), f"{r.status_code}: {r.text}"
+    freed = None
+    if lends:
+        deadline = time.monotonic() + 60
+        while not lease_ended(hub, user):
+            assert time.monotonic() < deadline, f"the lease of {user} did not end:\n{hub.log_tail()}"
+            time.sleep(0.02)
+        freed = time.perf_counter() - began
+    hub.wait_stopped(user)
+    return time.perf_counter() - began, freed
+
+
 def alternate_spawns(arms, rounds: int, title: str) -> None:
     """Spawn (POST -> ready) and stop on each arm in turn, `rounds` times after a warm-up;
-    print medians and the ratio to the last arm, the baseline.  arms: (label, hub, options)."""
+    print medians and the ratio to the last arm, the baseline.  arms: (label, hub, options);
+    an arm whose options name a GPU profile also gets DELETE -> GPU lendable (the ledger's view)."""
     for _, hub, options in arms:
         hub.start()
         hub.create_user("bench")
@@ -100,20 +123,25 @@ def alternate_spawns(arms, rounds: int, title: str) -> None:
         hub.stop_server("bench")
     results: dict[str, list[float]] = {label: [] for label, _, _ in arms}
     stops: dict[str, list[float]] = {label: [] for label, _, _ in arms}
+    frees: dict[str, list[float]] = {label: [] for label, _, _ in arms}
     for _ in range(rounds):
         for label, hub, options in arms:
             results[label].append(time_to_ready(hub, "bench", options))
-            began = time.perf_counter()
-            hub.stop_server("bench")
-            stops[label].append(time.perf_counter() - began)
+            stop, freed = timed_stop(hub, "bench", lends="gpu" in str(options.get("profile", "")))
+            stops[label].append(stop)
+            if freed is not None:
+                frees[label].append(freed)
     base = statistics.median(results[arms[-1][0]])
     width = max(len(label) for label, _, _ in arms) + 2
     print(f"\n{title}, {rounds} alternating rounds (seconds)")
-    print(f"{'spawner':{width}} {'median':>8} {'min':>8} {'max':>8} {'ratio':>7} {'stop med':>9}")
+    print(f"{'spawner':{width}} {'median':>8} {'min':>8} {'max':>8} {'ratio':>7} {'stop med':>9} "
+          f"{'GPU free med':>13} {'max':>6}")
     for label, values in results.items():
         med = statistics.median(values)
+        free = (f"{statistics.median(frees[label]):13.2f} {max(frees[label]):6.2f}" if frees[label]
+                else f"{'-':>13} {'-':>6}")
         print(f"{label:{width}} {med:8.2f} {min(values):8.2f} {max(values):8.2f} {med / base:7.3f} "
-              f"{statistics.median(stops[label]):9.2f}")
+              f"{statistics.median(stops[label]):9.2f} {free}")
 
 
 def print_storm(title: str, history, posted: dict[str, float], total: float, errors: list[str],

@@ -2,9 +2,9 @@
 
 The parts NVMLInventory, the doctor and bench/device_check.py use.  Each device is a
 dict: uuid, name, mib, switch, and optionally util (percent, read live: change it to
-play a busy GPU), bus, lost, pending_reset, migs (absent: MIG not supported; None:
-MIG capable but off; a list of {uuid, name, mib}: MIG on, those instances), mig_pending
-(the MIG mode after the next reset, when it differs).
+play a busy GPU), used_mib (MiB of memory in use, read live too), bus, lost, pending_reset,
+migs (absent: MIG not supported; None: MIG capable but off; a list of {uuid, name, mib}:
+MIG on, those instances), mig_pending (the MIG mode after the next reset, when it differs).
 Imports nothing but the standard library, so the device check's dry run can use it
 where only that check's own needs are installed.
 """
@@ -68,7 +68,9 @@ class FakeNVML(types.SimpleNamespace):
         return h["name"].encode()  # older nvidia-ml-py returns bytes
 
     def nvmlDeviceGetMemoryInfo(self, h):
-        return types.SimpleNamespace(total=h["mib"] * 1024 * 1024)
+        mib = 1024 * 1024
+        return types.SimpleNamespace(total=h["mib"] * mib, used=h.get("used_mib", 0) * mib,
+                                     free=(h["mib"] - h.get("used_mib", 0)) * mib)
 
     def nvmlDeviceGetPciInfo(self, h):
         return types.SimpleNamespace(busId=h.get("bus", "00000000:01:00.0"))

@@ -178,7 +178,7 @@ def simulated_uuid(hostname: str, index: int) -> str:
 
 
 def _start_node(session: str, index: int, image: str, gpus: int, labels: dict[str, str],
-                base: Path, homes_root: Path) -> SwarmNode:
+                base: Path, homes_root: Path, no_new_privileges: bool = True) -> SwarmNode:
     name = f"gpuhub-swarm-{session}-node{index}"
     hostname = f"gpunode{index}-{session}"
     state = base / f"node{index}"
@@ -190,9 +190,10 @@ def _start_node(session: str, index: int, image: str, gpus: int, labels: dict[st
     volume = f"{name}-lib"
     docker("volume", "create", "--label", f"{HARNESS_LABEL}={session}", volume)
     cmd = ["dockerd", "--host", "unix:///var/run/docker.sock", "--storage-driver", "overlay2",
-           "--add-runtime", f"nvidia={DOUBLE_DIR}/nvidia-runtime", "--default-runtime", "nvidia",
-           # Swarm cannot set no-new-privileges per service on this Docker: the daemon does.
-           "--no-new-privileges"]
+           "--add-runtime", f"nvidia={DOUBLE_DIR}/nvidia-runtime", "--default-runtime", "nvidia"]
+    if no_new_privileges:
+        # Swarm cannot set no-new-privileges per service on this Docker: the daemon does.
+        cmd.append("--no-new-privileges")
     for uuid in uuids:
         cmd += ["--node-generic-resource", f"GPU={uuid}"]
     docker("run", "-d", "--name", name, "--hostname", hostname, "--label", f"{HARNESS_LABEL}={session}",
@@ -247,25 +248,53 @@ def start_swarm(session: str | None = None, gpus_per_node: int = 2, homes_root: 
         specs = [(1, {"gpu.model": "a100", "gpu.memory": "80g"}), (2, {"gpu.model": "t4", "gpu.memory": "16g"})]
         for index, labels in specs:
             swarm.nodes.append(_start_node(session, index, image, gpus_per_node, labels, base, homes_root))
-        for node in swarm.nodes:
-            node.docker("swarm", "join", "--token", token, "--advertise-addr", node.ip, f"{manager_addr}:2377")
-            node.node_id = node.docker("info", "--format", "{{.Swarm.NodeID}}")
-            args = []
-            for key, value in {**node.labels, "gpuhub.test-session": session}.items():
-                args += ["--label-add", f"{key}={value}"]
-            docker("node", "update", *args, node.node_id)
-        deadline = time.monotonic() + 60
-        while not all(docker("node", "inspect", "-f", "{{.Status.State}}", n.node_id) == "ready"
-                      for n in swarm.nodes):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the worker nodes did not become ready")
-            time.sleep(0.5)
+        _join(swarm, swarm.nodes, token)
         docker("network", "create", "--driver", "overlay", "--attachable",
                "--label", f"{HARNESS_LABEL}={session}", swarm.network)
     except BaseException:
         stop_swarm(swarm)
         raise
     return swarm
+
+
+def _join(swarm: Swarm, nodes: list[SwarmNode], token: str) -> None:
+    """Join `nodes` to the swarm as workers, label them, and wait until they are ready."""
+    for node in nodes:
+        node.docker("swarm", "join", "--token", token, "--advertise-addr", node.ip, f"{swarm.manager_addr}:2377")
+        node.node_id = node.docker("info", "--format", "{{.Swarm.NodeID}}")
+        args = []
+        for key, value in {**node.labels, "gpuhub.test-session": swarm.session}.items():
+            args += ["--label-add", f"{key}={value}"]
+        docker("node", "update", *args, node.node_id)
+    deadline = time.monotonic() + 60
+    while not all(docker("node", "inspect", "-f", "{{.Status.State}}", n.node_id) == "ready" for n in nodes):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the worker nodes did not become ready")
+        time.sleep(0.5)
+
+
+def add_node(swarm: Swarm, index: int, labels: dict[str, str], gpus: int = 2,
+             no_new_privileges: bool = True) -> SwarmNode:
+    """One more GPU worker (node `index`), joined and ready, with the images loaded on the others.
+    `no_new_privileges=False`: its dockerd does not enforce it (a node an admin forgot)."""
+    base = swarm._base  # type: ignore[attr-defined]
+    node = _start_node(swarm.session, index, swarm.node_image, gpus, labels, base, swarm.homes_root,
+                       no_new_privileges)
+    swarm.nodes.append(node)
+    _join(swarm, [node], docker("swarm", "join-token", "-q", "worker"))
+    for image in {image for _, image in swarm._loaded}:
+        swarm.load_image(image)
+    return node
+
+
+def remove_node(swarm: Swarm, node: SwarmNode) -> None:
+    """Take a node added by add_node out of the swarm and remove its dockerd."""
+    node.docker("swarm", "leave", "--force", check=False)
+    if node.node_id:
+        docker("node", "rm", "--force", node.node_id, check=False)
+    docker("rm", "-f", "-v", node.container, check=False, timeout=180)
+    docker("volume", "rm", "-f", f"{node.container}-lib", check=False)
+    swarm.nodes.remove(node)
 
 
 def stop_swarm(swarm: Swarm) -> None:

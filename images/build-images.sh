@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Build the local Debian base and the given notebook image variants, then print
-# their sizes.  What `make images` runs:
+# Build the local Debian base and the given notebook image variants, and with `hub` the hub
+# image (images/build_hub.py: JupyterHub, configurable-http-proxy and this package, for the
+# Swarm stack hub_config/swarm-stack.yml), then print their sizes.  What `make images` runs:
 #
-#     images/build-images.sh mkl            # the default
-#     images/build-images.sh mkl cuda       # also the CUDA image (~2.6 GB of wheels)
+#     images/build-images.sh mkl hub        # the default of `make images`
+#     images/build-images.sh mkl cuda hub   # also the CUDA image (~2.6 GB of wheels)
+#     images/build-images.sh mkl            # what a one-host install needs
 #
 # Each image is tagged by the hash of its inputs, so an unchanged one is found,
 # not rebuilt.  Python packages come through the host's own pip settings and
@@ -21,7 +23,11 @@ PYTHON=${PYTHON:-$( [ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/pyt
 BASE=${BASE_IMAGE:-$("$HERE/build-base.sh")}
 refs=("$BASE")
 for variant in "$@"; do
-    refs+=("$("$PYTHON" "$HERE/build.py" --variant "$variant" --base-image "$BASE")")
+    if [ "$variant" = hub ]; then
+        refs+=("$("$PYTHON" "$HERE/build_hub.py" --base-image "$BASE")")
+    else
+        refs+=("$("$PYTHON" "$HERE/build.py" --variant "$variant" --base-image "$BASE")")
+    fi
 done
 
 printf '\n%-48s %-8s %-6s %s\n' IMAGE TF CUDA SIZE

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 # The NVML and inventory checks import nothing of the hub's web stack (profiles need tornado,
 # the spawner JupyterHub), so they also run on a bare GPU machine (bench/device_check.py).
 
+_LOG = logging.getLogger("gpu-pool.doctor")
 # Who holds the probe's short lease in the ledger (history shows it, ended as `doctor`).
 PROBE_USER = "gpu-pool doctor"
 BASE_IMAGE = "gpuhub/debian-base:latest"
@@ -90,14 +92,43 @@ class Doctor:
 
     def run(self) -> list[Result]:
         for step in (self.check_settings, self.check_nvml, self.check_inventory, self.check_docker,
-                     self.check_gpu_container, self.check_images, self.check_ledger, self.check_directory,
-                     self.check_data_dir):
+                     self.check_gpu_container, self.check_images, self.check_ledger, self.check_swarm_nodes,
+                     self.check_directory, self.check_data_dir):
             try:
                 step()
             except Exception as e:  # a check that broke is a failed check, never a traceback
                 self.add(step.__name__.removeprefix("check_").replace("_", " "), FAIL, _one_line(e),
                          "report this as a bug in gpu-pool doctor")
         return self.results
+
+    def check_swarm_nodes(self) -> None:
+        """On a Swarm manager (inventory swarm): one line per node (cli/doctor_swarm.py)."""
+        if self.kind != "swarm" or self.docker is None:
+            return
+        from ..inventory.swarm import SwarmInventory
+        from ..pool import GPUPool
+        from .doctor_swarm import node_results
+
+        readings = None
+        try:
+            pool = GPUPool(config=self.target.config)
+            try:
+                readings = pool.gpu_readings(SwarmInventory(config=self.target.config).reading_max_age)
+            finally:
+                pool.close()
+        except Exception as e:  # the ledger check says why; the nodes are still listed
+            self.add("swarm nodes", WARN, f"the agents' GPU readings cannot be read: {_one_line(e)}")
+        profiles = self._profiles() or []
+        image = next((p.image for p in profiles if self._has_image(p.image)), None)
+        for result in node_results(self._docker().api, image, self.container_prefix, readings, _LOG):
+            self.results.append(result)
+
+    def _has_image(self, image: str) -> bool:
+        try:
+            self._docker().images.get(image)
+            return True
+        except Exception:
+            return False
 
     def check_settings(self) -> None:
         for note in self.target.notes:

@@ -40,6 +40,11 @@ from ..pool.validation import iso_time
 
 
 
+# Where `gpu-pool agent` reads its node's GPUs; its options' defaults may come from the
+# environment (a Swarm service's, in the stack file).
+AGENT_INVENTORIES = ("nvml", "static", "simulated")
+
+
 class CLIError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
@@ -114,13 +119,17 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("agent", parents=[common],
                        help="report this node's GPU utilisation to the ledger every --interval s (until SIGTERM)")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between readings (10)")
-    p.add_argument("--inventory", default="nvml", choices=["nvml", "static", "simulated"],
-                   help="where this node's GPUs are read (nvml)")
+    p.add_argument("--inventory", default=os.environ.get("GPUHUB_AGENT_INVENTORY", "").strip() or "nvml",
+                   choices=AGENT_INVENTORIES,
+                   help="where this node's GPUs are read (GPUHUB_AGENT_INVENTORY; default nvml)")
     p.add_argument("--host", help="this node's name in the ledger: its Swarm node hostname (default: hostname)")
     p.add_argument("--db-url-file", default=ledger_env(ENV_DB_URL_FILE) or None,
                    help=f"a file holding the ledger URL, e.g. a Docker secret (or set {ENV_DB_URL_FILE})")
-    p.add_argument("--simulated-gpus", type=int, help="simulated inventory: how many GPUs")
-    p.add_argument("--utilization-file", help="simulated inventory: the JSON file {uuid: percent}")
+    p.add_argument("--simulated-gpus", type=int, default=os.environ.get("GPUHUB_SIMULATED_GPUS", "").strip() or None,
+                   help="simulated inventory: how many GPUs (GPUHUB_SIMULATED_GPUS)")
+    p.add_argument("--utilization-file", default=os.environ.get("GPUHUB_SIMULATED_UTILIZATION_FILE") or None,
+                   help="simulated inventory: the JSON file {uuid: percent or {\"utilization\", \"memory_used_mib\"}} "
+                        "(GPUHUB_SIMULATED_UTILIZATION_FILE)")
     p = sub.add_parser("release", parents=[common], help="end a lease (the server keeps running without it!)")
     p.add_argument("lease_id", type=int)
     p.add_argument("--reason", default=EndReason.ADMIN.value, choices=[r.value for r in EndReason])
@@ -188,9 +197,15 @@ def build_pool(db_url: str | None = None, config_path: str | None = None) -> GPU
     elif config.GPUPool.get("db_url", None):
         found_by = f"c.GPUPool.db_url in {config_path}"
     else:
-        # The hub's own rule: gpu-pool.sqlite in GPUHUB_DATA_DIR.
-        config.GPUPool.db_url = ledger_url(os.environ)
-        found_by = ("GPUHUB_DATA_DIR" if os.environ.get("GPUHUB_DATA_DIR", "").strip() else
+        # The hub's own rule: the file GPUHUB_POOL_DB_URL_FILE names, else gpu-pool.sqlite in GPUHUB_DATA_DIR.
+        from ..settings import SettingsError
+
+        try:
+            config.GPUPool.db_url = ledger_url(os.environ)
+        except SettingsError as e:
+            raise CLIError(str(e)) from None
+        found_by = (ENV_DB_URL_FILE if ledger_env(ENV_DB_URL_FILE) else
+                    "GPUHUB_DATA_DIR" if os.environ.get("GPUHUB_DATA_DIR", "").strip() else
                     "GPUHUB_DATA_DIR unset: the current directory")
         base_dir = None
     try:
@@ -438,6 +453,8 @@ def _agent(args) -> int:
 
     if not args.interval > 0:
         raise CLIError("--interval must be > 0 seconds")
+    if args.inventory not in AGENT_INVENTORIES:  # a default from GPUHUB_AGENT_INVENTORY
+        raise CLIError(f"GPUHUB_AGENT_INVENTORY={args.inventory!r} must be one of: {', '.join(AGENT_INVENTORIES)}")
     url = getattr(args, "db_url", None)
     if not url and args.db_url_file:
         try:

@@ -153,7 +153,8 @@ class GPUIdleCuller(IdleCuller):
 
     utilization_file = Unicode(
         "",
-        help="For the simulated inventory: the JSON file {uuid: percent} holding each GPU's utilization.",
+        help="For the simulated inventory: the JSON file holding each GPU's utilization (the format of "
+        "`SimulatedInventory.utilization_file`: {uuid: percent} or {uuid: {\"utilization\": percent, ...}}).",
     ).tag(config=True)
 
     aliases = {

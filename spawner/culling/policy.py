@@ -334,3 +334,17 @@ class CullerUtilization:
             if self.log is not None:
                 self.log.warning("Cannot read the utilization of GPU %s: %s", uuid, exc)
             return None
+
+    def reading(self, host: str, uuid: str) -> tuple[float | None, int | None]:
+        """(utilization %, memory in use in MiB) of one GPU, each None when unknown: what the pool
+        page and JupyterLab show (the culler itself reads only the utilization)."""
+        try:
+            inventory = self._inventory(host)
+            if self.kind == "swarm":
+                found = inventory.reading(uuid, host=host)  # one ledger read for both
+                return (found.utilization, found.memory_used_mib) if found else (None, None)
+            return inventory.utilization(uuid), inventory.memory_used_mib(uuid)
+        except Exception as exc:
+            if self.log is not None:
+                self.log.warning("Cannot read GPU %s: %s", uuid, exc)
+            return None, None

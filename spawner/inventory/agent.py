@@ -1,4 +1,5 @@
-"""`gpu-pool agent`: the per-node GPU agent that reports each GPU's utilisation to the ledger.
+"""`gpu-pool agent`: the per-node GPU agent that reports each GPU's utilisation and memory in use
+to the ledger.
 
 On Swarm the hub cannot read NVML on other nodes.  This small loop runs on each
 GPU node (a Swarm global service), reads the node's GPUs through the usual
@@ -32,17 +33,22 @@ class Agent:
         self.stopping = threading.Event()
         self._failing = False  # log an outage once, and its end
 
-    def sample(self) -> tuple[dict[str, float | None], str | None]:
-        """({uuid: utilization % or None}, the driver's CUDA version) of this node's GPUs."""
+    def sample(self) -> tuple[dict[str, dict], str | None]:
+        """({uuid: {"utilization": % or None, "memory_used_mib": MiB or None}}, the driver's CUDA
+        version) of this node's GPUs."""
         units = self.inventory.gpus()
         cuda = self.inventory.cuda_driver_version()
         readings = {}
         for gpu in units:
-            try:
-                readings[gpu.uuid] = self.inventory.utilization(gpu.uuid)
-            except Exception as exc:  # one GPU in error: unknown, the others still count
-                self.log.warning("Cannot read the utilization of GPU %s: %s", gpu.uuid, exc)
-                readings[gpu.uuid] = None
+            reading = {}
+            for key, read in (("utilization", self.inventory.utilization),
+                              ("memory_used_mib", self.inventory.memory_used_mib)):
+                try:
+                    reading[key] = read(gpu.uuid)
+                except Exception as exc:  # one GPU in error: unknown, the others still count
+                    self.log.warning("Cannot read the %s of GPU %s: %s", key.replace("_", " "), gpu.uuid, exc)
+                    reading[key] = None
+            readings[gpu.uuid] = reading
         return readings, (f"{cuda[0]}.{cuda[1]}" if cuda else None)
 
     def run_once(self) -> bool:

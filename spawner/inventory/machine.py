@@ -108,6 +108,10 @@ class Inventory(LoggingConfigurable):
         """Current GPU utilization in percent (0-100); None if unknown."""
         return None
 
+    def memory_used_mib(self, uuid: str) -> int | None:
+        """GPU memory in use now, in MiB (of `GPU.memory_mib`); None if unknown."""
+        return None
+
     def distance(self, uuid_a: str, uuid_b: str) -> int:
         """NVML topology level between two units: lower means closer (0 = same GPU)."""
         if uuid_a == uuid_b:
@@ -238,10 +242,14 @@ class SimulatedInventory(Inventory):
     utilization_file = Unicode(
         "",
         config=True,
-        help="""A JSON file {uuid: percent} giving each GPU's utilization.
+        help="""A JSON file giving each GPU's utilization, and optionally its memory in use.
 
-        Tests and demos write it to play a busy or idle GPU.  A missing file,
-        or a GPU missing from it, reads as 0 %.
+        Each value is either a percent (`{"GPU-...": 37}`) or an object with
+        the keys `utilization` (percent) and `memory_used_mib` (MiB in use):
+        `{"GPU-...": {"utilization": 37, "memory_used_mib": 1200}}`.  Tests and
+        demos write it to play a busy or idle GPU.  A missing file, or a GPU
+        missing from it, reads as 0 % and 0 MiB; a GPU given only a percent
+        reads as unknown memory.
         """,
     )
 
@@ -285,20 +293,37 @@ class SimulatedInventory(Inventory):
     def cuda_driver_version(self) -> tuple[int, int] | None:
         return parse_cuda_version(self.cuda_version)
 
-    def utilization(self, uuid: str) -> float | None:
+    def _reading(self, uuid: str) -> dict | None:
+        """{"utilization", "memory_used_mib"} of `uuid` from `utilization_file`; None when unknown."""
         if uuid not in {g.uuid for g in self.gpus()}:
             return None
+        idle = {"utilization": 0.0, "memory_used_mib": 0}
         if not self.utilization_file:
-            return 0.0
+            return idle
         try:
             with open(self.utilization_file) as f:
                 data = json.load(f)
+            value = data.get(uuid)
+            if value is None:
+                return idle
+            if isinstance(value, dict):  # {"utilization": 37, "memory_used_mib": 1200}
+                memory = value.get("memory_used_mib")
+                return {"utilization": float(value.get("utilization", 0.0)),
+                        "memory_used_mib": None if memory is None else int(memory)}
+            return {"utilization": float(value), "memory_used_mib": None}
         except FileNotFoundError:
-            return 0.0
-        except (OSError, ValueError) as e:
+            return idle
+        except (OSError, ValueError, TypeError, AttributeError) as e:
             self.log.warning("Cannot read utilization file %s: %s", self.utilization_file, e)
             return None
-        return float(data.get(uuid, 0.0))
+
+    def utilization(self, uuid: str) -> float | None:
+        reading = self._reading(uuid)
+        return None if reading is None else reading["utilization"]
+
+    def memory_used_mib(self, uuid: str) -> int | None:
+        reading = self._reading(uuid)
+        return None if reading is None else reading["memory_used_mib"]
 
     def distance(self, uuid_a: str, uuid_b: str) -> int:
         index = {g.uuid: g.index for g in self.gpus()}
@@ -444,6 +469,14 @@ class NVMLInventory(Inventory):
                 # NVML reports no utilization per MIG instance; the parent's is the best we have.
                 handle = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
             return float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nv.NVMLError:
+            return None
+
+    def memory_used_mib(self, uuid: str) -> int | None:
+        nv = self.nvml
+        try:
+            # A MIG instance's handle answers for its own memory slice.
+            return int(nv.nvmlDeviceGetMemoryInfo(self._handle(nv, uuid)).used // (1024 * 1024))
         except nv.NVMLError:
             return None
 

@@ -8,8 +8,8 @@ manager, so the admin types nothing twice.  Only nodes that are `ready` and
 listed as a host whose GPUs are missing, so the ledger lends none of them; a
 node back from down lends a GPU only once the task it was told to stop on it
 meanwhile has stopped.
-Live utilisation (and a node's driver CUDA version without a `gpu.cuda`
-label) comes from the per-node agent's readings in the ledger (spawner/inventory/agent.py).
+Live utilisation and memory in use (and a node's driver CUDA version without a `gpu.cuda`
+label) come from the per-node agent's readings in the ledger (spawner/inventory/agent.py).
 """
 
 from __future__ import annotations
@@ -193,10 +193,20 @@ class SwarmInventory(Inventory):
             self.log.warning("Cannot read the GPU agents' readings: %s", exc)
             return {}
 
+    def reading(self, uuid: str, host: str | None = None):
+        """The newest live reading (pool/gpu_readings.Reading) of GPU `uuid` (on `host`), or None."""
+        found = [r for (h, u), r in self._fresh(host).items() if u == uuid and (host is None or h == host)]
+        return min(found, key=lambda r: r.age_s) if found else None
+
     def utilization(self, uuid: str, host: str | None = None) -> float | None:
         """The newest live reading of GPU `uuid` (on `host`), or None when stale, missing or unknown."""
-        found = [r for (h, u), r in self._fresh(host).items() if u == uuid and (host is None or h == host)]
-        return min(found, key=lambda r: r.age_s).utilization if found else None
+        found = self.reading(uuid, host)
+        return found.utilization if found else None
+
+    def memory_used_mib(self, uuid: str, host: str | None = None) -> int | None:
+        """GPU `uuid`'s memory in use by the newest live reading, or None when stale, missing or unknown."""
+        found = self.reading(uuid, host)
+        return found.memory_used_mib if found else None
 
     def cuda_driver_version(self, host: str | None = None) -> tuple[int, int] | None:
         """The lowest driver CUDA version over the GPU nodes (or of `host`): what every node can run.

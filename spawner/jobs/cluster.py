@@ -96,6 +96,14 @@ def merge_logs(logs: list[tuple[int, str]]) -> str:
     return "\n".join(out) + ("\n" if out else "")
 
 
+def worker_log(merged: str, index: int) -> str:
+    """Worker `index`'s share of a merged log (merge_logs' output), unmarked: what an ended
+    cluster's `?worker=i` shows, its workers' containers being gone."""
+    mark = f"[worker {index}] "
+    lines = [line[len(mark):] for line in merged.splitlines() if line.startswith(mark)]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
 # ------------------------------------------------------------ the runner's steps
 
 

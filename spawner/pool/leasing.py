@@ -61,6 +61,19 @@ class PoolLeasing:
         req = self._make_request(user, server_name, count, groups, host, workers)
         self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets()))
 
+    def set_host_demand(self, demand: dict[str, int]) -> None:
+        """How many host-tagged profiles can use each host ({host: n}; hosts left out: 0).
+
+        A request then goes to the hosts fewer profiles ask for first (before best
+        fit), so GPUs that only some profiles may use (an A100 node) are lent last
+        to requests that could run anywhere.  The spawner sets it from its
+        profiles; it only orders placement, and changes no lease."""
+        if not isinstance(demand, dict) or not all(
+                isinstance(h, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                for h, n in demand.items()):
+            raise InvalidRequest("host demand must map host names to counts >= 0")
+        self._topology.demand = dict(demand)
+
     def try_acquire(
         self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None
     ) -> Lease | None:

@@ -6,7 +6,7 @@ function; `Topology` only caches the inventory's distances (NVML calls are slow)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ..inventory.machine import TOPOLOGY_SYSTEM, Inventory
 
@@ -25,6 +25,8 @@ class Topology:
         self.inventory = inventory
         self.log = log
         self._distance: dict[str, dict[str, dict[str, int]]] = {}
+        # host -> how many host-tagged profiles can use it (GPUPool.set_host_demand).
+        self.demand: dict[str, int] = {}
         self._neighbours: dict[str, dict[str, tuple[set[str], list[tuple[int, str]]]]] = {}
 
     def clear(self) -> None:
@@ -60,7 +62,7 @@ class Topology:
         return entry[1]
 
     def choose(self, free: Free, hosts: Iterable[str] | None, count: int) -> tuple[str, list[str]] | None:
-        return choose(free, hosts, count, self.distance, self.neighbours)
+        return choose(free, hosts, count, self.distance, self.neighbours, self.demand)
 
 
 def pick_on_host(
@@ -108,16 +110,21 @@ def choose(
     count: int,
     dist: Distance,
     neighbours: Callable[[str, str, set[str]], list[tuple[int, str]]] | None = None,
+    demand: Mapping[str, int] | None = None,
 ) -> tuple[str, list[str]] | None:
     """Pick a host and GPUs for `count` from `free`; None if none fits.
 
     A lease never spans hosts; best fit: the host with the fewest free GPUs
-    that still fits, keeping big blocks free for big requests.
+    that still fits, keeping big blocks free for big requests.  Before that,
+    the hosts that fewer host-tagged profiles ask for (`demand`: host -> how
+    many) come first, so a request that could run anywhere spends the GPUs
+    that only some profiles can use last.
     """
     fitting = [h for h in (hosts if hosts is not None else free) if len(free.get(h, ())) >= count]
     if not fitting:
         return None
-    host = min(fitting, key=lambda h: (len(free[h]), h))
+    asked = demand or {}
+    host = min(fitting, key=lambda h: (asked.get(h, 0), len(free[h]), h))
     return host, pick_on_host(host, free[host], count, dist, neighbours)
 
 

@@ -34,8 +34,9 @@ from .models import PoolUnavailable
 # 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;
 # 8: gpu_pool_waiters.workers and gpu_pool_jobs.workers/units (gangs, cluster jobs)
 # 8: gpu_pool_lease_hours and gpu_pool_decayed_use (history rolled up, so reads cost what their
-# period holds, not the history), gpu_pool_bookings
-SCHEMA_VERSION = 9
+# period holds, not the history), gpu_pool_bookings; 9: gpu_pool_readings.memory_used_mib
+# 10: gpu_pool_lent_hours (the pool's lent GPU-seconds per hour)
+SCHEMA_VERSION = 10
 NAME_MAX = 255
 
 
@@ -219,6 +220,7 @@ readings_table = Table(
     Column("host", String(NAME_MAX), primary_key=True),
     Column("uuid", String(128), primary_key=True),
     Column("utilization", Float),  # percent; NULL: the agent could not read it
+    Column("memory_used_mib", Integer),  # MiB in use; NULL: unknown (or an agent older than 9)
     Column("cuda_version", String(16)),  # the driver's, MAJOR.MINOR; NULL if unknown
     Column("at", UTCDateTime, nullable=False),
 )
@@ -346,8 +348,11 @@ def create_schema(conn) -> int | None:
                                          ("ix_gpu_pool_lease_gpus_ended", "gpu_pool_lease_gpus", "ended_at"),
                                          ("ix_gpu_pool_queue_log_left", "gpu_pool_queue_log", "left_at")):
                 conn.execute(text(f"CREATE INDEX IF NOT EXISTS {index} ON {table} ({column})"))
-        if int(version) == 8:
-            # 8 -> 9: the pool's lent GPU-seconds per hour, from the per-user hours (a ledger
+        if int(version) < 9:
+            # 8 -> 9: the agents' readings of GPU memory in use (unknown in the readings before).
+            _add_columns(conn, "gpu_pool_readings", {"memory_used_mib": "INTEGER"})
+        if 8 <= int(version) < 10:
+            # 8 or 9 -> 10: the pool's lent GPU-seconds per hour, from the per-user hours (a ledger
             # before 8 gets both from rollup.backfill).
             conn.execute(text("INSERT INTO gpu_pool_lent_hours (hour, gpu_seconds) SELECT hour, SUM(gpu_seconds) "
                               "FROM gpu_pool_usage_hours GROUP BY hour"))

@@ -45,7 +45,9 @@ AUDIT_ROWS = 20
 class GPUsAPI(APIHandler):
     async def get(self):
         viewer = self.require_viewer()
-        self.write_json({"gpus": views.gpu_rows(await self.call(self.pool.gpus), viewer)})
+        gpus = views.gpu_rows(await self.call(self.pool.gpus), viewer)
+        await insight.fill_readings(self, gpus)  # utilisation and memory in use, as the page shows
+        self.write_json({"gpus": gpus})
 
 
 class QueueAPI(APIHandler):
@@ -155,9 +157,19 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
     )
 
 
+def bridge_ip(app: web.Application, env=os.environ) -> str:
+    """The hub's address on the containers' network, where the notebook servers reach the service
+    (their JupyterLab's GPU status, their jobs); "" when it listens on 127.0.0.1 only."""
+    from ..settings.pool_service import BRIDGE_ENV
+
+    runner = app.settings.get("jobs")
+    return env.get(BRIDGE_ENV, "") or (runner.settings.bridge_ip if runner is not None else "")
+
+
 async def serve(app: web.Application, port: int) -> None:
-    """Listen on 127.0.0.1:`port` until SIGINT or SIGTERM (the hub stops services with SIGINT,
-    even when it was started with SIGINT ignored)."""
+    """Listen on 127.0.0.1:`port`, and for the containers on the hub's bridge address, until
+    SIGINT or SIGTERM (the hub stops services with SIGINT, even when it was started with SIGINT
+    ignored)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -166,9 +178,16 @@ async def serve(app: web.Application, port: int) -> None:
     server = HTTPServer(app, xheaders=True)
     server.listen(port, "127.0.0.1")
     log.info("GPU pool page on http://127.0.0.1:%s%s", port, app.settings["prefix"])
-    stop_jobs = await jobs_api.start_jobs(app, port)
+    bridge, address = None, bridge_ip(app)
+    if address:
+        bridge = HTTPServer(app)  # no xheaders: containers cannot claim another address
+        bridge.listen(port, address)
+        log.info("For the notebook servers on http://%s:%s%s", address, port, app.settings["prefix"])
+    stop_jobs = await jobs_api.start_jobs(app)
     await stop.wait()
     server.stop()
+    if bridge is not None:
+        bridge.stop()
     await stop_jobs()
     watchdog.cancel()
     log.info("GPU pool page stopped")

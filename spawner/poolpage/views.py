@@ -59,7 +59,9 @@ def gpu_row(status: GPUStatus, viewer: Viewer) -> dict:
         "lease_id": lease.id if lease is not None else None,
         # Why a lease stays lent (a quiet Swarm node, a container that will not stop).
         "problem": (lease.problem or None) if lease is not None else None,
-        "utilization": None,  # percent, where NVML gives it (filled by the app)
+        # The pool's readings, where something gives them (NVML, the agents; filled by the app).
+        "utilization": None,  # percent
+        "memory_used_mib": None,  # MiB in use (of memory_mib)
         "yours": lease is not None and lease.user == viewer.name,
     }
 

@@ -65,7 +65,10 @@ def apply_settings(c, settings: Settings) -> None:
         c.JupyterHub.ssl_cert = settings.ssl_cert
         c.JupyterHub.ssl_key = settings.ssl_key
     c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
-    c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+    c.JupyterHub.cookie_secret_file = settings.cookie_secret_file or str(data / "jupyterhub_cookie_secret")
+    if settings.crypt_keys:
+        # JUPYTERHUB_CRYPT_KEY_FILE (a Docker secret): JupyterHub reads only the variable itself.
+        c.CryptKeeper.keys = list(settings.crypt_keys)
     c.JupyterHub.cleanup_servers = settings.cleanup_servers
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")

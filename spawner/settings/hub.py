@@ -18,6 +18,7 @@ from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
 from ..ssh.settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
 from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
+from .secret_files import private_file, secret_setting, with_secret_files
 
 DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
 DEFAULT_GPU_IMAGE = "gpuhub/notebook-cuda:latest"
@@ -60,6 +61,9 @@ class Settings:
     max_gpus_per_user: int | None = None
     gpu_hour_budget: float | None = None  # GPUHUB_GPU_HOUR_BUDGET: GPU-hours per user per 7 days
     cleanup_servers: bool = True
+    cookie_secret_file: str = ""  # GPUHUB_COOKIE_SECRET_FILE: c.JupyterHub.cookie_secret_file (a Docker secret)
+    # From JUPYTERHUB_CRYPT_KEY_FILE only (JupyterHub reads JUPYTERHUB_CRYPT_KEY itself): c.CryptKeeper.keys.
+    crypt_keys: tuple[str, ...] = field(default=(), repr=False)
     cull: bool = True
     cull_timeout_cpu: int = 3600
     cull_timeout_gpu: int = 900
@@ -180,12 +184,16 @@ def data_dir_setting(env: Mapping[str, str]) -> Path:
 
 def ledger_url(env: Mapping[str, str]) -> str:
     """The one rule for where the GPU ledger is, for the hub and every command beside it:
-    GPUHUB_POOL_DB_URL, else the SQLite file gpu-pool.sqlite in GPUHUB_DATA_DIR."""
-    return ledger_env(ENV_DB_URL, env) or f"sqlite:///{data_dir_setting(env) / LEDGER_FILE}"
+    GPUHUB_POOL_DB_URL (or the file GPUHUB_POOL_DB_URL_FILE names, a Docker secret), else the
+    SQLite file gpu-pool.sqlite in GPUHUB_DATA_DIR."""
+    from_file = secret_setting(env, ENV_DB_URL)
+    return from_file or ledger_env(ENV_DB_URL, env) or f"sqlite:///{data_dir_setting(env) / LEDGER_FILE}"
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    env = os.environ if env is None else env
+    given = os.environ if env is None else env
+    # Secrets given as files (Docker secrets: GPUHUB_POOL_DB_URL_FILE, JUPYTERHUB_CRYPT_KEY_FILE).
+    env = with_secret_files(given)
     data_dir = data_dir_setting(env)
 
     bind_url = env.get("GPUHUB_BIND_URL", "").strip() or Settings.bind_url
@@ -206,6 +214,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if authenticator == "dummy" and not dummy_password:
         raise SettingsError(
             "GPUHUB_AUTHENTICATOR=dummy needs GPUHUB_DUMMY_PASSWORD (a shared password; for tests only)")
+    crypt_keys: tuple[str, ...] = ()
+    if given.get("JUPYTERHUB_CRYPT_KEY_FILE", "").strip():
+        check_crypt_key(env)
+        crypt_keys = tuple(k.strip() for k in env["JUPYTERHUB_CRYPT_KEY"].split(";") if k.strip())
     directory = None
     if authenticator == "ldap":
         directory = load_directory_settings(env)
@@ -288,6 +300,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         gpu_hour_budget=(env_float(env, "GPUHUB_GPU_HOUR_BUDGET", 0.0, minimum=0.0)
                          if env.get("GPUHUB_GPU_HOUR_BUDGET", "").strip() else None),
         cleanup_servers=env_bool(env, "GPUHUB_CLEANUP_SERVERS", True),
+        cookie_secret_file=private_file(env, "GPUHUB_COOKIE_SECRET_FILE"),
+        crypt_keys=crypt_keys,
         cull=env_bool(env, "GPUHUB_CULL", True),
         cull_timeout_cpu=cull_cpu,
         cull_timeout_gpu=cull_gpu,

@@ -19,12 +19,13 @@ from ..jobs.limits import JobLimits
 from ..jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
 from ..poolpage import SERVICE_NAME
 from ..profiles import DEFAULT_PROFILES
-from .pool_service import ACCESS_SCOPE, SERVICE_ROLE
+from .pool_service import SERVER_TOKEN_SCOPES as POOL_SERVER_TOKEN_SCOPES
+from .pool_service import SERVICE_ROLE
 
 # What the service's own token needs besides the pool page's: users' groups and directory identity.
 JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
-# JupyterHub's `server` role, plus submitting jobs to the gpu-pool service.
-SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", JOBS_SCOPE, ACCESS_SCOPE]
+# What the pool page gives the servers' tokens (asking the gpu-pool service), plus submitting jobs.
+SERVER_TOKEN_SCOPES = [*POOL_SERVER_TOKEN_SCOPES, JOBS_SCOPE]
 
 
 def job_limits(c) -> dict:
@@ -141,10 +142,10 @@ def configure_jobs(c, settings) -> None:
         services.append(spec)
     section.services = services
 
-    # Notebook servers submit jobs with their own token, to the service's bridge address;
-    # their JupyterLab reads its GPU status there too (images/jupyter/gpuhub_activity/lab.py).
-    c.GPUDockerSpawner.server_token_scopes = SERVER_TOKEN_SCOPES
+    # Notebook servers submit jobs with their own token, to the service's bridge address, where
+    # the pool page's configuration has it listen for them (pool_service.configure_servers).
+    c.GPUDockerSpawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
     if js.bridge_ip:
         url = f"http://{js.bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"
         # update(): merges with what others add (the culler's), whether set or lazy.
-        c.GPUDockerSpawner.environment.update({"GPUHUB_JOBS_URL": url, "GPUHUB_POOL_URL": url})
+        c.GPUDockerSpawner.environment.update({"GPUHUB_JOBS_URL": url})

@@ -26,6 +26,12 @@ ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
 # the privileged roles go to these, never to a group named after a directory group's name.
 ADMIN_GROUP = "gpu-pool:admin"
 EXEC_GROUP = "gpu-pool:exec"
+# JupyterHub's `server` role, plus asking the gpu-pool service (JupyterLab's GPU status, through
+# images/jupyter/gpuhub_activity/lab.py); jobs add their own scope to it (settings/jobs.py).
+SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", ACCESS_SCOPE]
+# The service's environment variable naming the hub's address on the containers' network
+# (the Docker bridge, or the Swarm overlay), where it also listens for the notebook servers.
+BRIDGE_ENV = "GPUHUB_POOL_BRIDGE_IP"
 
 
 def role_groups(settings) -> dict[str, list[str]]:
@@ -101,6 +107,9 @@ def configure_pool_page(c, settings) -> None:
     section.custom_scopes = custom
     environment = service_environment(settings)
     hand_over(c, settings, environment)  # c.PoolServiceLimits
+    bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
+    if bridge_ip:
+        environment[BRIDGE_ENV] = bridge_ip
     section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "display": True,
@@ -154,3 +163,15 @@ def configure_pool_page(c, settings) -> None:
     base_url = section.base_url if "base_url" in section else "/"
     template_vars["gpu_pool_url"] = url_path_join(base_url, "services", SERVICE_NAME) + "/"
     section.template_vars = template_vars
+    configure_servers(c, settings, bridge_ip)
+
+
+def configure_servers(c, settings, bridge_ip: str) -> None:
+    """What the notebook servers need to ask the service (their JupyterLab's GPU status): a token
+    that may, and where it listens for them (the hub's bridge address; on Swarm, the overlay's).
+    Without a bridge address (`gpu-pool --config` outside the hub) the servers get no URL."""
+    c.GPUDockerSpawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
+    if bridge_ip:
+        url = f"http://{bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"
+        # update(): merges with what others add (the culler's), whether set or lazy.
+        c.GPUDockerSpawner.environment.update({"GPUHUB_POOL_URL": url})

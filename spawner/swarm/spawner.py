@@ -30,6 +30,8 @@ from ..pool.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
 from .homes import make_home_directory
+from .lockdown import SPEC_API, refused_nodes, version_tuple
+from .stopping import ask_server_to_exit
 from .tasks import DOWN_NODES, LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
 
 SQLITE_REFUSED = ("gpu-swarm lends the GPUs of several hosts from one ledger, which must be "
@@ -107,6 +109,8 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
 
     # Containers behind services are always removed with the service.
     remove = True
+    # node id -> (hostname, why) of the nodes no server may run on (see _check_lockdown).
+    _refused_nodes: dict[str, tuple[str, str]] = {}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -125,15 +129,32 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     # ---------------------------------------------------------------- profiles
 
     def lease_hosts(self, profile: Profile) -> list[str] | None:
-        """The GPU nodes whose labels match the profile's `node_labels` (None: any node)."""
+        """The GPU nodes whose labels match the profile's `node_labels` (None: any node), less
+        those that would run the server without no-new-privileges (swarm/lockdown.py)."""
         wanted = dict(profile.node_labels)
-        if not wanted:
-            return None
-        hosts = self.pool.inventory.hosts_matching(wanted)
-        if not hosts:
+        hosts = self.pool.inventory.hosts_matching(wanted)  # every GPU node when nothing is wanted
+        if wanted and not hosts:
             raise web.HTTPError(409, f"No GPU node carries the labels {wanted} that profile "
                                 f"{profile.display_name!r} asks for. Ask an administrator.")
-        return hosts
+        refused = {host: why for host, why in self._refused_nodes.values() if host in hosts}
+        if not refused:
+            return hosts if wanted else None
+        allowed = [h for h in hosts if h not in refused]
+        if not allowed:
+            why = "; ".join(f"{h}: {refused[h]}" for h in hosts if h in refused)
+            raise web.HTTPError(409, f"No GPU node that profile {profile.display_name!r} may use runs "
+                                f"servers with no-new-privileges ({why}). Ask an administrator: "
+                                "`gpu-pool doctor` on the Swarm manager names the fix.")
+        return allowed
+
+    async def _check_lockdown(self, image: str) -> None:
+        """Which nodes may not run servers (their tasks would lack no-new-privileges); logged there."""
+        try:
+            self._refused_nodes = await refused_nodes(self.client, image, self.prefix, self.log)
+        except Exception as exc:  # the manager did not answer: nothing is placed unchecked
+            self.log.error("Could not check the Swarm nodes' lock-down: %s", exc)
+            raise web.HTTPError(503, "The Swarm manager did not answer, so no node could be checked for "
+                                "your server; try again in a minute.") from None
 
     async def _render_options_form(self) -> str:
         """The spawn form; a profile limited to some nodes shows the free GPUs of those nodes."""
@@ -149,11 +170,23 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
                 per_profile[profile.slug] = counts_of([st for st in statuses if st.gpu.host in hosts], 0)
         return options_form_html(allowed, self.default_profile, counts_of(statuses, 0), per_profile)
 
+    def host_demand(self) -> dict[str, int]:
+        """GPU node -> how many of the configured host-tagged profiles can use it: a profile
+        that names no labels spends the GPUs fewer such profiles ask for first."""
+        demand: dict[str, int] = {}
+        for profile in self._profiles:
+            if profile.gpus and profile.node_labels:
+                for host in self.pool.inventory.hosts_matching(dict(profile.node_labels)):
+                    demand[host] = demand.get(host, 0) + 1
+        return demand
+
     async def lease_for_start(self, profile: Profile) -> None:
         # Nodes that joined, left, went down or were drained reach the ledger first.
         inventory = self.pool.inventory
         inventory.forget_cache()
         await self._ledger(self.pool.sync_inventory)
+        self.pool.set_host_demand(await asyncio.to_thread(self.host_demand))
+        await self._check_lockdown(profile.image)
         await super().lease_for_start(profile)
 
     # ---------------------------------------------------------------- service
@@ -184,6 +217,10 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
                 "image": self.image, "args": await self.get_command(), "env": env, "user": f"{uid}:{gid}",
                 "labels": labels, "mounts": self._mounts(uid, gid),
                 "cap_add": None, "cap_drop": hardening["cap_drop"]}
+        container_spec = ContainerSpec(**spec)
+        if version_tuple((await self.docker("version")).get("ApiVersion")) >= SPEC_API:
+            # Docker 25+: the task asks for it itself; older nodes are checked (swarm/lockdown.py).
+            container_spec["Privileges"] = {**(container_spec.get("Privileges") or {}), "NoNewPrivileges": True}
         resources = Resources(
             mem_limit=self.mem_limit, mem_reservation=self.mem_guarantee,
             cpu_limit=int(self.cpu_limit * 1e9) if self.cpu_limit else None,
@@ -193,8 +230,10 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         limits = self.container_limits
         resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
         constraints = [f"node.hostname=={self.gpu_host}"] if self.gpu_uuids else list(self.cpu_constraints)
+        # Never on a node whose tasks would run without no-new-privileges (or that was not checked).
+        constraints += [f"node.id!={node}" for node in sorted(self._refused_nodes)]
         task = TaskTemplate(
-            container_spec=ContainerSpec(**spec), resources=resources,
+            container_spec=container_spec, resources=resources,
             # A server that exits stays exited: the hub sees it die and its lease ends.  With
             # the generic-resource guard, Swarm may reject a first task and needs retries.
             restart_policy=(RestartPolicy(condition="on-failure", max_attempts=3)
@@ -270,6 +309,12 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             raise RuntimeError(f"Service {self.service_name} has no address on {self.network_name}")
         return ip, self.port
 
+    async def stop(self, now=False):
+        # Asked first, the server exits before Swarm's slow task shutdown (swarm/stopping.py).
+        if not now:
+            await ask_server_to_exit(self)
+        await super().stop(now=now)
+
     async def run_post_stop_hook(self):
         # JupyterHub skips stop() for a server that poll found dead (a task that
         # exited, a node that went down): its service still exists.  Remove it,
@@ -295,6 +340,8 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         self._emit(50, "Preparing your home")
         await self._make_home_directory(profile.image, uid, gid)
         await prepare_home_volume(self, profile.image, uid, gid)
+        if not self.gpu_uuids:
+            await self._check_lockdown(profile.image)
         where = f" on {self.gpu_host}" if self.gpu_host else ""
         self._emit(60, f"Creating your service from {profile.image}{where}")
         result = await SwarmSpawner.start(self)

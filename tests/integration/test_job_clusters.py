@@ -7,7 +7,12 @@ together: the chief's exit 0 is success, any worker's failure ends them all.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import threading
+
+import requests
 
 from ..fixtures.hub import Hub, wait_for
 from .test_gpu_spawner import visible_devices
@@ -21,6 +26,81 @@ def worker_leases(hub: Hub, job_id: int) -> list:
 
 def cluster_networks(hub: Hub, docker_client, job_id: int) -> list:
     return docker_client.networks.list(names=[f"{hub.prefix}-job-{job_id}-net"])
+
+
+def follow_log(hub: Hub, token: str, job_id: int, into: list) -> threading.Thread:
+    """A follower of the job's whole log (?follow=1) on a thread: what it read lands in `into`."""
+    def read():
+        with requests.get(f"{hub.url}/services/gpu-pool/api/jobs/{job_id}/logs?follow=1", stream=True,
+                          headers={"Authorization": f"token {token}"}, timeout=(10, 900)) as r:
+            into.append(r.status_code)
+            into.append(b"".join(r.iter_content(None)).decode(errors="replace"))
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_two_worker_cluster_trains_one_epoch_and_the_chiefs_model_lands_in_the_home(
+        make_hub, docker_client, mkl_image):
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_GPU_IMAGE": mkl_image})
+    pat = tokens["pat"]
+    # Each worker says what it was given, then trains its share (gRPC finds the peer by its name).
+    command = ["sh", "-c", 'echo "gpus=$NVIDIA_VISIBLE_DEVICES tf_config=$TF_CONFIG"; exec python train.py '
+               "--strategy multiworker --epochs 1 --model_path model-2w.keras"]
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "workdir": "tensorflow-examples", "command": command,
+                          "workers": 2})
+    assert j["workers"] == 2
+    followed: list = []
+    follower = follow_log(hub, pat, j["id"], followed)
+    running = wait_state(hub, pat, j["id"], ("running", "succeeded", "failed"), timeout=120)
+    assert [u["worker"] for u in running["units"]] == [0, 1]
+    names = [f"{hub.prefix}-job-{j['id']}-w{i}" for i in (0, 1)]
+    containers = {c.name: c for c in job_containers(hub, docker_client, j["id"])}
+    if running["state"] == "running" and set(names) <= set(containers):
+        for name in names:
+            container = containers[name]
+            container.reload()
+            host = container.attrs["HostConfig"]
+            assert host["NetworkMode"] == f"{hub.prefix}-job-{j['id']}-net"  # only the cluster's network
+            assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+            assert container.attrs["Config"]["User"] == "1000:100"
+        [net] = cluster_networks(hub, docker_client, j["id"])
+        assert net.attrs["Internal"]
+    done = wait_state(hub, pat, j["id"], ("succeeded", "failed"), timeout=900)
+    logs = jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text
+    assert done["state"] == "succeeded", (done, logs[-3000:])
+    # Each worker saw exactly its own leased GPU and a TF_CONFIG naming both, by stable names.
+    leases = worker_leases(hub, j["id"])
+    assert [l.server_name for l in leases] == [f"job/{j['id']}/worker-0", f"job/{j['id']}/worker-1"]
+    assert {l.end_reason for l in leases} == {"job-finished"}
+    for i, lease in enumerate(leases):
+        seen = re.search(rf"^\[worker {i}\] gpus=(\S*) tf_config=(.*)$", logs, re.M)
+        assert seen, logs[-3000:]
+        assert seen.group(1) == ",".join(lease.gpu_uuids) == ",".join(done["units"][i]["gpus"])
+        config = json.loads(seen.group(2))
+        assert config == {"cluster": {"worker": [f"{n}:2222" for n in names]}, "task": {"type": "worker", "index": i}}
+    assert len({u for l in leases for u in l.gpu_uuids}) == 2
+    assert "[worker 0] test accuracy" in logs and "model saved to" in logs
+    assert "[worker 1] test accuracy" in logs and "leaves the model to the chief" in logs
+    one = jobs_api(hub, "GET", f"/{j['id']}/logs?worker=1", pat)
+    assert one.status_code == 200 and "[worker" not in one.text and "leaves the model" in one.text
+    assert jobs_api(hub, "GET", f"/{j['id']}/logs?worker=2", pat).status_code == 400
+    # The follower saw both workers' lines as they came, each whole and marked, and ended with the cluster.
+    follower.join(timeout=60)
+    assert not follower.is_alive() and followed[0] == 200, followed
+    lines = followed[1].splitlines()
+    assert lines and all(re.match(r"\[worker [01]\] ", line) for line in lines), followed[1][-2000:]
+    assert any(l.startswith("[worker 0] test accuracy") and "model saved to" in l for l in lines)
+    assert any(l.startswith("[worker 1] test accuracy") and "leaves the model" in l for l in lines)
+    wait_for(lambda: not job_containers(hub, docker_client, j["id"]), hub=hub, what="its containers removed")
+    wait_for(lambda: not cluster_networks(hub, docker_client, j["id"]), hub=hub, what="its network removed")
+    # The chief's model is in the user's home, where their notebook sees it.
+    hub.start_server("pat", {"profile": "tf-cpu"})
+    from .test_gpu_spawner import container_of
+
+    code, out = container_of(hub, docker_client, "pat").exec_run(
+        ["ls", "-l", "/home/jovyan/tensorflow-examples/model-2w.keras"])
+    assert code == 0, out
 
 
 HOSTILE_WORKERS = [

@@ -1,14 +1,17 @@
 """GPU JupyterHub inside JupyterLab, in real Chromium against a real hub (images/jupyter).
 
 pat's JupyterLab shows, in its status bar, the GPU pat's server was lent (index, model,
-the pool's utilisation reading) and "culled in N min if idle", with the very deadline the
+the pool's utilisation and memory readings, the numbers the pool page's API gives) and
+"culled in N min if idle", with the very deadline the
 culler applies (the hub's last_activity of the server plus the GPU idle limit).  The
 panel shows the same with a chart, the lease, and that busy kernels count; the warning
 before the cull appears (the idle limit is shorter than the warning time), and its
 "Keep my server" moves the hub's last_activity and the deadline.  bob's lease, on
 another GPU, is never in pat's lab or in pat's answer of the pool service; when an admin
-drains pat's GPU, pat's lab says so; cy's CPU server says "no GPU".  Screenshots of the status item, the panel and the warning go to
-test-artifacts/test_lab_extension_in_chromium/.
+drains pat's GPU, pat's lab says so, and when an admin ends pat's lease, pat's lab says so
+as the server stops; cy's CPU server says "no GPU".  The hub runs without batch jobs: the
+status comes from the pool page's own listener for the servers.  Screenshots of the status
+item, the panel, the warning and the notices go to test-artifacts/test_lab_extension_in_chromium/.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def shows_deadline(browser, hub, user: str, timeout: int = GPU_TIMEOUT) -> bool:
 def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     utilization = tmp_path / "utilization.json"
     utilization.write_text("{}")
-    hub = make_hub(env={**ADMIN_ENV, "GPUHUB_CULL": "true", "GPUHUB_CULL_TIMEOUT_GPU": str(GPU_TIMEOUT),
+    hub = make_hub(env={**ADMIN_ENV, "GPUHUB_JOBS": "false", "GPUHUB_CULL": "true", "GPUHUB_CULL_TIMEOUT_GPU": str(GPU_TIMEOUT),
                         "GPUHUB_CULL_TIMEOUT_CPU": str(CPU_TIMEOUT), "GPUHUB_GPU_IDLE_PERCENT": "0",
                         "GPUHUB_SIMULATED_UTILIZATION_FILE": str(utilization)})
     for name in ("pat", "bob", "cy", "ada"):
@@ -72,7 +75,8 @@ def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     hub.start_server("pat", {"profile": "tf-gpu-1"})
     leases = {l.user: l for l in hub.ledger().leases()}
     [pat_gpu], [bob_gpu] = leases["pat"].gpu_uuids, leases["bob"].gpu_uuids
-    utilization.write_text(json.dumps({pat_gpu: 42, bob_gpu: 97}))
+    # pat's GPU with its memory in use (1229 MiB of 16 GiB), bob's as a plain percent
+    utilization.write_text(json.dumps({pat_gpu: {"utilization": 42, "memory_used_mib": 1229}, bob_gpu: 97}))
 
     pat = browser("pat")
     log_in(pat, hub, "pat", DUMMY_PASSWORD)
@@ -80,6 +84,8 @@ def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     # the leased GPU, the pool's reading of it, and the culler's deadline
     pat.wait(lambda d: "42%" in status_item(pat)["text"], 90,
              f"the status item never showed pat's GPU at 42%: {status_item(pat)}")
+    pat.wait(lambda d: "1.2 / 16 GiB" in status_item(pat)["text"], 30,
+             f"the status item never showed pat's GPU memory in use: {status_item(pat)}")
     shown = status_item(pat)
     assert shown["gpus"] == pat_gpu and "culled in" in shown["text"] and "if idle" in shown["text"]
     index = next(g.gpu.index for g in hub.ledger().gpus() if g.gpu.uuid == pat_gpu)
@@ -93,6 +99,11 @@ def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     assert bob_gpu not in pat.driver.page_source and "97%" not in pat.driver.page_source
     mine = page_api(hub, "GET", "api/lab", hub.user_token("pat")).json()
     assert [g["uuid"] for g in mine["lease"]["gpus"]] == [pat_gpu] and bob_gpu not in json.dumps(mine)
+    # the same numbers as the pool page's API
+    rows = {g["uuid"]: g for g in page_api(hub, "GET", "api/gpus", hub.user_token("pat")).json()["gpus"]}
+    assert (rows[pat_gpu]["utilization"], rows[pat_gpu]["memory_used_mib"]) == (42, 1229)
+    assert (rows[bob_gpu]["utilization"], rows[bob_gpu]["memory_used_mib"]) == (97, None)
+    assert mine["lease"]["gpus"][0]["memory_used_mib"] == 1229 and mine["ending"] is None
 
     # the panel: the GPU with its chart, the lease, the busy-kernel rule, the pool
     click(pat, "#gpuhub-status")
@@ -132,6 +143,16 @@ def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     assert "drained by an admin" in text_of(pat, "#gpuhub-panel")
     pat.shot("5-drained-notice")
 
+    # an admin ends pat's lease: the server stops, and as it stops pat's lab says why
+    r = page_api(hub, "POST", f"api/leases/{leases['pat'].id}/end", hub.user_token("ada"))
+    assert r.status_code == 200, r.text
+    pat.wait(lambda d: "An admin ended the GPU lease" in text_of(pat, ".Toastify"), 60,
+             f"no notice that an admin ended the lease: {text_of(pat, '.Toastify')!r}")
+    hub.wait_stopped("pat")
+    wait_for(lambda: hub.ledger().lease(leases["pat"].id).end_reason == "admin", timeout=60,
+             what="pat's lease ended by the admin", hub=hub)
+    pat.shot("6-lease-ended-notice")
+
     # a CPU server: no GPU
     hub.start_server("cy", {"profile": "tf-cpu"})
     cy = browser("cy")
@@ -142,4 +163,4 @@ def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     assert "if idle" in status_item(cy)["text"]
     cy.wait(lambda d: shows_deadline(cy, hub, "cy", CPU_TIMEOUT), 60,
             f"cy's deadline {status_item(cy)['deadline']} is not the culler's (CPU limit)")
-    element_shot(cy, "#gpuhub-status", "6-cpu-status-item")
+    element_shot(cy, "#gpuhub-status", "7-cpu-status-item")

@@ -1,5 +1,6 @@
 """What everyone sees live on the pool page, against a real hub, ledger and Docker: the
-estimated wait of a queued spawn, each GPU's utilization, when an idle server is culled."""
+estimated wait of a queued spawn, each GPU's utilization and memory in use, when an idle server
+is culled."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def test_queue_estimates_utilization_and_cull_deadlines(make_hub, tmp_path):
     hub.start_server("pat", {"profile": "tf-gpu-2"})
     hub.start_server("bob", {"profile": "tf-gpu-2"})
     gpus = page_api(hub, "GET", "api/gpus", pat).json()["gpus"]
-    utilization.write_text(json.dumps({g["uuid"]: 37 + i for i, g in enumerate(gpus)}))
+    # The first GPU with its memory in use (the simulated file's object form), the others a percent.
+    utilization.write_text(json.dumps({g["uuid"]: {"utilization": 37, "memory_used_mib": 1229} if i == 0 else 37 + i
+                                       for i, g in enumerate(gpus)}))
 
     # cy's spawn waits for a GPU: every GPU comes back after a typical (2 h) lease
     r = hub.api("POST", "/users/cy/server", json={"profile": "tf-gpu-1"})
@@ -50,9 +53,13 @@ def test_queue_estimates_utilization_and_cull_deadlines(make_hub, tmp_path):
     assert row["yours"] and row["estimate"].endswith("(estimate)") and 7000 < row["estimate_s"] <= 7200
     assert "estimate" in wait["note"].lower()
     assert sorted(wait["utilization"].values()) == [37, 38, 39, 40]
+    assert wait["memory_used_mib"] == {g["uuid"]: 1229 if i == 0 else None for i, g in enumerate(gpus)}
+    rows = page_api(hub, "GET", "api/gpus", cy).json()["gpus"]
+    assert [(g["utilization"], g["memory_used_mib"]) for g in rows] == [(37, 1229), (38, None), (39, None), (40, None)]
     page = page_api(hub, "GET", "", cy).text
     assert "about 2.0 h (estimate)" in page and 'id="estimate-note"' in page
     assert "37 %" in page
+    assert "1.2 / 16.0 GiB" in page and page.count("/ 16.0 GiB") == 1  # unknown memory: the total only
     # Never another user's name (as a word: the job form's `--model_path` is no leak).
     named = [m.group(0) for m in re.finditer(r".{40}\b(bob|pat)\b.{40}", page, re.S)]
     assert not named, named

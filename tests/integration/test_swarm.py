@@ -111,6 +111,34 @@ def test_queue_across_the_cluster_and_tagged_profiles(make_swarm_hub, swarm_clus
     assert len({(l.host, u) for l in leases for u in l.gpu_uuids}) == 4  # no GPU lent twice
 
 
+# In a server's task: its own in-lab GPU status (gpuhub_activity), asked as its JupyterLab asks it.
+OWN_LAB_STATUS = """python3 -c '
+import json, os, urllib.parse, urllib.request
+port = urllib.parse.urlparse(os.environ["JUPYTERHUB_SERVICE_URL"]).port or 8888
+url = f"http://127.0.0.1:{port}" + os.environ["JUPYTERHUB_SERVICE_PREFIX"].rstrip("/") + "/gpuhub/status"
+request = urllib.request.Request(url, headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]})
+print(urllib.request.urlopen(request, timeout=30).read().decode())
+'"""
+
+
+def test_jupyterlabs_gpu_status_reaches_the_pool_service_over_the_overlay_with_jobs_off(
+        make_swarm_hub, swarm_cluster, notebook_image):
+    hub = make_swarm_hub(profiles_config(notebook_image), env={"GPUHUB_POOL_PAGE": "true", "GPUHUB_JOBS": "false"})
+    from .test_poolpage import wait_for_page
+
+    hub.create_user("pat")
+    wait_for_page(hub, hub.user_token("pat"))
+    hub.start_server("pat", {"profile": "a100"})
+    state = lease_of(hub, "pat")
+    # The server's task runs on a worker node: it reaches the service on the hub's overlay address
+    # (without the listener there it answers {"available": false, "message": "... did not answer"}).
+    status = json.loads(in_task(swarm_cluster, hub, "pat", OWN_LAB_STATUS))
+    assert status["available"], status
+    assert status["user"] == "pat" and status["jobs"] is None  # jobs are off
+    assert [g["uuid"] for g in status["lease"]["gpus"]] == state["gpu_uuids"]
+    assert status["lease"]["host"] == state["gpu_host"]
+
+
 def test_home_follows_the_user_to_another_node(make_swarm_hub, swarm_cluster, notebook_image):
     hub = make_swarm_hub(profiles_config(notebook_image))
     hub.create_user("roamer")

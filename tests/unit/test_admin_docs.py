@@ -45,5 +45,6 @@ def test_the_ports_page_has_every_port_with_its_default_and_where_it_listens():
             name = f"GPUHUB_{f.name.upper()}"
             assert any(name in row and f"`{f.default}`" in row for row in rows), name
     assert any("GPUHUB_BIND_URL" in row and Settings.bind_url in row for row in rows)
-    jobs = next(row for row in rows if row.startswith("| the jobs API"))
-    assert "bridge" in jobs and "GPUHUB_POOL_PAGE_PORT" in jobs
+    # The servers' door to the gpu-pool service (JupyterLab's GPU status, and the jobs API).
+    jobs = next(row for row in rows if row.startswith("| the in-lab GPU status and the jobs API"))
+    assert "bridge" in jobs and "GPUHUB_POOL_PAGE_PORT" in jobs and "GPUHUB_POOL_URL" in jobs

@@ -73,6 +73,39 @@ def test_one_pass_records_each_gpus_utilization_and_the_drivers_cuda_version(poo
     assert {k[1]: r.utilization for k, r in pool.gpu_readings(60).items()} == {gpu0: 0.0, gpu1: 50.0}
 
 
+def test_memory_in_use_travels_from_the_node_to_the_hubs_readers(pool, node_a):
+    inv, path = node_a
+    gpu0, gpu1 = (g.uuid for g in inv.gpus())
+    path.write_text(json.dumps({gpu0: {"utilization": 37, "memory_used_mib": 1200}, gpu1: 5}))
+    Agent(pool, inv, interval=1).run_once()
+    readings = pool.gpu_readings(60)
+    assert {k[1]: (r.utilization, r.memory_used_mib) for k, r in readings.items()} == {
+        gpu0: (37.0, 1200), gpu1: (5.0, None)}
+    # SwarmInventory and the pool page's reader see what the agent wrote.
+    inv_swarm = swarm(pool)
+    assert inv_swarm.memory_used_mib(gpu0, host="node-a") == 1200
+    assert inv_swarm.memory_used_mib(gpu1, host="node-a") is None
+    reader = CullerUtilization("swarm", 0, "", logging.getLogger("test"), readings=pool.gpu_readings)
+    assert reader.reading("node-a", gpu0) == (37.0, 1200)
+    assert reader.reading("node-b", gpu0) == (None, None)  # no reading from that node: unknown
+    age(pool, 3600)
+    assert inv_swarm.memory_used_mib(gpu0, host="node-a") is None  # stale: unknown
+
+
+def test_a_reading_may_be_a_percent_or_utilization_and_memory(pool):
+    pool.record_readings("node-a", {"GPU-1": {"utilization": 10, "memory_used_mib": 2048}, "GPU-2": 3,
+                                    "GPU-3": {"utilization": None, "memory_used_mib": None}})
+    got = {k[1]: (r.utilization, r.memory_used_mib) for k, r in pool.gpu_readings(60).items()}
+    assert got == {"GPU-1": (10.0, 2048), "GPU-2": (3.0, None), "GPU-3": (None, None)}
+    for bad in ({"GPU-1": {"utilization": 10, "memory_used_mib": -1}},
+                {"GPU-1": {"utilization": 10, "memory_used_mib": "1 GiB"}},
+                {"GPU-1": {"utilization": 10, "memory_used_mib": 2 ** 40}},
+                {"GPU-1": {"utilization": 101}}, {"GPU-1": {"temperature": 80}}):
+        with pytest.raises(InvalidRequest):
+            pool.record_readings("node-a", bad)
+    assert {k[1]: r.memory_used_mib for k, r in pool.gpu_readings(60).items()}["GPU-1"] == 2048  # unchanged
+
+
 def test_an_unreadable_gpu_is_recorded_as_unknown_not_as_idle(pool, node_a):
     inv, path = node_a
     path.write_text("{not json")  # the simulated inventory reads None, like an NVML error
@@ -221,6 +254,31 @@ def test_a_version_5_ledger_gains_the_readings_table_in_place(tmp_path):
     assert len(p.gpu_readings(60)) == 1
     with engine.begin() as conn:
         assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION)
+    p.close()
+    engine.dispose()
+
+
+def test_a_version_8_ledger_gains_the_readings_memory_column_in_place(tmp_path):
+    import sqlalchemy as sa
+
+    from spawner.pool import SCHEMA_VERSION
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    old = GPUPool(db_url=url)
+    old.record_readings("node-a", {"GPU-1": 7})
+    old.close()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE gpu_pool_readings DROP COLUMN memory_used_mib"))
+        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='8' WHERE key='schema_version'"))
+    p = GPUPool(db_url=url)
+    [kept] = p.gpu_readings(3600).values()
+    assert (kept.utilization, kept.memory_used_mib) == (7.0, None)  # the old reading: memory unknown
+    p.record_readings("node-a", {"GPU-1": {"utilization": 8, "memory_used_mib": 512}})
+    [new] = p.gpu_readings(60).values()
+    assert new.memory_used_mib == 512
+    with engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "10"
     p.close()
     engine.dispose()
 

@@ -52,6 +52,20 @@ def test_simulated_utilization_reads_the_file_tests_control(tmp_path):
     assert inv.utilization("GPU-not-here") is None
 
 
+def test_simulated_memory_in_use_reads_the_files_object_form(tmp_path):
+    path = tmp_path / "util.json"
+    inv = SimulatedInventory(count=3, host="h", utilization_file=str(path))
+    uuid0, uuid1, uuid2 = (g.uuid for g in inv.gpus())
+    assert inv.memory_used_mib(uuid0) == 0  # missing file: idle, nothing in use
+    path.write_text(json.dumps({uuid0: {"utilization": 37, "memory_used_mib": 1200}, uuid1: 50}))
+    assert (inv.utilization(uuid0), inv.memory_used_mib(uuid0)) == (37.0, 1200)
+    assert (inv.utilization(uuid1), inv.memory_used_mib(uuid1)) == (50.0, None)  # a percent: memory unknown
+    assert (inv.utilization(uuid2), inv.memory_used_mib(uuid2)) == (0.0, 0)
+    path.write_text(json.dumps({uuid0: {"utilization": "busy"}}))
+    assert (inv.utilization(uuid0), inv.memory_used_mib(uuid0)) == (None, None)  # unreadable: unknown
+    assert inv.memory_used_mib("GPU-not-here") is None
+
+
 def test_simulated_rejects_bad_values():
     with pytest.raises(TraitError, match="count"):
         SimulatedInventory(count=-1)
@@ -144,6 +158,10 @@ def test_nvml_lists_healthy_gpus_and_skips_lost_ones():
     ]
     assert inv.cuda_driver_version() == (12, 4)
     assert inv.utilization("GPU-0") == 40.0
+    assert inv.memory_used_mib("GPU-0") == 0
+    nv.devices[0]["used_mib"] = 1229
+    assert inv.memory_used_mib("GPU-0") == 1229
+    assert inv.memory_used_mib("GPU-not-here") is None  # NVML cannot find it: unknown
     assert inv.distance("GPU-0", "GPU-3") == 10
 
 

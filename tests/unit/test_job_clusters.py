@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spawner.docker.jobs import DockerJobEngine
-from spawner.jobs.cluster import merge_logs, tf_config, units_of, worker_specs
+from spawner.jobs.cluster import merge_logs, tf_config, units_of, worker_log, worker_specs
 from spawner.jobs.request import BadJob
 from spawner.jobs.settings import JobSettings
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_SERVER
@@ -51,6 +51,14 @@ def test_logs_are_merged_with_each_workers_mark():
     assert merge_logs([(0, "epoch 1\ndone\n"), (1, "epoch 1\n")]) == \
         "[worker 0] epoch 1\n[worker 0] done\n[worker 1] epoch 1\n"
     assert merge_logs([]) == ""
+
+
+def test_an_ended_clusters_kept_log_gives_each_worker_its_own_lines_unmarked():
+    # What ?worker=i shows once the workers' containers are gone: that worker's share of the kept log.
+    kept = merge_logs([(0, "epoch 1\n[worker 1] printed by the chief\n"), (1, "epoch 1\nleaves the model\n")])
+    assert worker_log(kept, 1) == "epoch 1\nleaves the model\n"
+    assert worker_log(kept, 0) == "epoch 1\n[worker 1] printed by the chief\n"
+    assert worker_log(kept, 2) == "" and worker_log("", 0) == ""
 
 
 def test_a_job_id_is_read_from_a_plain_or_a_worker_lease_name():

@@ -123,3 +123,69 @@ def test_a_follower_of_a_queued_job_reads_the_ledger_only_when_the_runner_moves_
 
     assert asyncio.run(main()).state == RUNNING
     assert reads == [7, 7]
+
+
+class Frames:
+    """A Docker log stream that yields these frames, waiting for `go` before each, then ends."""
+
+    def __init__(self, frames, go=None):
+        self.frames = list(frames)
+        self.go = go
+        self.closed = threading.Event()
+
+    def __iter__(self):
+        for frame in self.frames:
+            if self.go is not None:
+                self.go.wait(10)
+            if self.closed.is_set():
+                return
+            yield frame
+
+    def close(self):
+        self.closed.set()
+
+
+def test_a_clusters_follow_marks_whole_lines_with_their_worker_and_ends_when_every_worker_has():
+    from spawner.poolpage.handlers.log_streams import MergedFollow
+
+    # Frames end mid-line; the last line of worker 1 has no newline at all.
+    chief = Frames([b"TensorFlow 2", b".18 on CPU\nepoch 1/1", b": 3.2 s\n"])
+    other = Frames([b"TensorFlow 2.18 on CPU\n", b"test accuracy 0.9; worker 1 leaves the model"])
+
+    async def main():
+        merged = MergedFollow([(0, LogFollow(chief, chunks=4)), (1, LogFollow(other, chunks=4))])
+        out = b""
+        while (chunk := await merged.next_chunk()) is not None:
+            assert chunk.endswith(b"\n") and chunk.startswith(b"[worker ")  # whole lines only
+            out += chunk
+        merged.close()
+        return out.decode()
+
+    out = asyncio.run(main())
+    lines = out.splitlines()
+    assert sorted(lines) == sorted([
+        "[worker 0] TensorFlow 2.18 on CPU", "[worker 0] epoch 1/1: 3.2 s",
+        "[worker 1] TensorFlow 2.18 on CPU", "[worker 1] test accuracy 0.9; worker 1 leaves the model"])
+    # Each worker's lines keep their order.
+    assert [l for l in lines if l.startswith("[worker 0]")] == ["[worker 0] TensorFlow 2.18 on CPU",
+                                                               "[worker 0] epoch 1/1: 3.2 s"]
+
+
+def test_closing_a_clusters_follow_ends_every_workers_stream_and_a_line_without_end_comes_in_pieces():
+    from spawner.poolpage.handlers.log_streams import LINE_PIECE_BYTES, MergedFollow
+
+    endless = [EndlessLog(), EndlessLog()]  # 1 KiB frames without a newline, without end
+
+    async def main():
+        follows = [LogFollow(s, chunks=2) for s in endless]
+        merged = MergedFollow(list(enumerate(follows)))
+        first = await merged.next_chunk()  # a piece: the partial line never grows past its bound
+        merged.close()
+        assert await merged.next_chunk() is None
+        await until(lambda: not any(f.thread.is_alive() for f in follows))
+        return first
+
+    first = asyncio.run(main())
+    pieces = first.split(b"\n")[:-1]
+    assert pieces and all(p.startswith(b"[worker ") and len(p) <= LINE_PIECE_BYTES + 11 for p in pieces)
+    assert all(s.closed.is_set() for s in endless)

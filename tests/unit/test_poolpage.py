@@ -133,6 +133,36 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     assert c.JupyterHub.template_paths[0].endswith("hub_templates") and len(c.JupyterHub.template_paths) == 1
 
 
+def test_the_notebook_servers_reach_the_service_on_the_bridge_with_jobs_off(tmp_path):
+    """JupyterLab's GPU status needs the service, not jobs: the pool page's configuration gives the
+    servers its bridge address and a token that may ask it, and has the service listen there."""
+    from spawner.poolpage.app import bridge_ip
+    from spawner.settings.pool_service import BRIDGE_ENV, SERVER_TOKEN_SCOPES
+
+    settings = _settings(GPUHUB_DATA_DIR=str(tmp_path), GPUHUB_POOL_PAGE_PORT="9123", GPUHUB_JOBS="false")
+    assert not settings.jobs
+    c = Config()
+    c.JupyterHub.hub_connect_ip = "192.0.2.1"  # the hub's bridge gateway, as the hub sets it
+    c.GPUDockerSpawner.environment.update({"OTHER": "kept"})
+    configure_pool_page(c, settings)
+    [service] = c.JupyterHub.services
+    assert service["environment"][BRIDGE_ENV] == "192.0.2.1"
+    assert c.GPUDockerSpawner.environment.get_value({}) == {
+        "OTHER": "kept", "GPUHUB_POOL_URL": "http://192.0.2.1:9123/services/gpu-pool/"}
+    assert c.GPUDockerSpawner.server_token_scopes == SERVER_TOKEN_SCOPES and ACCESS_SCOPE in SERVER_TOKEN_SCOPES
+    assert not any("jobs" in scope for scope in c.GPUDockerSpawner.server_token_scopes)
+
+    class App:  # what serve() reads: the app's jobs runner (none here) and the environment
+        settings = {"jobs": None}
+    assert bridge_ip(App, service["environment"]) == "192.0.2.1"
+    assert bridge_ip(App, {}) == ""
+    # Outside the hub (`gpu-pool --config`) there is no bridge: no URL, no listener.
+    c = Config()
+    configure_pool_page(c, settings)
+    assert BRIDGE_ENV not in c.JupyterHub.services[0]["environment"]
+    assert "GPUHUB_POOL_URL" not in c.GPUDockerSpawner.environment.get_value({})
+
+
 def test_the_page_can_be_turned_off_and_its_port_must_be_free(tmp_path):
     assert not _settings(GPUHUB_POOL_PAGE="false").pool_page
     assert _settings().pool_page_port == 8091 and not _settings().pool_page_show_holders

@@ -1,5 +1,6 @@
 """gpuhub_activity: a jupyter-server extension that counts a working kernel as activity,
-and serves the in-lab GPU status (lab.py: GET gpuhub/status, POST gpuhub/keep).
+serves the in-lab GPU status (lab.py: GET gpuhub/status, POST gpuhub/keep), and tells the
+open tabs why the server stops when its lease was ended (notice.py).
 
 Installed and enabled in GPU JupyterHub's notebook images
 (etc/jupyter/jupyter_server_config.d/gpuhub.json), so the image's own start
@@ -45,7 +46,10 @@ ENV_SWITCH = "GPUHUB_BUSY_KERNELS_ACTIVITY"
 
 
 def _jupyter_server_extension_points():
-    return [{"module": "gpuhub_activity"}]
+    # The app point only for its stop hook (notice.py: why the server stops, told to the open tabs).
+    from .notice import StopNotice
+
+    return [{"module": "gpuhub_activity"}, {"module": "gpuhub_activity.notice", "app": StopNotice}]
 
 
 class WaitingKernels:

@@ -31,7 +31,7 @@ from ...pool.jobs import QUEUED, STARTING, Job
 from .. import ADMIN_SCOPE
 from .base import APIHandler, BaseHandler, log
 from ..limits import PoolServiceLimits
-from .log_streams import Followers, LogFollow, TooMany
+from .log_streams import Followers, LogFollow, MergedFollow, TooMany
 
 MAX_BODY = 64 * 1024
 # A follower of a job that another host's service runs (no news from this runner) reads its state this often.
@@ -189,9 +189,11 @@ class JobAPI(JobsMixin, APIHandler):
 
 class JobLogsAPI(JobsMixin, APIHandler):
     """The job's output: its container's while it runs (`?follow=1` streams until it ends),
-    the kept copy afterwards.  A cluster's is every worker's, each line marked `[worker i]`;
-    `?worker=i` gives one worker's (and is the worker `follow` streams; default the chief).  Followers are capped (PoolServiceLimits), wait for a queued job
-    on the runner's own news of it, and end their Docker stream when they go."""
+    the kept copy afterwards.  A cluster's is every worker's, each line marked `[worker i]`
+    (followed too: every worker's stream at once, line by line); `?worker=i` gives one
+    worker's, unmarked.  Followers are capped (PoolServiceLimits; a cluster's follower is one,
+    whatever its workers), wait for a queued job on the runner's own news of it, and end
+    their Docker streams when they go."""
 
     _follow: LogFollow | None = None
     _gone: asyncio.Event | None = None
@@ -224,7 +226,8 @@ class JobLogsAPI(JobsMixin, APIHandler):
                        else await self.runner.read_log(job))
             if current is not None:
                 return self.finish(current)
-        self.finish(await self.call(self.runner.ledger.log, job.id) or "")
+        kept = await self.call(self.runner.ledger.log, job.id) or ""
+        self.finish(cluster.worker_log(kept, worker) if worker is not None else kept)
 
     def worker_argument(self, job: Job) -> int | None:
         """`?worker=i` of a cluster job (0 <= i < its workers), else None; 400 when it is not one."""
@@ -264,29 +267,35 @@ class JobLogsAPI(JobsMixin, APIHandler):
         return job
 
     async def stream(self, job: Job, worker: int | None = None) -> bool:
-        """Stream the container's log (a cluster's: worker `worker`'s, default the chief's) until
-        it ends or the reader goes; False if the container is already gone.  The engine's stream
-        is opened on a thread, within PoolServiceLimits.docker_timeout."""
+        """Stream the container's log until it ends or the reader goes; False if the container
+        is already gone.  A cluster's: worker `worker`'s, or else every worker's at once, whole
+        lines marked `[worker i]` as the log that is not followed marks them.  The engine's
+        streams are opened on threads, each within PoolServiceLimits.docker_timeout."""
         reader_gone = self._gone
         if reader_gone is None:  # get() makes it when a follow starts
             raise RuntimeError("A job log's follow was used before get() started it")
         if not job.container:
             return False  # no container (yet or any more): nothing to follow; get() checks first
         limits: PoolServiceLimits = self.settings["limits"]
-        loop = asyncio.get_running_loop()
-        unit = (cluster.worker_name(self.runner.settings, job.id, worker) if worker is not None
-                else job.container)
-        opening = loop.run_in_executor(_STREAMS, self.runner.engine.open_follow, unit, limits.docker_timeout)
-        try:
-            api, source = await asyncio.wait_for(asyncio.shield(opening), limits.docker_timeout + 1)
-        except UnitGone:
-            return False
-        except Exception as exc:
-            log.warning("Could not open job %s's log stream: %s", job.id, exc)
-            opening.add_done_callback(_close_late)
-            raise web.HTTPError(503, f"Docker did not open job {job.id}'s log within "
-                                     f"{limits.docker_timeout:g} s; try again in a moment") from None
-        self._follow = follow = LogFollow(source, limits.log_buffer_chunks, client=api)
+        if job.is_cluster and worker is None:
+            indexes = range(job.workers)
+            opened = await asyncio.gather(*(self.open_follow(job, cluster.worker_name(
+                self.runner.settings, job.id, i)) for i in indexes), return_exceptions=True)
+            follows = [(i, f) for i, f in zip(indexes, opened) if isinstance(f, LogFollow)]
+            failed = [f for f in opened if isinstance(f, BaseException)]
+            if failed:
+                for _, f in follows:
+                    f.close()
+                raise failed[0]
+            if not follows:
+                return False
+            self._follow = follow = MergedFollow(follows)
+        else:
+            unit = (cluster.worker_name(self.runner.settings, job.id, worker) if worker is not None
+                    else job.container)
+            if (opened := await self.open_follow(job, unit)) is None:
+                return False
+            self._follow = follow = opened
         try:
             if reader_gone.is_set():
                 return True
@@ -305,6 +314,22 @@ class JobLogsAPI(JobsMixin, APIHandler):
         finally:
             follow.close()
         return True
+
+    async def open_follow(self, job: Job, unit: str) -> LogFollow | None:
+        """A follow of one unit's log (None if the unit is gone); 503 if Docker does not open it in time."""
+        limits: PoolServiceLimits = self.settings["limits"]
+        loop = asyncio.get_running_loop()
+        opening = loop.run_in_executor(_STREAMS, self.runner.engine.open_follow, unit, limits.docker_timeout)
+        try:
+            api, source = await asyncio.wait_for(asyncio.shield(opening), limits.docker_timeout + 1)
+        except UnitGone:
+            return None
+        except Exception as exc:
+            log.warning("Could not open job %s's log stream (%s): %s", job.id, unit, exc)
+            opening.add_done_callback(_close_late)
+            raise web.HTTPError(503, f"Docker did not open job {job.id}'s log within "
+                                     f"{limits.docker_timeout:g} s; try again in a moment") from None
+        return LogFollow(source, limits.log_buffer_chunks, client=api)
 
 
 def _close_late(opening: asyncio.Future) -> None:
@@ -373,26 +398,16 @@ def job_profiles(runner: JobRunner | None) -> list[dict]:
     return [{"slug": p.slug, "name": p.display_name, "gpus": p.gpus} for p in runner.profiles.values()]
 
 
-async def start_jobs(app: web.Application, port: int):
-    """Take up the jobs and, when containers reach the service through the hub's bridge,
-    listen there too; returns the coroutine function that stops both."""
+async def start_jobs(app: web.Application):
+    """Take up the jobs; returns the coroutine function that stops them.  (The containers reach
+    the jobs API on the hub's bridge, where the service listens for them: app.serve.)"""
     runner: JobRunner | None = app.settings.get("jobs")
     if runner is None:
         async def nothing():
             pass
         return nothing
     await runner.start()
-    bridge = None
-    if runner.settings.bridge_ip:
-        from tornado.httpserver import HTTPServer
-
-        bridge = HTTPServer(app)  # no xheaders: containers cannot claim another address
-        bridge.listen(port, runner.settings.bridge_ip)
-        log.info("Jobs API for containers on http://%s:%s%s", runner.settings.bridge_ip, port,
-                 url_path_join(app.settings["prefix"], "api", "jobs"))
 
     async def stop():
-        if bridge is not None:
-            bridge.stop()
         await runner.stop()
     return stop

@@ -1,18 +1,17 @@
 """GET api/lab: what a person's JupyterLab shows about their own server (images/jupyter).
 
 The notebook server asks with its own token (its scopes include access to this
-service, see jobs/config.py SERVER_TOKEN_SCOPES) through the `gpuhub_activity`
+service, see settings/pool_service.py SERVER_TOKEN_SCOPES) through the `gpuhub_activity`
 server extension, which the in-lab extension polls.  The answer is about the caller
 only, whoever they are (a pool admin's server token carries no admin scope, and the
 handler ignores it anyway): their server's lease and its GPUs with the pool's
-readings (the numbers of the pool page), the idle-cull deadline by the culler's own
+readings (utilisation and memory in use: the numbers of the pool page), the idle-cull deadline by the culler's own
 rule (culling/policy.py cull_deadline), their queued and running jobs, and the pool's free
 GPUs per profile (which everyone may see on the page).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -27,7 +26,7 @@ from .. import views
 from ..hubapi import HubUnavailable
 from .actions import hub_api
 from .base import APIHandler, log
-from .wait import settings_of
+from .wait import fill_readings, settings_of
 
 # A server name as JupyterHub allows it, bounded (the hub itself caps names at 255).
 SERVER_NAME = re.compile(r"^[^/\x00-\x1f]{0,255}$")
@@ -56,8 +55,8 @@ def lease_part(lease, gpus: list[dict], now: datetime) -> dict:
         "since": iso(lease.started_at),
         "host": lease.host,
         "gpu_hours": round(lease.gpu_hours(until=now), 3),
-        "gpus": [{k: g[k] for k in ("index", "uuid", "model", "memory_mib", "utilization", "drained", "drained_at")}
-                 for g in mine],
+        "gpus": [{k: g[k] for k in ("index", "uuid", "model", "memory_mib", "utilization", "memory_used_mib",
+                                    "drained", "drained_at")} for g in mine],
     }
 
 
@@ -85,16 +84,14 @@ class LabAPI(APIHandler):
         now = datetime.now(UTC)
         s = settings_of(self)
         gpus = views.gpu_rows(await self.call(self.pool.gpus), viewer)
-        reader = s.utilization_reader(self.pool)
         leases = [l for l in await self.call(self.pool.leases, viewer.name) if l.server_name == server]
         lease = leases[0] if leases else None
-        if lease is not None and reader is not None:
-            mine = [g for g in gpus if g["lease_id"] == lease.id]
-            values = await asyncio.to_thread(lambda: [reader(g["host"], g["uuid"]) for g in mine])
-            for g, value in zip(mine, values):
-                g["utilization"] = value
-        ended = None
-        if lease is None:
+        if lease is not None:
+            await fill_readings(self, [g for g in gpus if g["lease_id"] == lease.id])
+        ended = ending = None
+        if lease is not None:
+            ending = await self.ending_part(lease.id)
+        else:
             ended = ended_part(await self.call(self.pool.history, viewer.name, now - ENDED_NOTICE), server, now)
         self.write_json({
             "user": viewer.name,
@@ -102,12 +99,27 @@ class LabAPI(APIHandler):
             "now": iso(now),
             "lease": lease_part(lease, gpus, now) if lease is not None else None,
             "ended": ended,
+            "ending": ending,
             "cull": await self.cull_part(viewer.name, server, s),
             "jobs": self.jobs_part(viewer.name),
             "free": {"gpus": sum(1 for g in gpus if g["state"] == "free"),
                      "profiles": self.profiles_part(gpus)},
             "pool_url": self.settings["prefix"],
         })
+
+    async def ending_part(self, lease_id: int) -> dict | None:
+        """Why the lease is ending, while its server stops: the reason the pool page (an admin) or
+        the culler recorded before asking the hub to stop it (pool end intents).  The stopping
+        server asks once, and tells its open tabs (images/jupyter/gpuhub_activity/notice.py)."""
+        try:
+            intent = await self.ledger(self.pool.end_intent, lease_id)
+        except PoolError as exc:
+            log.warning("No end reason for lease %s: %s", lease_id, exc)
+            return None
+        if intent is None:
+            return None
+        reason = intent[0]
+        return {"reason": reason, "by_admin": reason == EndReason.ADMIN.value}
 
     async def cull_part(self, user: str, server: str, s) -> dict:
         part = {"at": None, "idle_limit_s": None, "check_every_s": s.cull_every or None,

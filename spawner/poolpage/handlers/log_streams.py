@@ -142,3 +142,72 @@ class LogFollow:
         while not self.buffer.empty():  # a pump waiting for room gets it, sees `closed`, and ends
             self.buffer.get_nowait()
         self.buffer.put_nowait(_END)  # and the reader's next_chunk() says the follow is over
+
+
+# A line longer than this (a progress bar without newlines) is passed on in pieces, each
+# marked: a follower's partial lines cost at most this much per worker.
+LINE_PIECE_BYTES = 16 * 1024
+
+
+class WorkerLines:
+    """One worker's log frames cut into whole lines, each marked `[worker i] ` (as the merged
+    log that is not followed marks them); a frame may end mid-line, the rest waits for the next."""
+
+    def __init__(self, index: int):
+        self.mark = f"[worker {index}] ".encode()
+        self.partial = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        while len(self.partial) > LINE_PIECE_BYTES:
+            lines.append(self.partial[:LINE_PIECE_BYTES])
+            self.partial = self.partial[LINE_PIECE_BYTES:]
+        return b"".join(self.mark + line + b"\n" for line in lines)
+
+    def rest(self) -> bytes:
+        """What is left when the worker's log ends (its last line had no newline)."""
+        rest, self.partial = self.partial, b""
+        return self.mark + rest + b"\n" if rest else b""
+
+
+class MergedFollow:
+    """Every worker's follow (LogFollow) as one: whole lines, each marked with its worker, in
+    the order they arrive; `next_chunk()` is None once every worker's log has ended."""
+
+    def __init__(self, follows: list[tuple[int, LogFollow]]):
+        self.follows = dict(follows)
+        self.lines = {index: WorkerLines(index) for index in self.follows}
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.closed = False
+
+    async def next_chunk(self) -> bytes | None:
+        while not self.closed:
+            for index, follow in self.follows.items():
+                if index not in self.waiting:
+                    self.waiting[index] = asyncio.ensure_future(follow.next_chunk())
+            if not self.waiting:
+                return None
+            await asyncio.wait(self.waiting.values(), return_when=asyncio.FIRST_COMPLETED)
+            out = []
+            for index, future in sorted(self.waiting.items()):
+                if not future.done():
+                    continue
+                del self.waiting[index]
+                chunk = future.result()
+                if chunk is None:  # this worker's log ended
+                    out.append(self.lines[index].rest())
+                    del self.follows[index]
+                else:
+                    out.append(self.lines[index].feed(chunk))
+            if joined := b"".join(out):
+                return joined
+        return None
+
+    def close(self) -> None:
+        """The reader is gone (or the stream ended): close every worker's follow."""
+        self.closed = True
+        for future in self.waiting.values():
+            future.cancel()
+        self.waiting.clear()
+        for follow in self.follows.values():
+            follow.close()

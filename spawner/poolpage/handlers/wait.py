@@ -1,8 +1,10 @@
-"""Live details for everyone: estimated waits in the queue, GPU utilization, idle-cull deadlines.
+"""Live details for everyone: estimated waits in the queue, GPU utilization and memory in use,
+idle-cull deadlines.
 
 Reads the hub (running servers and their last activity, through hubapi), the
 ledger (past lease lengths) and the GPUs (utilization as the culler reads
-it); any of them failing only leaves its part out of the page.
+it, and memory in use from the same source); any of them failing only leaves
+its part out of the page.
 """
 
 from __future__ import annotations
@@ -82,6 +84,17 @@ def settings_of(handler) -> Settings:
     return handler.settings.setdefault("insight", Settings())
 
 
+async def fill_readings(handler, gpus: list[dict]) -> None:
+    """Fill the rows' "utilization" and "memory_used_mib" from the pool's readings (as the culler
+    reads them; unknown stays None), off the event loop."""
+    reader = settings_of(handler).utilization_reader(handler.pool)
+    if reader is None or not gpus:
+        return
+    readings = await asyncio.to_thread(lambda: [reader.reading(g["host"], g["uuid"]) for g in gpus])
+    for g, (utilization, memory) in zip(gpus, readings):
+        g["utilization"], g["memory_used_mib"] = utilization, memory
+
+
 async def servers(handler) -> list | None:
     try:
         return await hub_api(handler).active_servers()
@@ -91,15 +104,11 @@ async def servers(handler) -> list | None:
 
 
 async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewer) -> dict:
-    """Fills gpus' "utilization" and queue rows' "estimate"/"estimate_s"; returns the viewer's
+    """Fills gpus' "utilization" and "memory_used_mib" and queue rows' "estimate"/"estimate_s"; returns the viewer's
     servers' cull deadlines {(user, server): datetime} and whether estimates were made."""
     s = settings_of(handler)
     now = datetime.now(UTC)
-    reader = s.utilization_reader(handler.pool)
-    if reader is not None:
-        readings = await asyncio.to_thread(lambda: [reader(g["host"], g["uuid"]) for g in gpus])
-        for g, value in zip(gpus, readings):
-            g["utilization"] = value
+    await fill_readings(handler, gpus)
     running = await servers(handler)
     if running is None:
         return {"cull": {}, "why": {}, "estimated": False}
@@ -229,7 +238,8 @@ async def page_context(handler, viewer: views.Viewer, gpus: list[dict], queue: l
 
 
 class WaitAPI(APIHandler):
-    """GET api/wait: the queue with estimated waits, GPU utilization, the caller's cull deadlines."""
+    """GET api/wait: the queue with estimated waits, GPU utilization and memory, the caller's cull
+    deadlines."""
 
     async def get(self):
         viewer = self.require_viewer()
@@ -240,6 +250,7 @@ class WaitAPI(APIHandler):
         reasons = {f"{u}/{n}" if n else u: r for (u, n), r in info["why"].items() if u == viewer.name}
         self.write_json({"queue": queue, "note": estimate.NOTE,
                          "utilization": {g["uuid"]: g["utilization"] for g in gpus},
+                         "memory_used_mib": {g["uuid"]: g["memory_used_mib"] for g in gpus},
                          "cull_at": mine, "cull_reason": reasons,
                          "budgets": await budget_rows(self, viewer),
                          "booked": await booking_notices(self, viewer)})

@@ -25,6 +25,7 @@ interface IGPU {
   model: string;
   memory_mib: number;
   utilization: number | null;
+  memory_used_mib: number | null;
   drained: boolean;
 }
 
@@ -36,6 +37,7 @@ interface IStatus {
   now?: string;
   lease?: { id: number; since: string; gpu_hours: number; gpus: IGPU[] } | null;
   ended?: { id: number; ended_at: string; reason: string; by_admin: boolean } | null;
+  ending?: { reason: string; by_admin: boolean } | null;
   cull?: {
     at: string | null;
     culling: boolean;
@@ -52,6 +54,8 @@ interface IStatus {
   poll_s?: number;
 }
 
+// The event the stopping server emits on jupyter-server's event bus (gpuhub_activity/notice.py).
+const STOPPING_EVENT = 'urn:gpuhub:lab:server-stopping';
 const HISTORY = 600; // seconds of readings the panel's chart spans (the server keeps them)
 const BUSY_NOTE =
   'Busy kernels count as activity: while a cell runs, this server is not culled. ' +
@@ -61,10 +65,19 @@ function minutesUntil(at: string, now: number): number {
   return Math.max(0, Math.round((Date.parse(at) - now) / 60000));
 }
 
+/** "1.2 / 16 GiB": the memory in use of the GPU's total, as the pool page shows it. */
+function memoryText(g: IGPU): string {
+  if (!g.memory_mib) {
+    return '';
+  }
+  const total = `${(g.memory_mib / 1024).toFixed(0)} GiB`;
+  const used = g.memory_used_mib === null || g.memory_used_mib === undefined ? null : g.memory_used_mib;
+  return used === null ? ` · ${total}` : ` · ${(used / 1024).toFixed(1)} / ${total}`;
+}
+
 function gpuText(g: IGPU): string {
   const util = g.utilization === null ? '?' : `${Math.round(g.utilization)}%`;
-  const mem = g.memory_mib ? ` · ${(g.memory_mib / 1024).toFixed(0)} GiB` : '';
-  return `GPU ${g.index} ${g.model} · ${util}${mem}`;
+  return `GPU ${g.index} ${g.model} · ${util}${memoryText(g)}`;
 }
 
 function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls: string, text?: string): HTMLElementTagNameMap[K] {
@@ -268,9 +281,21 @@ class Warnings {
   private toast = '';
   private drainedSeen = new Set<string>();
   private endedSeen = new Set<number>();
+  private stoppingShown = false;
 
   constructor(private model: Model) {
     model.onChange(() => this.check());
+  }
+
+  /** The server is stopping because its lease was ended (the event it sends as it stops, or a poll
+   * that caught the reason first): said once. */
+  stopping(message: string): void {
+    if (this.stoppingShown) {
+      return;
+    }
+    this.stoppingShown = true;
+    this.dismiss();
+    Notification.error(message, { autoClose: false });
   }
 
   private check(): void {
@@ -305,8 +330,11 @@ class Warnings {
         );
       }
     }
+    if (s.ending?.by_admin) {
+      this.stopping('An admin ended the GPU lease of this server: it is stopping now (unsaved work is lost).');
+    }
     const ended = s.ended;
-    if (ended && !this.endedSeen.has(ended.id)) {
+    if (ended && !this.endedSeen.has(ended.id) && !(ended.by_admin && this.stoppingShown)) {
       this.endedSeen.add(ended.id);
       Notification.error(
         ended.by_admin
@@ -342,7 +370,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
         rank: 900
       });
     }
-    new Warnings(model);
+    const warnings = new Warnings(model);
+    // The server says why it stops while the tab's event socket still stands (it is gone after).
+    app.serviceManager.events.stream.connect((_, event) => {
+      const e = event as { schema_id: string; message?: string };
+      if (e.schema_id === STOPPING_EVENT && e.message) {
+        warnings.stopping(e.message);
+      }
+    });
     let timer = 0;
     const schedule = () => {
       const every = (model.status.poll_s ?? 10) * (document.hidden ? 6 : 1);
