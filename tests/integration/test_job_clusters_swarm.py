@@ -97,3 +97,43 @@ def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swa
         for net in docker("network", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
             docker("network", "rm", net, check=False)
         pool.close()
+
+
+TWO_GPUS = """
+c.GPUDockerSpawner.profiles.append({"slug": "tf-gpu-2", "display_name": "2 GPUs", "image": %r, "gpus": 2})
+"""
+
+
+def test_a_two_worker_cluster_trains_one_epoch_across_both_nodes_through_a_swarm_hub(
+        make_swarm_hub, swarm_cluster, mkl_image):
+    from tests.fixtures.hub import wait_for
+
+    from .test_jobs import jobs_api, submit, wait_state
+    from .test_poolpage import wait_for_page
+    from .test_swarm import profiles_config
+
+    swarm_cluster.load_image(mkl_image)  # the workers' image, on every node
+    hub = make_swarm_hub(profiles_config(mkl_image) + TWO_GPUS % mkl_image, env={"GPUHUB_POOL_PAGE": "true"})
+    hub.create_user("pat")
+    token = hub.user_token("pat")
+    wait_for_page(hub, token)
+    # 2 workers x 2 GPUs cannot fit one node (2 GPUs each): the gang spans both.
+    command = ["sh", "-c", 'echo "gpus=$NVIDIA_VISIBLE_DEVICES"; exec python '
+               "/opt/gpuhub/skel/tensorflow-examples/train.py --strategy multiworker --epochs 1 "
+               "--model_path model-2w.keras"]
+    j = submit(hub, token, {"profile": "tf-gpu-2", "command": command, "workers": 2})
+    done = wait_state(hub, token, j["id"], ("succeeded", "failed"), timeout=900)
+    log = jobs_api(hub, "GET", f"/{j['id']}/logs", token).text
+    assert done["state"] == "succeeded", (done, log[-3000:])
+    nodes = {n.hostname: n for n in swarm_cluster.nodes}
+    assert {u["host"] for u in done["units"]} == set(nodes), done["units"]
+    for unit in done["units"]:
+        assert set(unit["gpus"]) <= set(nodes[unit["host"]].gpus)
+        assert f"[worker {unit['worker']}] gpus={','.join(unit['gpus'])}" in log
+    assert "[worker 0] test accuracy" in log and "model saved to" in log
+    assert "[worker 1] test accuracy" in log and "leaves the model to the chief" in log
+    assert hub.ledger().leases() == []
+    wait_for(lambda: not docker("service", "ls", "-q", "--filter", f"name={hub.prefix}-job-{j['id']}-"),
+             what="the workers' services removed")
+    # The chief's model is in the user's home on the shared storage, where every node sees it.
+    assert (swarm_cluster.homes_root / "pat" / "model-2w.keras").is_file()

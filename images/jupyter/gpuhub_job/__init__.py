@@ -100,8 +100,8 @@ def build_parser():
     q.add_argument("job", type=int)
     q.add_argument("-f", "--follow", action="store_true", help="stream it until the job ends")
     q.add_argument("--worker", type=int, default=None,
-                   help="a cluster's worker i only (default: every worker, lines marked [worker i]; "
-                        "--follow streams the chief's)")
+                   help="a cluster's worker i only (default: every worker, lines marked [worker i], "
+                        "followed or not)")
     q = sub.add_parser("list", help="your jobs, newest first")
     q.add_argument("--json", action="store_true")
     return parser
