@@ -112,7 +112,8 @@ async def lease(runner, job: Job, profile: Profile, hosts) -> tuple | None:
     if not profile.gpus:
         return None
     return await runner.pool.acquire_gang(job.user, job_server_name(job.id), profile.gpus, job.workers,
-                                          job.groups, timeout=runner.settings.queue_timeout, host=hosts)
+                                          job.groups, timeout=runner.settings.queue_timeout, host=hosts,
+                                          holds_for=job.holds_for)
 
 
 async def record_leases(runner, job: Job, leases) -> Job | None:

@@ -303,7 +303,8 @@ class JobRunner:
             if job.is_cluster:
                 return await cluster.lease(self, job, profile, hosts)
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
-                                           timeout=self.settings.queue_timeout, host=hosts)
+                                           timeout=self.settings.queue_timeout, host=hosts,
+                                           holds_for=job.holds_for)
 
         acquiring = asyncio.ensure_future(place_then_gpus())
         self._acquiring[job.id] = acquiring

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +26,7 @@ from sqlalchemy import bindparam, insert, select, update
 from .models import InvalidRequest, PoolError, gpus_text, iso
 from .schema import bookings_table as _b
 from .schema import gpus_table as _g
+from .schema import meta_table as _m
 from .schema import lease_gpus_table as _lg
 from .schema import leases_table as _l
 from .store import as_utc
@@ -86,6 +87,28 @@ class Booking:
                 "ends_at": iso(self.ends_at), "state": self.state, "gpu_hours": round(self.gpu_hours, 3)}
 
 
+LIMITS_KEY = "booking_limits"
+
+
+def publish_limits(conn, limits: Limits) -> None:
+    """Write the lending hub's booking limits into the ledger: the pool page books and the
+    culler releases no-shows by the hub's configuration, not by their own defaults."""
+    value = json.dumps(asdict(limits))
+    if conn.execute(select(_m.c.value).where(_m.c.key == LIMITS_KEY)).first() is None:
+        conn.execute(insert(_m).values(key=LIMITS_KEY, value=value))
+    else:
+        conn.execute(update(_m).where(_m.c.key == LIMITS_KEY).values(value=value))
+
+
+def published_limits(conn) -> Limits | None:
+    """The lending hub's booking limits, or None where no hub has written them."""
+    raw = conn.execute(select(_m.c.value).where(_m.c.key == LIMITS_KEY)).scalar()
+    if not raw:
+        return None
+    known = {f.name for f in fields(Limits)}
+    return Limits(**{k: v for k, v in json.loads(raw).items() if k in known})
+
+
 def _row(r) -> Booking:
     return Booking(r.id, r.user_name, r.group_name, r.host, tuple(json.loads(r.gpu_uuids)), as_utc(r.starts_at),
                    as_utc(r.ends_at), r.created_by, r.state)
@@ -96,14 +119,39 @@ def live(conn, now: datetime) -> list[Booking]:
     return [_row(r) for r in conn.execute(LIVE, {"now": now})]
 
 
-def exclude(free: dict[str, list[tuple[int, str]]], bookings: list[Booking], user: str, groups: Iterable[str],
-            now: datetime) -> dict[str, list[tuple[int, str]]]:
-    """The free GPUs `user` may be lent now: those booked now for others left out."""
+def blocking(bookings: list[Booking], user: str, groups: Iterable[str], now: datetime,
+             until: datetime | None = None) -> set[tuple[str, str]]:
+    """The GPUs ((host, uuid)) booked for others now, or (`until`: a lease held until then at
+    most) from before `until`."""
     groups = tuple(groups)
-    held = {(b.host, u) for b in bookings if b.active(now) and not b.for_(user, groups) for u in b.gpu_uuids}
+    return {(b.host, u) for b in bookings if b.state == "booked" and not b.for_(user, groups)
+            and (b.active(now) or (until is not None and now < b.ends_at and b.starts_at < until))
+            for u in b.gpu_uuids}
+
+
+def exclude(free: dict[str, list[tuple[int, str]]], bookings: list[Booking], user: str, groups: Iterable[str],
+            now: datetime, until: datetime | None = None) -> dict[str, list[tuple[int, str]]]:
+    """The free GPUs `user` may be lent now: those booked now for others left out (and, for a
+    lease held until `until` at most, those booked for others from before then)."""
+    held = blocking(bookings, user, groups, now, until)
     if not held:
         return free
     return {h: [f for f in lst if (h, f[1]) not in held] for h, lst in free.items()}
+
+
+def held_for_others(bookings: list[Booking], now: datetime):
+    """(user, groups) -> the GPUs ((host, uuid)) booked now for someone else: what that waiter may
+    not take in the queue's turns (so a booker behind others still gets their booked GPU)."""
+    active = [b for b in bookings if b.active(now)]
+    seen: dict[tuple[str, tuple[str, ...]], frozenset] = {}
+
+    def out(user: str, groups: Iterable[str]) -> frozenset:
+        key = (user, tuple(groups))
+        found = seen.get(key)
+        if found is None:
+            found = seen[key] = frozenset((b.host, u) for b in active if not b.for_(*key) for u in b.gpu_uuids)
+        return found
+    return out
 
 
 def soon(host: str, uuids: Iterable[str], bookings: list[Booking], user: str, groups: Iterable[str],
@@ -121,19 +169,24 @@ def notice(b: Booking) -> str:
             f"(reason: booking), or choose another profile")
 
 
-def release_no_shows(conn, now: datetime, grace_s: float) -> list[int]:
-    """Release bookings unused `grace_s` after their start (no lease of theirs on their GPUs since)."""
+def no_shows(conn, bookings: list[Booking], now: datetime, grace_s: float) -> list[int]:
+    """Ids of the bookings unused `grace_s` after their start (no lease of theirs on their GPUs since)."""
     out = []
-    for b in live(conn, now):
+    for b in bookings:
         if b.starts_at + timedelta(seconds=grace_s) > now:
             continue
         users = select(_l.c.user_name, _l.c.groups).select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id)).where(
             _lg.c.host == b.host, _lg.c.uuid.in_(b.gpu_uuids), _l.c.started_at >= b.starts_at - timedelta(minutes=1))
-        used = any(b.for_(u, json.loads(g)) for u, g in conn.execute(users))
-        if not used:
-            conn.execute(update(_b).where(_b.c.id == b.id, _b.c.state == "booked")
-                         .values(state="released", released_at=now))
+        if not any(b.for_(u, json.loads(g)) for u, g in conn.execute(users)):
             out.append(b.id)
+    return out
+
+
+def release_no_shows(conn, now: datetime, grace_s: float) -> list[int]:
+    """Release bookings unused `grace_s` after their start (see no_shows)."""
+    out = no_shows(conn, live(conn, now), now, grace_s)
+    for bid in out:
+        conn.execute(update(_b).where(_b.c.id == bid, _b.c.state == "booked").values(state="released", released_at=now))
     return out
 
 

@@ -62,9 +62,19 @@ class PoolFairUse:
         b = self.budgets()
         return self._read(lambda conn: budget.standings(self._store, conn, user, groups, b, self._store.now(conn)))
 
-    def booking_limits(self) -> bookings.Limits:
+    def _own_booking_limits(self) -> bookings.Limits:
         return bookings.Limits(self.booking_max_hours, self.booking_max_days_ahead,
                                self.booking_max_gpu_hours_per_week, self.booking_max_per_user, self.booking_grace)
+
+    def booking_limits(self) -> bookings.Limits:
+        """The booking limits in force: this hub's (a lender), else those the lending hub wrote in
+        the ledger (the pool page, the culler), else this process's own."""
+        if self.inventory is not None:
+            return self._own_booking_limits()
+        found = getattr(self, "_ledger_booking_limits", None)
+        if found is None:
+            found = self._ledger_booking_limits = self._read(bookings.published_limits) or self._own_booking_limits()
+        return found
 
     def book(self, user: str, count: int, starts_at: datetime, ends_at: datetime, *, group: str | None = None,
              host: str | None = None, by: str | None = None) -> Booking:
@@ -94,7 +104,7 @@ class PoolFairUse:
         """Bookings not yet over, by start (no-shows past their grace released first)."""
         def write(conn):
             now = self._store.now(conn)
-            bookings.release_no_shows(conn, now, self.booking_grace)
+            bookings.release_no_shows(conn, now, self.booking_limits().grace_s)
             return bookings.live(conn, now)
         return self._write(write, durable=False)
 

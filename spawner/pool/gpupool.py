@@ -21,7 +21,7 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, va
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from . import budget, fairshare, grant, inventory_sync, rollup, validation
+from . import bookings, budget, fairshare, grant, inventory_sync, rollup, validation
 from .grant import Outcome, QueueRules
 from .admin_actions import PoolAdministration
 from .fair_use import PoolFairUse
@@ -443,6 +443,7 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
             store.transact(engine, lambda conn: rollup.ensure_decay(store, conn, self.fairshare_half_life),
                            write=True, long=True)
             store.transact(engine, lambda conn: budget.publish(conn, self._own_budgets()), write=True)
+            store.transact(engine, lambda conn: bookings.publish_limits(conn, self._own_booking_limits()), write=True)
         if self.inventory is not None:
             store.transact(engine, self._sync_inventory, self.inventory.gpus(), write=True)
 

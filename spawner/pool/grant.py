@@ -127,12 +127,19 @@ def attempt(
     snap = check(store, conn, req, rules.limit, rules.budgets)
     # (One indexed probe first: most grants meet no booking at all.)
     booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
+    whole, booked_out, mine_out = snap, None, set()
     if booked:
         # Bookings unused past their grace go back to the pool; the GPUs booked now for
-        # others are not this request's to take.
+        # others are not this request's to take, nor those of the waiters ahead of it.
         if bookings.release_no_shows(conn, now, rules.booking_grace):
             booked = bookings.live(conn, now)
-        snap = Snapshot(bookings.exclude(snap.free, booked, req.user, req.groups, now), snap.capacity, snap.drained)
+        booked_out = bookings.held_for_others(booked, now)
+        # A request that says how long it holds its GPUs (a batch job: nothing stops it at a
+        # booking's start) is not lent those booked for others from before then either.
+        until = now + timedelta(seconds=req.holds_for) if req.holds_for is not None else None
+        mine_out = bookings.blocking(booked, req.user, req.groups, now, until)
+        snap = Snapshot(bookings.exclude(snap.free, booked, req.user, req.groups, now, until), snap.capacity,
+                        snap.drained)
 
     alive_since = now - timedelta(seconds=rules.stale_after)
     fair = rules.order == fairshare.FAIRSHARE
@@ -168,7 +175,9 @@ def attempt(
             ahead = o.rows[:next(i for i, r in enumerate(o.rows) if r.id == me.id)]
     else:
         ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
-    avail = available_after(snap, ahead, now, rules.backfill_window, choose)
+    avail = available_after(whole, ahead, now, rules.backfill_window, choose, booked_out)
+    if booked_out is not None:
+        avail = {h: [f for f in lst if (h, f[1]) not in mine_out] for h, lst in avail.items()}
 
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
     free = sum(len(snap.free.get(h, ())) for h in hosts)
@@ -292,6 +301,13 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
     it would tell has changed."""
     now = store.now(conn)
     snap = snapshot(store, conn)
+    booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
+    if booked and rules is not None:
+        # A no-show past its grace holds nothing: the write that serves a waiter releases it.
+        gone = set(bookings.no_shows(conn, booked, now, rules.booking_grace))
+        booked = [b for b in booked if b.id not in gone]
+    # Each waiter's turn leaves out the GPUs booked now for others (a write decides the rest).
+    booked_out = bookings.held_for_others(booked, now) if booked else None
     alive_since = now - timedelta(seconds=stale_after)
     known = {} if known is None else known
     signature = tuple(store.rows(conn, sql.LIVE_WAITERS_SIGNATURE, {"alive_since": alive_since})[0])
@@ -302,6 +318,7 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
     positions = known["positions"]
     fair = rules is not None and rules.order == fairshare.FAIRSHARE
     state = (signature, frozenset(mine), tuple((h, tuple(free)) for h, free in sorted(snap.free.items())),
+             tuple((b.id, b.active(now)) for b in booked),
              tuple(sorted(snap.capacity.items())),
              # fair-share: standings move with time (use decays, requests pass fifo_after); the
              # explanations follow within half a minute, any grant they allow comes with a change above
@@ -318,10 +335,10 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
         positions = {r.id: n for n, r in enumerate(o.rows, 1)}
         whys = {r.id: explain(o, n - 1, rules.order, rules.shares, now) for r in o.rows
                 if (n := positions[r.id]) and r.id in mine}
-        served = served_now(snap, o.rows, now, backfill_window, choose)
+        served = served_now(snap, o.rows, now, backfill_window, choose, booked_out)
     else:
         served = served_now(snap, waiters_that_matter(store, conn, snap, alive_since)[0], now, backfill_window,
-                            choose)
+                            choose, booked_out)
     views = {}
     alike: dict[tuple, tuple[int, int, bool]] = {}  # (hosts, count) -> (free, total, feasible)
     for wid, req in mine.items():

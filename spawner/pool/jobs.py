@@ -21,6 +21,9 @@ from .models import EndReason, iso
 from .schema import jobs_table
 
 JOB_SERVER_PREFIX = "job/"
+# Seconds a job's containers may take to start after its GPUs are leased (image pull, create),
+# when the pool needs to know how long a job holds them (bookings ahead).
+JOB_START_ALLOWANCE = 300.0
 
 QUEUED, STARTING, RUNNING = "queued", "starting", "running"
 SUCCEEDED, FAILED, CANCELLED, TIMED_OUT = "succeeded", "failed", "cancelled", "timed-out"
@@ -84,6 +87,12 @@ class Job:
         if self.units:
             return tuple(u["lease_id"] for u in self.units if u.get("lease_id") is not None)
         return (self.lease_id,) if self.lease_id is not None else ()
+
+    @property
+    def holds_for(self) -> float:
+        """The most seconds its leases are held: its timeout, counted from its start, and the
+        time its containers take to start (JOB_START_ALLOWANCE)."""
+        return float(self.timeout_s) + JOB_START_ALLOWANCE
 
     @property
     def active(self) -> bool:

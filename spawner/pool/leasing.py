@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import budget, grant, release, validation
@@ -96,6 +97,7 @@ class PoolLeasing:
         timeout: float = 60.0,
         on_wait: Callable[[int, int, int], Any] | None = None,
         host: HostChoice = None,
+        holds_for: float | None = None,
     ) -> Lease:
         """Lend `count` GPUs of one host, waiting up to `timeout` seconds in the fair queue.
 
@@ -106,8 +108,11 @@ class PoolLeasing:
         (fairshare.why; names nobody).  Raises WaitTimeout (with .position)
         when the time runs out, and the errors of try_acquire.  Cancelling
         the call removes the request from the queue and leaves no lease.
+        `holds_for`: the most seconds the lease will be held (a batch job's timeout); GPUs
+        booked for someone else from before then are not lent to it.
         """
-        req = self._make_request(user, server_name, count, groups, host)
+        req = replace(self._make_request(user, server_name, count, groups, host),
+                      holds_for=validation.holds_for(holds_for))
         return await self._wait(req, timeout).run(req, timeout, self.poll_interval, on_wait)
 
     async def acquire_gang(
@@ -120,6 +125,7 @@ class PoolLeasing:
         timeout: float = 60.0,
         on_wait: Callable[[int, int, int], Any] | None = None,
         host: HostChoice = None,
+        holds_for: float | None = None,
     ) -> tuple[Lease, ...]:
         """Lend `workers` leases of `count` GPUs each (a cluster job), all in one transaction or none.
 
@@ -130,7 +136,8 @@ class PoolLeasing:
         `host` (a name or a list; default as for acquire).  Quotas count every worker's
         GPUs.  Raises as acquire does; cancelling leaves no lease and no queue row.
         """
-        req = self._make_request(user, server_name, count, groups, host, workers)
+        req = replace(self._make_request(user, server_name, count, groups, host, workers),
+                      holds_for=validation.holds_for(holds_for))
         return await self._wait(req, timeout).run_all(req, timeout, self.poll_interval, on_wait)
 
     def _wait(self, req: Request, timeout) -> Wait:

@@ -149,8 +149,17 @@ def _hosts_of(row: WaiterRow, cache: dict) -> list[str] | None:
     return hosts
 
 
+# (user, groups) -> the GPUs ((host, uuid)) booked now for someone else (bookings.held_for_others).
+BookedOut = Callable[[str, tuple[str, ...]], frozenset]
+
+
+def _without(avail: dict[str, list[tuple[int, str]]], out: frozenset) -> dict[str, list[tuple[int, str]]]:
+    return {h: [f for f in lst if (h, f[1]) not in out] for h, lst in avail.items()} if out else avail
+
+
 def _take_turns(
-    snap: Snapshot, rows: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
+    snap: Snapshot, rows: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose,
+    booked_out: BookedOut | None = None,
 ) -> Iterable[tuple[WaiterRow, dict, bool]]:
     """Each queue row's turn, in order: (row, the free GPUs it sees, whether it is served).
 
@@ -158,19 +167,22 @@ def _take_turns(
     that cannot be met yet lets later requests pass for `backfill_window`
     seconds, after which free GPUs on its hosts are held for it.  `avail` is
     changed as turns go by (a row that fits has taken its GPUs when the next
-    row's turn comes).
+    row's turn comes).  `booked_out`: the GPUs each row may not take (booked now for others);
+    they are neither lent to it nor held for it.
     """
     avail = {h: list(lst) for h, lst in snap.free.items()}
     window = timedelta(seconds=backfill_window)
     parsed: dict[str, list[str]] = {}
     for r in rows:
         hosts = _hosts_of(r, parsed)
-        if not any(avail.get(h) for h in (hosts if hosts is not None else avail)):
+        out = booked_out(r.user, r.groups) if booked_out is not None else frozenset()
+        sees = _without(avail, out)
+        if not any(sees.get(h) for h in (hosts if hosts is not None else sees)):
             # Nothing free where it may go: it cannot be served, and holding
             # nothing for it changes nothing (the common case of a long queue).
             yield r, avail, False
             continue
-        picks = choose_gang(choose, avail, hosts, r.count, r.workers)
+        picks = choose_gang(choose, sees, hosts, r.count, r.workers)
         if picks is not None:
             yield r, avail, True
             take(avail, picks)
@@ -178,7 +190,7 @@ def _take_turns(
         yield r, avail, False
         if gang_fits(snap.capacity, hosts, r.count, r.workers) and now - r.enqueued_at >= window:
             for h in hosts or list(avail):
-                avail[h] = []
+                avail[h] = [f for f in avail[h] if (h, f[1]) in out]
 
 
 def take(avail: dict[str, list[tuple[int, str]]], picks) -> None:
@@ -188,25 +200,28 @@ def take(avail: dict[str, list[tuple[int, str]]], picks) -> None:
 
 
 def available_after(
-    snap: Snapshot, ahead: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
+    snap: Snapshot, ahead: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose,
+    booked_out: BookedOut | None = None,
 ) -> dict[str, list[tuple[int, str]]]:
     """The free GPUs left for a request after the waiters ahead of it take their turn
     (FIFO with bounded backfill, see _take_turns)."""
     avail = {h: list(lst) for h, lst in snap.free.items()}
-    for _row, avail, _served in _take_turns(snap, ahead, now, backfill_window, choose):  # noqa: B007 (the last turn's GPUs are the answer)
+    for _row, avail, _served in _take_turns(snap, ahead, now, backfill_window, choose, booked_out):  # noqa: B007 (the last turn's GPUs are the answer)
         pass
     return avail
 
 
 def served_now(
-    snap: Snapshot, rows: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose
+    snap: Snapshot, rows: Iterable[WaiterRow], now: datetime, backfill_window: float, choose: Choose,
+    booked_out: BookedOut | None = None,
 ) -> set[int]:
     """Ids of the queue rows (all of them, in queue order) that a grant would serve now.
 
     One pass over the queue for every waiter of a process: a waiter asks the
     ledger for its lease (a write) only when this says it would get one.
     """
-    return {row.id for row, _avail, served in _take_turns(snap, rows, now, backfill_window, choose) if served}
+    return {row.id for row, _avail, served in _take_turns(snap, rows, now, backfill_window, choose, booked_out)
+            if served}
 
 
 def timeout_message(req: Request, position: int, free: int, total: int, waited: float) -> str:

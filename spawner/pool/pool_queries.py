@@ -101,13 +101,16 @@ class PoolQueries:
                     for i, r in enumerate(o.rows)]
         return self._read(read)
 
-    def timeline(self, since: datetime, until: datetime | None = None) -> timeline.Timeline:
-        """When each GPU was lent or drained, and requests waited, inside [since, until) (until: now)."""
+    def timeline(self, since: datetime, until: datetime | None = None, hourly: bool = False) -> timeline.Timeline:
+        """When each GPU was lent or drained, and requests waited, inside [since, until) (until: now).
+
+        hourly: the ended leases' lent GPUs as GPU-seconds per hour from the rollup (for charts
+        whose steps are an hour or longer: the cost follows the hours, not the leases)."""
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
 
         def read(conn):
             now = self._store.now(conn)
-            return timeline.timeline(conn, since, min(until or now, now), now, self.waiter_stale_after)
+            return timeline.timeline(conn, since, min(until or now, now), now, self.waiter_stale_after, hourly)
         return self._read(read)
 
     def recent_leases(self, user: str, limit: int = 50) -> list[Lease]:

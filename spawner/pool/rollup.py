@@ -8,6 +8,8 @@ queue all read it.  So when a lease ends, in the same transaction:
   the database and clips exactly only the leases of its two edge hours (and the
   active leases, at most one per GPU): its cost follows the period, not the
   history.
+- `gpu_pool_lent_hours` adds its GPU-seconds to each of those hours for the whole pool: a
+  period's occupancy chart reads one row per hour.
 - `gpu_pool_decayed_use` adds the lease to its user's and each of its groups'
   GPU-hours decayed with the fair-share half-life (an exact integral, kept
   "as of" a time and decayed further when read): the queue's order reads one
@@ -25,12 +27,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, text, update
 
 from .schema import decayed_use_table as _d
 from .schema import lease_gpus_table as _lg
 from .schema import lease_hours_table as _h
 from .schema import leases_table as _l
+from .schema import lent_hours_table as _lh
 from .schema import meta_table as _m
 from .schema import usage_days_table as _ud
 from .schema import usage_hours_table as _uh
@@ -87,6 +90,8 @@ def _adder(table, column):
 
 
 ADD_HOUR, NEW_HOUR = _adder(_uh, "hour")
+ADD_LENT = update(_lh).where(_lh.c.hour == bindparam("w_at")).values(gpu_seconds=_lh.c.gpu_seconds + bindparam("add"))
+NEW_LENT = insert(_lh).values(hour=bindparam("w_at"), gpu_seconds=bindparam("add"))
 ADD_DAY, NEW_DAY = _adder(_ud, "day")
 LEASES_OF_HOUR = select(_h.c.lease_id).where(_h.c.hour == bindparam("hour"))
 HALF_LIFE = select(_m.c.value).where(_m.c.key == bindparam("key"))
@@ -190,6 +195,12 @@ def record_ended(store, conn, lease_ids: Iterable[int]) -> None:
                 params = {"w_at": at, "w_user": user, "w_groups": groups, "add": seconds}
                 if not store.run(conn, add, params):
                     store.run(conn, new, params)
+        lent: dict[datetime, float] = {}
+        for r in hour_rows:
+            lent[r["hour"]] = lent.get(r["hour"], 0.0) + r["gpu_seconds"]
+        for at, seconds in lent.items():
+            if not store.run(conn, ADD_LENT, {"w_at": at, "add": seconds}):
+                store.run(conn, NEW_LENT, {"w_at": at, "add": seconds})
     for (kind, name), ended_leases in adds.items():
         _add(store, conn, kind, name, ended_leases, hl)
 
@@ -234,6 +245,17 @@ def backfill(conn) -> None:
         rows = [{column: at, "user_name": u, "groups": g, "gpu_seconds": s} for (at, u, g), s in sums.items()]
         for i in range(0, len(rows), 5000):
             conn.execute(insert(table), rows[i:i + 5000])
+    lent: dict[datetime, float] = {}
+    for (at, _, _), seconds in hours.items():
+        lent[at] = lent.get(at, 0.0) + seconds
+    rows = [{"hour": at, "gpu_seconds": s} for at, s in sorted(lent.items())]
+    for i in range(0, len(rows), 5000):
+        conn.execute(insert(_lh), rows[i:i + 5000])
+    if conn.dialect.name == "postgresql":
+        # Tables just filled in bulk have no statistics until autovacuum comes round: without
+        # them the planner may scan a year of hours for one week's.
+        conn.execute(text("ANALYZE gpu_pool_leases, gpu_pool_lease_gpus, gpu_pool_lease_hours, "
+                          "gpu_pool_usage_hours, gpu_pool_usage_days, gpu_pool_lent_hours"))
 
 
 def ensure_decay(store, conn, configured: float, force: bool = False) -> None:
@@ -394,19 +416,46 @@ class _LazyTotals(Mapping):
         return len(set(self._rows) | set(self._live))
 
 
-def whole_hours(store, conn, first: datetime | None, end: datetime) -> list:
+def _negated(rows) -> list:
+    return [(user, groups, -seconds) for user, groups, seconds in rows]
+
+
+DAY = timedelta(days=1)
+DAY_ROW = _sums(_ud, "day", True)
+
+
+def _part_of_day(store, conn, day: datetime, lo: datetime, hi: datetime, last: datetime | None) -> list:
+    """The rows of the whole hours [lo, hi) inside `day`: the hours themselves, or the day's
+    sums less the hours of the day outside [lo, hi), whichever reads fewer hours (hours from
+    `last` on hold nothing yet: a period that ends now costs its last day's one row per user)."""
+    inside = (hi - lo) / HOUR
+    after = max(timedelta(0), min(day + DAY, last) - hi) if last is not None else day + DAY - hi
+    outside = (lo - day) / HOUR + after / HOUR
+    if inside <= outside + 1:
+        return store.rows(conn, HOURS_INSIDE, {"first": lo, "end": hi}) if lo < hi else []
+    rows = list(store.rows(conn, DAY_ROW, {"first": day, "end": day + DAY}))
+    if day < lo:
+        rows += _negated(store.rows(conn, HOURS_INSIDE, {"first": day, "end": lo}))
+    if hi < day + DAY:
+        rows += _negated(store.rows(conn, HOURS_INSIDE, {"first": hi, "end": day + DAY}))
+    return rows
+
+
+def whole_hours(store, conn, first: datetime | None, end: datetime, last: datetime | None = None) -> list:
     """(user, groups, GPU-seconds) rows of the whole hours [first, end) (first None: since the
-    start): the whole days from the daily sums, the hours around them from the hourly ones."""
+    start): the whole days from the daily sums, the hours around them from the hourly ones (or
+    their days' sums less the hours outside, see _part_of_day; a row may then be negative).
+    `last`: the first hour with no rolled-up use yet (the current one + 1), if known."""
     day0 = ceil_day(first) if first is not None else None
     day1 = floor_day(end)
     if first is not None and day0 is not None and day0 >= day1:
-        return store.rows(conn, HOURS_INSIDE, {"first": first, "end": end}) if first < end else []
+        return _part_of_day(store, conn, floor_day(first), first, end, last) if first < end else []
     rows = list(store.rows(conn, DAYS_INSIDE, {"first": day0, "end": day1}) if day0 is not None
                 else store.rows(conn, DAYS_BEFORE, {"end": day1}))
     if first is not None and day0 is not None and first < day0:
-        rows += store.rows(conn, HOURS_INSIDE, {"first": first, "end": day0})
+        rows += _part_of_day(store, conn, floor_day(first), first, day0, last)
     if day1 < end:
-        rows += store.rows(conn, HOURS_INSIDE, {"first": day1, "end": end})
+        rows += _part_of_day(store, conn, day1, day1, end, last)
     return rows
 
 
@@ -419,9 +468,17 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
     users: dict[str, float] = {}
     groups: dict[str, float] = {}
 
+    parsed: dict[str, tuple[str, ...]] = {}
+
     def add(user: str, groups_json: str | tuple, hours: float) -> None:
         users[user] = users.get(user, 0.0) + hours
-        for g in (json.loads(groups_json) if isinstance(groups_json, str) else groups_json):
+        names = groups_json
+        if isinstance(groups_json, str):
+            found = parsed.get(groups_json)
+            if found is None:
+                found = parsed[groups_json] = tuple(json.loads(groups_json))
+            names = found
+        for g in names:
             groups[g] = groups.get(g, 0.0) + hours
 
     if since is not None and since >= end:
@@ -436,8 +493,13 @@ def usage(store, conn, since: datetime | None, until: datetime | None, now: date
             edge_hours.add(floor_hour(since))
         if last != end:
             edge_hours.add(last)
-        for user, groups_json, seconds in whole_hours(store, conn, first, last):
+        # (Only ended leases are rolled up, so nothing is in the hours after the current one.)
+        for user, groups_json, seconds in whole_hours(store, conn, first, last, floor_hour(now) + HOUR):
             add(user, groups_json, seconds / 3600.0)
+        # A day's sums less its hours outside may leave a user or group at a rounding error of 0.
+        for found in (users, groups):
+            for name in [n for n, h in found.items() if abs(h) < 1e-9]:
+                del found[name]
     ids: set[int] = set()
     for hour in edge_hours:
         ids.update(i for (i,) in store.rows(conn, LEASES_OF_HOUR, {"hour": hour}))

@@ -35,7 +35,8 @@ from .models import PoolUnavailable
 # 8: gpu_pool_waiters.workers and gpu_pool_jobs.workers/units (gangs, cluster jobs)
 # 8: gpu_pool_lease_hours and gpu_pool_decayed_use (history rolled up, so reads cost what their
 # period holds, not the history), gpu_pool_bookings; 9: gpu_pool_readings.memory_used_mib
-SCHEMA_VERSION = 9
+# 10: gpu_pool_lent_hours (the pool's lent GPU-seconds per hour)
+SCHEMA_VERSION = 10
 NAME_MAX = 255
 
 
@@ -271,6 +272,15 @@ usage_days_table = Table(
     Column("gpu_seconds", Float, nullable=False),
 )
 
+# The GPU-seconds lent in each UTC hour, all users together (rollup.py adds each ended lease's
+# hours): a period's occupancy chart reads one row per hour, however busy the hour was.
+lent_hours_table = Table(
+    "gpu_pool_lent_hours",
+    metadata,
+    Column("hour", UTCDateTime, primary_key=True),
+    Column("gpu_seconds", Float, nullable=False),
+)
+
 # Each user's and group's GPU-hours decayed with the fair-share half-life, as of `as_of`
 # (ended leases only; active ones are added when read), and their undecayed total.
 decayed_use_table = Table(
@@ -341,6 +351,11 @@ def create_schema(conn) -> int | None:
         if int(version) < 9:
             # 8 -> 9: the agents' readings of GPU memory in use (unknown in the readings before).
             _add_columns(conn, "gpu_pool_readings", {"memory_used_mib": "INTEGER"})
+        if 8 <= int(version) < 10:
+            # 8 or 9 -> 10: the pool's lent GPU-seconds per hour, from the per-user hours (a ledger
+            # before 8 gets both from rollup.backfill).
+            conn.execute(text("INSERT INTO gpu_pool_lent_hours (hour, gpu_seconds) SELECT hour, SUM(gpu_seconds) "
+                              "FROM gpu_pool_usage_hours GROUP BY hour"))
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

@@ -25,6 +25,9 @@ class Request:
     hosts: tuple[str, ...] | None
     # A cluster (gang): `workers` leases of `count` GPUs each, granted together or not at all.
     workers: int = 1
+    # Seconds the leases are held at most (a batch job's timeout): GPUs booked for someone else
+    # before that are not lent to it, as nothing stops it at the booking's start.
+    holds_for: float | None = None
 
     @property
     def total(self) -> int:
@@ -140,3 +143,12 @@ def iso_time(text: str) -> datetime:
     """An ISO 8601 date or date-and-time, UTC unless it names a zone; ValueError when it is not one."""
     value = datetime.fromisoformat(text.strip())
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def holds_for(value) -> float | None:
+    """How long a request will hold its GPUs at most (None: unknown, stopped when needed)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise InvalidRequest(f"holds_for must be a number of seconds >= 0, not {value!r}")
+    return float(value)

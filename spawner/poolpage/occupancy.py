@@ -17,6 +17,8 @@ PERIODS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta
 DEFAULT_PERIOD = "7d"
 DEFAULT_BUCKETS = 96
 MAX_BUCKETS = 1000
+# Buckets this long or longer are drawn from the hourly rollup (see pool/timeline.py).
+HOURLY_FROM = timedelta(hours=1)
 
 
 def accumulate(spans, since: datetime, step: float, n: int) -> list[float]:
@@ -62,7 +64,13 @@ def series(tl: Timeline, buckets: int = DEFAULT_BUCKETS) -> dict:
     n = max(1, min(int(buckets), MAX_BUCKETS))
     step = max((tl.until - tl.since).total_seconds() / n, 1e-6)
     lent = accumulate(((s, 1) for spans in tl.lent.values() for s in spans), tl.since, step, n)
-    idle_drained = [(s, 1) for key, spans in tl.drained.items() for s in subtract(spans, tl.lent.get(key, []))]
+    if tl.hours:
+        # An hour's GPU-seconds (from the rollup), as a mean GPU count over its part of the period.
+        by_hour = accumulate(((span, seconds / max((span[1] - span[0]).total_seconds(), 1e-9))
+                              for span, seconds in tl.hours), tl.since, step, n)
+        lent = [a + b for a, b in zip(lent, by_hour)]
+    lent_of = tl.drained_lent if tl.drained_lent is not None else tl.lent
+    idle_drained = [(s, 1) for key, spans in tl.drained.items() for s in subtract(spans, lent_of.get(key, []))]
     drained = accumulate(idle_drained, tl.since, step, n)
     queue = accumulate(((span, 1) for span, _ in tl.queue), tl.since, step, n)
     queue_gpus = accumulate(((span, count) for span, count in tl.queue), tl.since, step, n)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from tests.unit.test_poolpage_history import records_over_time
+from tests.unit.test_poolpage_history import hourly_series_match_the_leases, records_over_time
 
 
 def test_postgres_records_leases_drains_and_the_queue_over_time(postgres_database):
     records_over_time(postgres_database)
+
+
+def test_postgres_a_long_periods_chart_from_the_hourly_rollup_matches_the_leases(postgres_database):
+    hourly_series_match_the_leases(postgres_database)

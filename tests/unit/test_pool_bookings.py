@@ -14,7 +14,7 @@ import requests
 
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, WaitTimeout, bookings
+from spawner.pool import GPUPool, InvalidRequest, WaitTimeout, bookings
 from spawner.pool.bookings import BookingRefused
 from tests.fixtures.services import free_port
 
@@ -90,19 +90,78 @@ def test_a_waiter_does_not_get_a_booked_gpu_but_the_booker_does(tmp_path):
     pool.book("bob", 1, now, now + H)
 
     async def main():
-        dave = asyncio.ensure_future(pool.acquire("dave", "", 1, timeout=1.0))
+        dave = asyncio.ensure_future(pool.acquire("dave", "", 1, timeout=60))
         while not pool.queue():
             await asyncio.sleep(0.02)
         bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
         while len(pool.queue()) < 2:
             await asyncio.sleep(0.02)
         pool.release(held.id)
-        got = await bob  # though dave waited first
-        with pytest.raises(WaitTimeout):
+        got = await bob  # while dave, who waited first, still waits ahead of him (the GPU is not his)
+        assert [w.user for w in pool.queue()] == ["dave"] and not dave.done()
+        dave.cancel()
+        with pytest.raises(asyncio.CancelledError):
             await dave
         return got
     assert asyncio.run(main()).user == "bob"
     pool.close()
+
+
+def test_a_waiter_gets_a_no_shows_gpu_once_its_grace_has_passed(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1, booking_grace=1.0)
+    now = datetime.now(UTC)
+    b = pool.book("dee", 1, now, now + H)
+
+    async def main():
+        alice = asyncio.ensure_future(pool.acquire("alice", "", 1, timeout=120))
+        while not pool.queue():
+            await asyncio.sleep(0.02)
+        assert not alice.done()  # the booking holds the GPU while dee may still come
+        # Her own waiting releases the booking once its grace has passed (not at her wait's end).
+        return await asyncio.wait_for(alice, 30)
+    lease = asyncio.run(main())
+    assert lease.user == "alice" and lease.started_at >= b.starts_at + timedelta(seconds=1)
+    assert pool.bookings() == []
+    pool.close()
+
+
+def test_a_job_is_not_lent_a_gpu_booked_for_someone_else_before_its_timeout(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1)
+    now = datetime.now(UTC)
+    pool.book("bob", 1, now + timedelta(minutes=30), now + H)
+
+    async def main():
+        # An hour's job would run into bob's window, and nothing stops a job there: it waits.
+        with pytest.raises(WaitTimeout):
+            await pool.acquire("ann", "job/1", 1, timeout=0.3, holds_for=3600)
+        # A 10-minute job ends before it: lent. So is a notebook server (told, and stopped then).
+        short = await pool.acquire("ann", "job/2", 1, timeout=5, holds_for=600)
+        pool.release(short.id)
+        server = await pool.acquire("ann", "", 1, timeout=5)
+        assert server.notice and server.notice.startswith("This GPU is booked from")
+        pool.release(server.id)
+        # bob's own job may hold it into his window.
+        mine = await pool.acquire("bob", "job/3", 1, timeout=5, holds_for=3600)
+        pool.release(mine.id)
+    asyncio.run(main())
+    with pytest.raises(InvalidRequest, match="holds_for must be a number of seconds"):
+        asyncio.run(pool.acquire("ann", "job/4", 1, timeout=1, holds_for=-1))
+    pool.close()
+
+
+def test_the_pool_page_books_by_the_lending_hubs_limits(tmp_path):
+    url = f"sqlite:///{tmp_path}/l.sqlite"
+    hub = make_pool(url, gpus=2, booking_max_hours=2, booking_grace=60)
+    page = GPUPool(db_url=url)  # the pool service's and the culler's: no inventory, no configuration
+    try:
+        assert (page.booking_limits().max_hours, page.booking_limits().grace_s) == (2, 60)
+        now = datetime.now(UTC)
+        with pytest.raises(BookingRefused, match="at most 2 hours"):
+            page.book("bob", 1, now + H, now + 4 * H)
+        assert page.bookings() == []
+    finally:
+        page.close()
+        hub.close()
 
 
 LIMITS = dict(booking_max_hours=4, booking_max_days_ahead=7, booking_max_gpu_hours_per_week=10,

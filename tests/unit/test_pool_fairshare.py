@@ -134,7 +134,7 @@ def test_an_upgraded_ledger_rolls_up_its_history_once(tmp_path):
     want = pool.usage()
     engine = pool._engine_ready()
     with engine.begin() as conn:  # the ledger as the release before left it (schema 7): no rollups
-        for table in ("gpu_pool_lease_hours", "gpu_pool_usage_hours", "gpu_pool_usage_days"):
+        for table in ("gpu_pool_lease_hours", "gpu_pool_usage_hours", "gpu_pool_usage_days", "gpu_pool_lent_hours"):
             conn.execute(text(f"DROP TABLE {table}"))
         conn.execute(text("DROP TABLE gpu_pool_decayed_use"))
         for index in ("ix_gpu_pool_leases_ended", "ix_gpu_pool_lease_gpus_ended", "ix_gpu_pool_queue_log_left"):

@@ -169,3 +169,73 @@ def test_count_axes_have_whole_numbers_on_their_grid_lines():
     svg = charts.area_chart("q", "queue", ["2026-01-01T00:00:00+00:00"], [("queue", [0.4])], "waiting", 60)
     labels = [t.text for t in ET.fromstring(svg).iter(f"{SVG}text")][:5]
     assert labels == ["0", "1", "2", "3", "4"]
+
+
+def test_a_long_periods_chart_from_the_hourly_rollup_matches_the_leases(tmp_path):
+    hourly_series_match_the_leases(f"sqlite:///{tmp_path / 'l.sqlite'}")
+
+
+def hourly_series_match_the_leases(url: str) -> None:
+    """The lent GPUs drawn from the hourly rollup equal those drawn from every lease: exactly in
+    hour-aligned buckets, and with the same GPU-hours over a period that ends now (an active
+    lease, a lease ended this hour, a drained GPU lent meanwhile). Also run on PostgreSQL."""
+    from spawner.pool import rollup
+    from spawner.pool.schema import lease_gpus_table, leases_table
+    from sqlalchemy import insert, text
+
+    pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=4, host="n"), poll_interval=0.05)
+    try:
+        pool.sync_inventory()
+        now = datetime.now(UTC)
+        gpus = [s.gpu for s in pool.gpus()]
+        this_hour = now.replace(minute=0, second=0, microsecond=0)
+        spans = [(now - timedelta(hours=40, minutes=17), now - timedelta(hours=37, minutes=2), 2),
+                 (now - timedelta(hours=30, minutes=5), now - timedelta(hours=29, minutes=58), 1),  # 7 min
+                 (now - timedelta(hours=3, minutes=30), max(this_hour, now - timedelta(minutes=1)), 1)]
+        with pool._engine_ready().begin() as conn:
+            for i, (start, end, n) in enumerate(spans, 1):
+                lid = conn.execute(insert(leases_table).values(
+                    user_name=f"u{i}", server_name="", host="n", groups="[]", started_at=start, ended_at=end,
+                    end_reason="stopped")).inserted_primary_key[0]
+                conn.execute(insert(lease_gpus_table), [dict(lease_id=lid, uuid=g.uuid, host="n", position=p,
+                                                             ended_at=end) for p, g in enumerate(gpus[:n])])
+            rollup.backfill(conn)
+        active = pool.try_acquire("ann", "", 1)  # lent since now, to the period's end
+        pool.drain(active.gpu_uuids[0], by="ada")  # drained while lent: counts as lent
+        # Hour-aligned: the same numbers, bucket by bucket.
+        start, end = this_hour - timedelta(hours=48), this_hour
+        exact = occupancy.series(pool.timeline(start, end), buckets=24)
+        hourly = occupancy.series(pool.timeline(start, end, hourly=True), buckets=24)
+        assert [round(x, 6) for x in hourly["lent"]] == [round(x, 6) for x in exact["lent"]]
+        assert sum(exact["lent"]) > 0
+        # Ending now (the current hour and the active lease exact): the same GPU-hours in all.
+        start = now - timedelta(days=2)
+        exact = occupancy.series(pool.timeline(start), buckets=32)
+        hourly = occupancy.series(pool.timeline(start, hourly=True), buckets=32)
+        # (each bucket is rounded to 0.001 GPU; the two reads are a moment apart)
+        assert abs(sum(hourly["lent"]) - sum(exact["lent"])) < 32 * 0.001 and sum(exact["lent"]) > 1
+        assert hourly["drained"] == exact["drained"] and hourly["free"][-1] == exact["free"][-1]
+        # A lease ended through the pool is rolled up as it ends; a ledger of schema 8 (no
+        # pool-wide hours yet) gets them from its users' hours when it is opened.
+        def lent_seconds() -> float:
+            with pool._engine_ready().connect() as conn:
+                return conn.execute(text("SELECT COALESCE(SUM(gpu_seconds), 0) FROM gpu_pool_lent_hours")).scalar()
+        before = lent_seconds()
+        pool.release(active.id)
+        ended = pool.lease(active.id)  # its GPU-seconds, added to the pool's hours as it ends
+        assert abs(lent_seconds() - before - (ended.ended_at - ended.started_at).total_seconds()) < 1e-3
+
+        def same_total() -> bool:
+            until = datetime.now(UTC)
+            exact = occupancy.series(pool.timeline(start, until), buckets=32)
+            hourly = occupancy.series(pool.timeline(start, until, hourly=True), buckets=32)
+            return abs(sum(hourly["lent"]) - sum(exact["lent"])) < 32 * 0.001
+        assert same_total()
+        with pool._engine_ready().begin() as conn:
+            conn.execute(text("DELETE FROM gpu_pool_lent_hours"))
+            conn.execute(text("UPDATE gpu_pool_meta SET value = '8' WHERE key = 'schema_version'"))
+        pool.close()
+        pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=4, host="n"), poll_interval=0.05)
+        assert same_total()
+    finally:
+        pool.close()

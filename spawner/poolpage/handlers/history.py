@@ -44,7 +44,10 @@ async def period_data(handler: BaseHandler, viewer: views.Viewer, buckets: int) 
     """The series and the GPU-hours of the chosen period (raises views.BadInput)."""
     since, until, name = chosen_period(handler, datetime.now(UTC))
     call = handler.call if isinstance(handler, APIHandler) else handler.ledger  # API: pool errors as 4xx/503
-    timeline = await call(handler.pool.timeline, since, until)
+    # Steps of an hour or more: the lent GPUs from the hourly rollup (exact per hour, spread evenly
+    # within it), so a busy week costs what its hours cost, not its thousands of leases.
+    hourly = (until - since) / buckets >= occupancy.HOURLY_FROM
+    timeline = await call(handler.pool.timeline, since, until, hourly)
     usage = views.usage_for(await call(handler.pool.usage, since, until), viewer)
     return {"period": name, "since": since.isoformat(), "until": until.isoformat(),
             # Off the event loop: bucketing a long history is seconds of CPU.

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from jupyterhub.utils import url_path_join
 
 from ...culling.deadline import CullRules, contended, deadline
 from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
+from ...pool.jobs import RUNNING, STARTING, JobLedger, is_job_server, job_id_of
 from ...pool.models import PoolError, iso
 from .. import estimate
 from .. import views
@@ -129,10 +130,15 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
         try:
             lengths = await handler.ledger(handler.pool.lease_lengths, LENGTHS)
             leases = await handler.ledger(handler.pool.leases)
+            booked = await handler.ledger(handler.pool.bookings)
+            waiters = await handler.ledger(handler.pool.queue)
+            jobs = await handler.ledger(JobLedger(handler.pool).jobs, None, True) if any(
+                is_job_server(lease.server_name) for lease in leases) else []
         except PoolError as exc:
             log.warning("No wait estimates: %s", exc)
             return {"cull": cull, "why": why, "estimated": False}
         activity = {(srv.user, srv.name): srv.last_activity for srv in running}
+        running_jobs = {j.id: j for j in jobs if j.state in (RUNNING, STARTING)}
         holdings = []
         for lease in leases:
             key = (lease.user, lease.server_name)
@@ -140,20 +146,45 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
             idle = last is not None and (now - last).total_seconds() > s.idle_after
             at = cull.get(key)
             aged = at is not None and "maximum age" in why.get(key, "")
-            whose = f"{lease.user}'s" if viewer.may_see(lease.user) else "an"
+            name = f"{lease.user}'s" if viewer.may_see(lease.user) else None
             reason = ""
             if at is not None:
-                reason = (f"{whose} server reaches its maximum age at {at.strftime('%H:%M')} UTC" if aged else
-                          f"{whose} idle server is culled at {at.strftime('%H:%M')} UTC if it stays idle")
+                reason = (f"{name or 'a'} server reaches its maximum age at {at.strftime('%H:%M')} UTC" if aged
+                          else f"{name or 'an'} idle server is culled at {at.strftime('%H:%M')} UTC if it stays idle")
             holdings.append(estimate.Holding(lease.started_at, len(lease.gpu_uuids),
-                                             at if idle or aged else None, reason))
-        free = sum(1 for g in gpus if g["state"] == "free")
-        for row, (seconds, reason) in zip(queue, estimate.waits_explained([w["count"] for w in queue], free,
-                                                                          holdings, now, lengths)):
+                                             at if idle or aged else None, reason,
+                                             ends=known_ends(lease, running_jobs, booked, now, name or "a"),
+                                             slots=tuple((lease.host, u) for u in lease.gpu_uuids)))
+        free = [(g["host"], g["uuid"]) for g in gpus if g["state"] == "free"]
+        # The raw queue read again (the rows hide names): matched by place, as both are in queue order.
+        who = [(w.user, tuple(w.groups)) for w in waiters][:len(queue)]
+        explained = estimate.waits_explained([w["count"] for w in queue], len(free), holdings, now, lengths,
+                                             bookings=booked, who=who, free_slots=free)
+        for row, (seconds, reason) in zip(queue, explained):
             row["estimate_s"] = None if seconds is None else round(seconds)
             row["estimate"] = estimate.say(seconds)
             row["estimate_why"] = reason if seconds is not None else ""
     return {"cull": cull, "why": why, "estimated": bool(queue)}
+
+
+def known_ends(lease, running_jobs: dict, booked: list, now: datetime, whose: str) -> tuple:
+    """The ends known for a lease at the latest, each with its reason: its job's timeout (a job
+    is stopped at its start + its timeout), the start of someone else's booking of its GPU (a
+    server is stopped then by the culler, reason `booking`; the culler stops no jobs)."""
+    ends = []
+    if is_job_server(lease.server_name):
+        job = running_jobs.get(job_id_of(lease.server_name))
+        if job is not None:
+            at = (job.started_at or lease.started_at) + timedelta(seconds=job.timeout_s)
+            ends.append((at, f"{whose} job reaches its timeout at {at.strftime('%H:%M')} UTC"))
+        return tuple(ends)
+    for b in booked:
+        # A booking for someone else of one of its GPUs, still to start or started: it ends the lease.
+        if b.host == lease.host and set(b.gpu_uuids) & set(lease.gpu_uuids) and b.ends_at > now \
+                and not b.for_(lease.user, lease.groups):
+            at = max(b.starts_at, now)
+            ends.append((at, f"{whose} server is stopped at {at.strftime('%H:%M')} UTC for a booking"))
+    return tuple(ends)
 
 
 def cull_text(at: datetime | None, now: datetime, reason: str = "") -> str:

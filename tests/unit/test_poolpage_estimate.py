@@ -1,0 +1,167 @@
+"""Wait estimates played forward over what is known: job timeouts and bookings (estimate.py, wait.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from spawner.pool.bookings import Booking
+from spawner.pool.jobs import Job
+from spawner.pool.models import Lease
+from spawner.poolpage import estimate
+from spawner.poolpage.handlers.wait import known_ends
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+H = timedelta(hours=1)
+M = timedelta(minutes=1)
+LENGTHS = [4 * 3600.0]  # past leases ran 4 h: a lease of typical length ends at its start + 4 h
+
+
+def booking(user: str, uuid: str, starts: datetime, ends: datetime, group: str | None = None) -> Booking:
+    return Booking(1, user, group, "node", (uuid,), starts, ends, user)
+
+
+def job(job_id: int, started: datetime, timeout_s: int, state: str = "running") -> Job:
+    return Job(job_id, "ann", (), "p", ("python",), "/home/ann", timeout_s, "node", 1000, 100, state, 7, None,
+               ("g0",), None, None, started, started, None)
+
+
+def test_a_running_jobs_lease_is_back_at_its_start_plus_its_timeout():
+    lease = Lease(7, "ann", "job/3", "node", ("g0",), (), NOW - 10 * M, None)
+    ends = known_ends(lease, {3: job(3, NOW - 10 * M, 1800)}, [], NOW, "ann's")
+    assert ends == ((NOW + 20 * M, "ann's job reaches its timeout at 12:20 UTC"),)
+    holding = estimate.Holding(lease.started_at, 1, ends=ends, slots=(("node", "g0"),))
+    # Sooner than the typical 4 h lease: the timeout is what the waiter is told.
+    assert estimate.waits_explained([1], 0, [holding], NOW, LENGTHS) == [
+        (1200.0, "ann's job reaches its timeout at 12:20 UTC")]
+    # The culler stops servers, not jobs: a booking of its GPU does not end it.
+    later = booking("bob", "g0", NOW + 5 * M, NOW + H)
+    assert known_ends(lease, {3: job(3, NOW - 10 * M, 1800)}, [later], NOW, "ann's") == ends
+    # A notebook server of the same age has no timeout: the typical length holds.
+    server = Lease(8, "ann", "", "node", ("g0",), (), NOW - 10 * M, None)
+    assert known_ends(server, {3: job(3, NOW - 10 * M, 1800)}, [], NOW, "ann's") == ()
+    assert estimate.waits_explained([1], 0, [estimate.Holding(server.started_at, 1)], NOW, LENGTHS) == [
+        (4 * 3600.0 - 600.0, "a lease of typical length ends")]
+
+
+def test_a_gpu_booked_by_someone_else_is_free_for_a_waiter_only_when_the_booking_ends():
+    # g0 is free now but booked by bob from now to 14:00; g1 is lent (typical end 13:00).
+    bob = booking("bob", "g0", NOW - 5 * M, NOW + 2 * H)
+    lent = estimate.Holding(NOW - 3 * H, 1, slots=(("node", "g1"),))
+    got = estimate.waits_explained([1, 1], 1, [lent], NOW, LENGTHS, bookings=[bob],
+                                   who=[("cy", ()), ("dee", ())], free_slots=[("node", "g0")])
+    assert got == [(3600.0, "a lease of typical length ends"),
+                   (7200.0, "a booking of a GPU ends at 14:00 UTC")]
+    # bob himself (or his group's members) is served from it at once.
+    assert estimate.waits_explained([1], 1, [lent], NOW, LENGTHS, bookings=[bob], who=[("bob", ())],
+                                    free_slots=[("node", "g0")]) == [(0.0, "GPUs are free now")]
+    course = booking("ada", "g0", NOW - 5 * M, NOW + 2 * H, group="course")
+    assert estimate.waits_explained([1], 1, [], NOW, LENGTHS, bookings=[course], who=[("eve", ("course",))],
+                                    free_slots=[("node", "g0")]) == [(0.0, "GPUs are free now")]
+
+
+def test_a_lease_on_a_gpu_booked_later_ends_at_the_bookings_start():
+    # ann holds g0 since 11:00; bob booked it 12:30-13:30: ann's server is stopped at 12:30.
+    lease = Lease(9, "ann", "", "node", ("g0",), (), NOW - H, None)
+    bob = booking("bob", "g0", NOW + 30 * M, NOW + 90 * M)
+    ends = known_ends(lease, {}, [bob], NOW, "a")
+    assert ends == ((NOW + 30 * M, "a server is stopped at 12:30 UTC for a booking"),)
+    holding = estimate.Holding(lease.started_at, 1, ends=ends, slots=(("node", "g0"),))
+    # bob, waiting, gets it when the booking starts; cy only when it ends.
+    assert estimate.waits_explained([1], 0, [holding], NOW, LENGTHS, bookings=[bob], who=[("bob", ())]) == [
+        (1800.0, "a server is stopped at 12:30 UTC for a booking")]
+    assert estimate.waits_explained([1], 0, [holding], NOW, LENGTHS, bookings=[bob], who=[("cy", ())]) == [
+        (5400.0, "a booking of a GPU ends at 13:30 UTC")]
+    # cy waits first, bob behind her: the queue lets bob pass (the GPU is not cy's in the window).
+    assert estimate.waits_explained([1, 1], 0, [holding], NOW, LENGTHS, bookings=[bob],
+                                    who=[("cy", ()), ("bob", ())]) == [
+        (5400.0, "a booking of a GPU ends at 13:30 UTC"), (1800.0, "a server is stopped at 12:30 UTC for a booking")]
+    # The booker's own lease is not cut by the booking.
+    assert known_ends(Lease(9, "bob", "", "node", ("g0",), (), NOW - H, None), {}, [bob], NOW, "a") == ()
+
+
+def test_a_gpu_coming_back_inside_someone_elses_booking_waits_for_its_end():
+    # g1 is back at 13:00 (its typical end), but bob booked it 12:45-15:00: for cy it is free at 15:00.
+    lent = estimate.Holding(NOW - 3 * H, 1, slots=(("node", "g1"),))
+    b = booking("bob", "g1", NOW + 45 * M, NOW + 3 * H)
+    assert estimate.waits_explained([1], 0, [lent], NOW, LENGTHS, bookings=[b], who=[("cy", ())]) == [
+        (3 * 3600.0, "a booking of a GPU ends at 15:00 UTC")]
+    # Without bookings, the old count model: the same answer as before.
+    assert estimate.waits([1], 0, [lent], NOW, LENGTHS) == [3600.0]
+
+
+def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
+    """The pool service's api/wait (the hub's login and server list stood in for): cy and dee
+    wait for the GPUs of dan's job (20 min timeout) and of ann's server on a GPU bob booked from
+    in 30 min; each is told what ends her wait: the job's timeout, then bob's booking (not
+    ann's stop)."""
+    import asyncio
+    import threading
+
+    import requests
+
+    from spawner.inventory import SimulatedInventory
+    from spawner.pool import GPUPool
+    from spawner.poolpage import app
+    from spawner.poolpage.handlers import base as handlers
+    from spawner.poolpage.hubapi import Server
+    from tests.fixtures.services import free_port
+
+    from spawner.pool.jobs import RUNNING, JobLedger, job_server_name
+
+    pool = GPUPool(inventory=SimulatedInventory(count=2, host="node"), db_url=f"sqlite:///{tmp_path}/l.sqlite")
+    pool.sync_inventory()
+    now = datetime.now(UTC)
+    held = pool.try_acquire("ann", "", 1)
+    later = pool.book("bob", 1, now + 30 * M, now + 90 * M)  # (on ann's GPU: the other is dan's)
+    # dan's job holds the other GPU, running, with a timeout of 20 min.
+    jobs = JobLedger(pool)
+    job = jobs.create("dan", [], "p", ["python"], "/home/dan", 1200, "node", 1000, 100)
+    job_lease = pool.try_acquire("dan", job_server_name(job.id), 1)
+    assert job_lease is not None and job_lease.gpu_uuids != held.gpu_uuids and later.gpu_uuids == held.gpu_uuids
+    job = jobs.update(job.id, None, "started_at", state=RUNNING, lease_id=job_lease.id)
+    for user in ("cy", "dee"):  # their queue rows, as their waiting spawns write them
+        waiting = pool._write(pool._attempt, pool._make_request(user, "", 1, [], None), None, True)
+        assert waiting.lease is None and waiting.waiter_id is not None
+
+    class Hub:
+        async def active_servers(self):
+            return [Server("ann", "", lease_id=held.id, host="node", gpu_uuids=held.gpu_uuids, ready=True,
+                           last_activity=now, started=now)]
+
+    original = handlers.BaseHandler.get_current_user
+    handlers.BaseHandler.get_current_user = lambda self: {"name": self.request.headers["X-User"], "scopes": [],
+                                                          "kind": "user", "groups": []}
+    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
+
+    def run():
+        asyncio.set_event_loop(loop)
+        web_app = app.make_app(pool, "/services/gpu-pool/", "/", False)
+        web_app.settings["hub_api"] = Hub()
+        web_app.listen(port, "127.0.0.1")
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        got = requests.get(f"http://127.0.0.1:{port}/services/gpu-pool/api/wait", headers={"X-User": "cy"},
+                           timeout=30).json()
+        cy, dee = got["queue"]
+        # cy, first: dan's job is stopped at its timeout (his name hidden from her).
+        ends = job.started_at + timedelta(seconds=1200)
+        assert cy["yours"] and cy["estimate_why"] == f"a job reaches its timeout at {ends:%H:%M} UTC"
+        assert 20 * 60 - 120 < cy["estimate_s"] <= 20 * 60
+        # dee, next: ann's GPU is hers only when bob's booking of it ends.
+        assert dee["estimate_why"] == f"a booking of a GPU ends at {later.ends_at:%H:%M} UTC"
+        assert 90 * 60 - 120 < dee["estimate_s"] <= 90 * 60 and dee["estimate"].endswith("(estimate)")
+        assert "booking" in got["note"] and "job's timeout" in got["note"]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        handlers.BaseHandler.get_current_user = original
+        pool.close()
