@@ -105,28 +105,34 @@ def _context_paths() -> list[Path]:
     return sorted(paths)
 
 
-def fill_node_modules(cache: Path) -> Path:
-    """The in-lab extension's npm packages, exactly as its lock file says, installed by the
-    host's npm (its own registry and TLS settings) into a cache keyed by the lock file;
-    returns that node_modules folder.  No install scripts run: the packages are only read
-    by the TypeScript compiler and the JupyterLab builder in the image build."""
-    lock = LABEXTENSION / "package-lock.json"
-    key = hashlib.sha256((LABEXTENSION / "package.json").read_bytes() + lock.read_bytes()).hexdigest()[:16]
-    target = cache / "npm" / key
+def npm_ci_cached(package_dir: Path, cache: Path, cache_name: str, what: str, *npm_args: str) -> Path:
+    """`npm ci` of package_dir's package.json and lock file by the host's npm (its own registry
+    and TLS settings; no install scripts), into a cache folder keyed by those two files;
+    returns that folder.  `what` names the packages in messages."""
+    lock = package_dir / "package-lock.json"
+    key = hashlib.sha256((package_dir / "package.json").read_bytes() + lock.read_bytes()).hexdigest()[:16]
+    target = cache / cache_name / key
     if not (target / ".complete").exists():
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        shutil.copy2(LABEXTENSION / "package.json", target)
+        shutil.copy2(package_dir / "package.json", target)
         shutil.copy2(lock, target)
         if shutil.which("npm") is None:
-            raise SystemExit("build: npm is needed on the host to fetch the JupyterLab extension's packages "
+            raise SystemExit(f"build: npm is needed on the host to fetch {what} "
                              "(with the host's own npm settings); install Node.js and npm")
-        log("fetching the JupyterLab extension's npm packages with the host's npm settings")
-        run(["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"], cwd=target,
-            stdout=sys.stderr)
+        log(f"fetching {what} with the host's npm settings")
+        run(["npm", "ci", *npm_args, "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=target, stdout=sys.stderr)
         (target / ".complete").touch()
-    return target / "node_modules"
+    return target
+
+
+def fill_node_modules(cache: Path) -> Path:
+    """The in-lab extension's npm packages, exactly as its lock file says (see npm_ci_cached);
+    returns that node_modules folder.  They are only read by the TypeScript compiler and the
+    JupyterLab builder in the image build."""
+    return npm_ci_cached(LABEXTENSION, cache, "npm", "the JupyterLab extension's npm packages") / "node_modules"
 
 
 def inputs_hash(variant: str, base_image: str, requirements: str, bytecode: str = "warmup") -> str:

@@ -108,24 +108,8 @@ def build_wheel(dest: Path) -> Path:
 
 def fill_chp(cache: Path) -> Path:
     """configurable-http-proxy's node_modules, exactly as images/hub/package-lock.json says,
-    installed by the host's npm (no install scripts) into a cache keyed by the lock file."""
-    lock = HUB_DIR / "package-lock.json"
-    key = hashlib.sha256((HUB_DIR / "package.json").read_bytes() + lock.read_bytes()).hexdigest()[:16]
-    target = cache / "npm-hub" / key
-    if not (target / ".complete").exists():
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        shutil.copy2(HUB_DIR / "package.json", target)
-        shutil.copy2(lock, target)
-        if shutil.which("npm") is None:
-            raise SystemExit("build: npm is needed on the host to fetch configurable-http-proxy "
-                             "(with the host's own npm settings); install Node.js and npm")
-        notebook_build.log("fetching configurable-http-proxy with the host's npm settings")
-        notebook_build.run(["npm", "ci", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund",
-                            "--loglevel=error"], cwd=target, stdout=sys.stderr)
-        (target / ".complete").touch()
-    return target
+    installed by the host's npm into a cache keyed by the lock file."""
+    return notebook_build.npm_ci_cached(HUB_DIR, cache, "npm-hub", "configurable-http-proxy", "--omit=dev")
 
 
 def build(base_image: str, repo: str = "gpuhub/hub") -> str:
