@@ -131,6 +131,8 @@ class DockerJobEngine:
                 {spec.network: self.api.create_endpoint_config(aliases=list(spec.aliases))})
         await self.docker("create_container", **create)
         try:
+            for extra in spec.extra_networks:  # Docker creates a container on one network only
+                await self.docker("connect_container_to_network", spec.name, extra)
             await self.docker("start", spec.name)
         except BaseException:
             await self.remove(spec.name)

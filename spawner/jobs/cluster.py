@@ -75,6 +75,8 @@ def worker_specs(job: Job, profile: Profile, settings: JobSettings, home_volume:
             volumes={home_volume: settings.home_mount_point}, gpus=gpus,
             host=host if host != settings.host else "",
             network=network, aliases=(name,),
+            # The cluster's own network always; the hub's too only where the profile allows jobs it.
+            extra_networks=(settings.network,) if profile.job_network else (),
             cpu_limit=profile.cpu_limit or None, mem_limit=profile.mem_limit or None, shm_size=settings.shm_size,
         ))
     return specs

@@ -46,6 +46,9 @@ class UnitSpec:
     host: str = ""  # the node it must run on (a Swarm node's hostname); "" = the engine's own host
     network: str | None = None  # a network to join; None = no network
     aliases: tuple[str, ...] = ()  # names the other units of its job reach it by on `network`
+    # Networks joined besides `network` (a cluster worker whose profile has job_network: the
+    # hub's network); [] for every unit whose profile does not allow one.
+    extra_networks: tuple[str, ...] = ()
     cpu_limit: float | None = None
     mem_limit: str | int | None = None
     shm_size: str = "64m"

@@ -131,6 +131,7 @@ class SwarmJobEngine(DockerJobEngine):
         constraints = [f"node.hostname=={spec.host}"] if spec.host else list(self.settings.cpu_constraints)
         networks = [NetworkAttachmentConfig(spec.network or isolated_network(spec.name),
                                             aliases=list(spec.aliases) or None)]
+        networks += [NetworkAttachmentConfig(extra) for extra in spec.extra_networks]
         task = TaskTemplate(
             container_spec=container, resources=resources, restart_policy=RestartPolicy(condition="none"),
             placement=Placement(constraints=constraints or None), networks=networks,

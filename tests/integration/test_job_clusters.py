@@ -212,3 +212,24 @@ def test_the_pool_page_form_submits_a_cluster_and_the_page_shows_its_workers(mak
         assert f"worker {unit['worker']}" in own and unit["gpus"][0] in own
     assert jobs_api(hub, "DELETE", f"/{job_id}", pat).json()["state"] == "cancelled"
     assert not hub.ledger().leases() and not job_containers(hub, docker_client, job_id)
+
+
+def test_a_profile_that_allows_jobs_the_hubs_network_puts_every_worker_on_it_too(make_hub, docker_client):
+    # tf-gpu-1 allows jobs the hub's network: a cluster's workers join it besides their own.
+    hub, tokens = job_hub(make_hub, extra_config="""
+c.GPUDockerSpawner.profiles = [dict(p, job_network=True) if p["slug"] == "tf-gpu-1" else p
+                               for p in c.GPUDockerSpawner.profiles]
+""")
+    pat = tokens["pat"]
+    j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sleep", "300"], "workers": 2})
+    wait_for(lambda: len(job_containers(hub, docker_client, j["id"])) == 2 and job(hub, pat, j["id"])["started_at"],
+             hub=hub, what="the cluster running")
+    hub_network = hub.env["GPUHUB_DOCKER_NETWORK"]
+    for container in job_containers(hub, docker_client, j["id"]):
+        container.reload()
+        networks = container.attrs["NetworkSettings"]["Networks"]
+        assert set(networks) == {f"{hub.prefix}-job-{j['id']}-net", hub_network}, networks
+        # Its peers still find it by its stable name, on the cluster's own network.
+        assert container.name in networks[f"{hub.prefix}-job-{j['id']}-net"]["Aliases"]
+    assert jobs_api(hub, "DELETE", f"/{j['id']}", pat).json()["state"] == "cancelled"
+    wait_for(lambda: not job_containers(hub, docker_client, j["id"]), hub=hub, what="its containers removed")

@@ -38,6 +38,24 @@ def test_every_worker_gets_its_own_gpus_and_a_tf_config_naming_all_by_stable_nam
         create, host = DockerJobEngine(settings).create_args(spec)
         assert host["network_mode"] == "gpuhub-job-12-net" and host["cap_drop"] == ["ALL"]
         assert host["device_requests"][0]["DeviceIDs"] == [f"GPU-{i}"]
+        assert spec.extra_networks == ()
+
+
+def test_a_profile_that_allows_jobs_the_hubs_network_gives_it_to_each_worker_too():
+    import dataclasses
+
+    from spawner.swarm.jobs import SwarmJobEngine
+
+    settings = JobSettings(prefix="gpuhub", host="node1", network="gpuhub-net")
+    profile = dataclasses.replace(next(p for p in PROFILES if p.slug == "tf-gpu-1"), job_network=True)
+    leases = [Lease(20 + i, "pat", f"job/12/worker-{i}", "node1", (f"GPU-{i}",), (), None) for i in range(2)]
+    job = _job(workers=2, units=tuple(units_of(leases, 2, "node1")))
+    for spec in worker_specs(job, profile, settings, "gpuhub-home-pat", "ledger1"):
+        # Its peers by name on the cluster's own network, and the hub's network besides.
+        assert spec.network == "gpuhub-job-12-net" and spec.extra_networks == ("gpuhub-net",)
+        task = SwarmJobEngine(dataclasses.replace(settings, engine="swarm")).service_args(spec)["task_template"]
+        assert [(n["Target"], n.get("Aliases")) for n in task["Networks"]] == [
+            ("gpuhub-job-12-net", [spec.name]), ("gpuhub-net", None)]
 
 
 def test_tf_config_and_a_cpu_clusters_units():
