@@ -7,30 +7,24 @@ host: validation here, SQL in release.py; the facade supplies the store
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import release
 from . import queries
 from . import validation
+from .facade_part import PoolPart
 from .models import EndReason, GPUStatus, InvalidRequest, Lease
 
 if TYPE_CHECKING:
     from .placement import Topology
-    from .store import Store
 
 
-class PoolAdministration:
+class PoolAdministration(PoolPart):
     """GPUPool's admin operations (see the module docstring)."""
 
-    # Supplied by the GPUPool facade (declared for the type checker only).
-    _store: Store
+    # Supplied by the GPUPool facade besides PoolPart's (declared for the type checker only).
     _topology: Topology
-    log: logging.Logger
-    _write: Callable[..., Any]
-    _read: Callable[..., Any]
-    _notify: Callable[[], None]
     gpus: Callable[[], list[GPUStatus]]
 
     def reconcile(self, host: str, live_lease_ids: Iterable[int]) -> list[Lease]:

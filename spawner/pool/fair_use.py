@@ -7,28 +7,23 @@ its options (traits), its log and its wake-ups.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import bookings, budget, fairshare, rollup, validation
 from .bookings import Booking
+from .facade_part import PoolPart
 from .models import InvalidRequest
 
 if TYPE_CHECKING:
-    from .store import Store
+    pass
 
 
-class PoolFairUse:
+class PoolFairUse(PoolPart):
     """GPUPool's budgets, bookings and fair-share standings (see the module docstring)."""
 
-    # Supplied by the GPUPool facade (declared for the type checker only).
-    _store: Store
-    log: logging.Logger
-    _write: Callable[..., Any]
-    _read: Callable[..., Any]
-    _notify: Callable[[], None]
+    # Supplied by the GPUPool facade besides PoolPart's (declared for the type checker only).
     inventory: Any
     gpu_hour_budget: float | None
     group_gpu_hour_budgets: dict

@@ -8,20 +8,16 @@ database's clock, and the hub's inventory and the culler read them back.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, delete, insert, select
 
 from ..inventory.machine import parse_cuda_version
 from . import validation
+from .facade_part import PoolPart
 from .models import InvalidRequest
 from .schema import readings_table
-
-if TYPE_CHECKING:
-    from .store import Store
 
 MAX_READINGS = 1024  # per call: far more GPUs than one node has
 UUID_MAX = 128  # the column's width
@@ -129,13 +125,8 @@ def fresh(store, conn, max_age: float, host: str | None) -> list[Reading]:
                     r.memory_used_mib) for r in rows]
 
 
-class PoolReadings:
-    """GPUPool's reading methods (a mixin; the facade supplies `_write`, `_read`, `_store`)."""
-
-    # Supplied by the GPUPool facade (declared for the type checker only).
-    _store: Store
-    _write: Callable[..., Any]
-    _read: Callable[..., Any]
+class PoolReadings(PoolPart):
+    """GPUPool's reading methods (a mixin of the GPUPool facade)."""
 
     def record_readings(self, host: str, readings: dict[str, float | dict | None], cuda_version: str | None = None
                         ) -> datetime:

@@ -8,34 +8,28 @@ an end in release.py.  The facade supplies the store, its options, its topology 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import budget, grant, release, validation
+from .facade_part import PoolPart
 from .models import EndReason, InvalidRequest, Lease
 from .validation import HostChoice, Request
 from .waiting import QueueWatch, Wait
 
 if TYPE_CHECKING:
     from .placement import Topology
-    from .store import Store
     from .waiting import Wakeups
 
 
-class PoolLeasing:
+class PoolLeasing(PoolPart):
     """GPUPool's acquire and release (see the module docstring)."""
 
-    # Supplied by the GPUPool facade (declared for the type checker only).
-    _store: Store
+    # Supplied by the GPUPool facade besides PoolPart's (declared for the type checker only).
     _topology: Topology
     _wakeups: Wakeups
     _watches: dict[Any, QueueWatch]
-    log: logging.Logger
-    _write: Callable[..., Any]
-    _read: Callable[..., Any]
-    _notify: Callable[[], None]
     _make_request: Callable[..., Request]
     _attempt: Callable[..., grant.Outcome]
     _rules: Callable[..., grant.QueueRules]

@@ -6,32 +6,27 @@ SQL in queries.py, rollup.py and timeline.py; the facade supplies the store and 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import ColumnElement
 
 from . import fairshare, grant, queries, rollup, timeline, validation
+from .facade_part import PoolPart
 from .models import GPUStatus, Lease, Waiter
 from .policy import WaiterRow
 from .schema import leases_table
 
 if TYPE_CHECKING:
-    from .store import Store
+    pass
 
 
-class PoolQueries:
+class PoolQueries(PoolPart):
     """GPUPool's reads (see the module docstring)."""
 
-    # Supplied by the GPUPool facade (declared for the type checker only).
-    _store: Store
-    log: logging.Logger
-    _write: Callable[..., Any]
-    _read: Callable[..., Any]
-    _notify: Callable[[], None]
+    # Supplied by the GPUPool facade besides PoolPart's (declared for the type checker only).
     waiter_stale_after: float
     queue_order: str
     _use_cache: dict | None
