@@ -43,6 +43,11 @@ class HomeOwner(Protocol):
     fallback_uid: int
     fallback_gid: int
 
+    @property
+    def container_limits(self) -> ContainerLimits:
+        """The pids and log bounds of its helper containers (c.ContainerLimits)."""
+        ...
+
     def _render_templates(self, template: str) -> str: ...
     async def docker(self, method: str, *args, **kwargs) -> Any: ...
     def has_directory_identity(self) -> bool: ...
@@ -61,10 +66,9 @@ _HELPER_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuhub-h
 _known_owner: dict[str, str] = {}
 
 
-def helper_bounds(spawner) -> dict:
+def helper_bounds(spawner: HomeOwner) -> dict:
     """The pids and log bounds of a helper container of `spawner` (its c.ContainerLimits)."""
-    limits = getattr(spawner, "container_limits", None) or ContainerLimits()
-    return limits.host_config(helper=True)
+    return spawner.container_limits.host_config(helper=True)
 
 
 class _Claim:

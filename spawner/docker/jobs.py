@@ -76,6 +76,9 @@ def phase_of(state: str) -> str:
 class DockerJobEngine:
     """See the module docstring; `api`: a docker.APIClient (made on first use if None)."""
 
+    # A container's log is there the moment it ends (JobEngine.log_settle_seconds).
+    log_settle_seconds = 0.0
+
     def __init__(self, settings: JobSettings, api=None):
         self.settings = settings
         self._api = api

@@ -85,6 +85,10 @@ class JobEngine(Protocol):
     """What the jobs runner needs of an engine.  Every method but `open_follow` is a
     coroutine that never blocks the event loop."""
 
+    # Seconds an ended unit's log may take to arrive after it ended (Swarm's come from the
+    # node): the runner reads it before the stop too, and again while it reads empty.  0: none.
+    log_settle_seconds: float
+
     async def create(self, spec: UnitSpec) -> None:
         """Create the unit and start it; raises if the engine refuses (nothing left behind)."""
 

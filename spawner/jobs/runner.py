@@ -72,10 +72,9 @@ class JobRunner:
         """On Swarm, the ledger learns the nodes as Swarm reports them now before a job leases
         (the service's pool then has the Swarm inventory; on one host it has none)."""
         inventory = self.pool.inventory
-        if inventory is None or not getattr(inventory, "multi_host", False):
+        if inventory is None or not inventory.multi_host:
             return
-        if hasattr(inventory, "forget_cache"):
-            inventory.forget_cache()
+        inventory.forget_cache()
         try:
             await self.call(self.pool.sync_inventory)
         except Exception as exc:  # the ledger's last view then stands
@@ -408,7 +407,7 @@ class JobRunner:
             return
         # An engine whose stop may take the log with it (Swarm removes a scaled-down task's
         # container) has it read before, too.
-        settles = float(getattr(self.engine, "log_settle_seconds", 0.0)) > 0
+        settles = self.engine.log_settle_seconds > 0
         early = await self.read_log(job) if job.container and settles else None
         stopped = await self._stop_container(job)
         if job.lease_id is not None:
@@ -453,7 +452,7 @@ class JobRunner:
         """The ended unit's log to keep.  An engine whose logs arrive after its task ends
         (Swarm's come from the node) says how long to look again while it reads empty."""
         output = await self.read_log(job)
-        settle = getattr(self.engine, "log_settle_seconds", 0.0)
+        settle = self.engine.log_settle_seconds
         loop = asyncio.get_running_loop()
         until = loop.time() + settle
         while output == "" and loop.time() < until:

@@ -501,7 +501,7 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
 
     def _make_request(self, user, server_name, count, groups, host: HostChoice, workers: int = 1) -> Request:
         default_host = (self.inventory.host if self.inventory is not None
-                        and not getattr(self.inventory, "multi_host", False) else None)
+                        and not self.inventory.multi_host else None)
         return validation.make_request(user, server_name, count, groups, host, default_host, workers)
 
     def _rules(self, groups: Iterable[str] = ()) -> QueueRules:

@@ -5,9 +5,11 @@ The Swarm engine of `lending.GPULendingSpawner`, on dockerspawner's
 pinned to that node by a placement constraint, and its task gets exactly
 those GPUs through `NVIDIA_VISIBLE_DEVICES` (the GPU nodes run `nvidia` as
 their default runtime; Swarm services cannot take device requests).  CPU
-servers get `void`.  It is a `GPUDockerSpawner` in everything that is not the
-engine (profiles, leases, lock-down, home ownership, every c.GPUDockerSpawner
-option) and answers `lease_holders` from Swarm's tasks.
+servers get `void`.  What is not the engine it shares with the Docker engine
+through `lending.docker_common.GPUContainerSpawner` (profiles, leases,
+lock-down, home ownership, and every c.GPUDockerSpawner option, which applies
+here too), never the Docker engine's own methods; it answers `lease_holders`
+from Swarm's tasks.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from tornado import web
 from traitlets import Bool, Dict, Float, List, Unicode, default
 
 from ..containers import hardened_host_config, lease_labels
-from ..docker.spawner import GPUDockerSpawner
 from ..homes import prepare_home_volume
 from ..labels import pool_identity
+from ..lending.docker_common import GPUContainerSpawner
 from ..pool import PoolError
 from ..pool.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
@@ -39,7 +41,7 @@ SQLITE_REFUSED = ("gpu-swarm lends the GPUs of several hosts from one ledger, wh
                   "an SQLite ledger lives on one machine.")
 
 
-class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
+class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
     """Lends GPUs of any Swarm node from one locked pool (see the module docstring)."""
 
     home_volume_driver_options = Dict(
@@ -103,14 +105,12 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     def _default_inventory_kind(self):
         return "swarm"
 
-    @default("use_internal_ip")
-    def _default_use_internal_ip(self):
-        return True
-
     # Containers behind services are always removed with the service.
     remove = True
     # node id -> (hostname, why) of the nodes no server may run on (see _check_lockdown).
     _refused_nodes: dict[str, tuple[str, str]] = {}
+    # Whether this server's lease carries a quiet-node problem to clear (see _note_quiet_node).
+    _quiet_noted = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -269,7 +269,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             return
         problem = (f"node {self.gpu_host or '?'} is {state} (quiet for {quiet:.0f} s): its server is kept "
                    f"for up to {self.node_down_grace:g} s, then its lease ends" if quiet is not None else "")
-        if problem == "" and not getattr(self, "_quiet_noted", False):
+        if problem == "" and not self._quiet_noted:
             return
         self._quiet_noted = bool(problem)
         try:

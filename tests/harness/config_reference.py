@@ -23,6 +23,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "images" / "jupyter
 # (module, class): the classes whose own options the reference documents.
 CLASSES = [
     ("spawner.lending", "GPULendingSpawner"),
+    # Both engines' shared options, read from c.GPUDockerSpawner (its section_names).
+    ("spawner.lending.docker_common", "GPUContainerSpawner"),
     ("spawner.docker.spawner", "GPUDockerSpawner"),
     ("spawner.swarm", "GPUSwarmSpawner"),
     ("spawner.pool", "GPUPool"),
@@ -74,10 +76,13 @@ def reference() -> str:
         traits = cls.class_own_traits(config=True)
         if not traits:
             continue
-        lines += [f"### `{class_name}`", "", "| option | default | what it does |", "|---|---|---|"]
+        # The section its options are documented under: the one traitlets reads last for it
+        # (its own name, but GPUDockerSpawner for the engines' shared base).
+        section = cls.section_names()[-1]
+        lines += [f"### `{section}`", "", "| option | default | what it does |", "|---|---|---|"]
         for name in sorted(traits):
             trait = traits[name]
-            lines.append(f"| `c.{class_name}.{name}` | `{_default(trait)}` | {_help(trait)} |")
+            lines.append(f"| `c.{section}.{name}` | `{_default(trait)}` | {_help(trait)} |")
         lines.append("")
     lines.append(END)
     return "\n".join(lines)

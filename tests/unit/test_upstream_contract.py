@@ -14,7 +14,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from dockerspawner import DockerSpawner
+from dockerspawner import DockerSpawner, SwarmSpawner
 from jupyterhub.app import JupyterHub
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.spawner import Spawner
@@ -61,9 +61,32 @@ def test_dockerspawner_eval_if_callable_takes_one_value():
 
 
 def test_dockerspawner_inspects_its_object_through_get_object():
-    # spawner/docker/spawner.py wraps get_object() to keep the container's labels for poll().
+    # spawner/lending/docker_common.py wraps get_object() to keep the container's (or the
+    # service's) labels for poll(), which adopts the lease they name.
     assert inspect.iscoroutinefunction(DockerSpawner.get_object)
     assert "get_object" in _source(DockerSpawner.poll)
+    # On Swarm, poll() reaches the service through get_task(), which inspects it with get_object().
+    assert "get_task" in _source(SwarmSpawner.poll)
+    assert "self.get_object()" in _source(SwarmSpawner.get_task)
+
+
+def test_dockerspawner_renders_templates_of_one_object_in_the_user_s_namespace():
+    # spawner/swarm/spawner.py (the home mount and its driver options) and spawner/homes.py (the
+    # home volume's name) render `{username}` through DockerSpawner._render_templates.
+    params = list(inspect.signature(DockerSpawner._render_templates).parameters)
+    assert params == ["self", "obj", "ns"]
+    assert "self.template_namespace()" in _source(DockerSpawner._render_templates)
+
+
+def test_traitlets_finds_a_configurables_sections_through_section_names():
+    # spawner/lending/docker_common.py adds the `GPUDockerSpawner` section to the Swarm spawner's
+    # by overriding Configurable.section_names; loading and reloading config must both ask it.
+    from traitlets.config import Configurable
+
+    assert "self.section_names()" in _source(Configurable._find_my_config)
+    source = _source(Configurable)
+    config_changed = source[source.index("def _config_changed("):].split("\n    def ")[0]
+    assert "section_names = self.section_names()" in config_changed
 
 
 def test_hub_auth_get_user_is_async_on_request_and_caches_on_the_handler():
