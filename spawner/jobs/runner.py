@@ -157,7 +157,7 @@ class JobRunner:
         if sub.profile.gpus:
             await self._sync_inventory()
             try:
-                hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels))
+                hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels), sub.profile.image)
                 await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts, "", sub.workers)
             except JobRefused as exc:
                 raise JobError(str(exc), 409) from None
@@ -299,7 +299,7 @@ class JobRunner:
             if not profile.gpus:
                 return None
             await self._sync_inventory()
-            hosts = await self.engine.lease_hosts(dict(profile.node_labels))
+            hosts = await self.engine.lease_hosts(dict(profile.node_labels), profile.image)
             if job.is_cluster:
                 return await cluster.lease(self, job, profile, hosts)
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
