@@ -21,6 +21,7 @@ from ..labels import pool_identity
 from ..identity import container_identity
 from ..ledger_io import ledger_call
 from ..pool import GPUPool, PoolError
+from ..pool.placement import host_demand
 from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED, TIMED_OUT,
                          Job, JobLedger, job_server_name)
 from .limits import JobLimits
@@ -80,6 +81,10 @@ class JobRunner:
             await self.call(self.pool.sync_inventory)
         except Exception as exc:  # the ledger's last view then stands
             log.warning("Could not read the Swarm's nodes before leasing: %s", exc)
+            return
+        # As the spawner does: GPUs that only some profiles may use (a tagged node's) go last.
+        demand = await asyncio.to_thread(host_demand, list(self.profiles.values()), inventory.hosts_matching)
+        self.pool.set_host_demand(demand)
 
     async def call(self, fn, *args, **kwargs):
         return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT, **kwargs)
