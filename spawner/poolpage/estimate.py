@@ -2,7 +2,8 @@
 
 Each lent GPU is expected back at the first end known for its lease (its
 server's idle cull or maximum age, its job's timeout, the start of someone
-else's booking of its GPU, when its server is stopped), or when a lease like it
+else's booking of its GPU, when its server is stopped, its holder's GPU-hour
+budget running out, when the culler stops its server), or when a lease like it
 typically ends (the median length of past leases that ran at least as long as
 this one has) if that is sooner or nothing is known.  Waiters are then served in
 queue order from the GPUs free now and those expected back; a GPU that someone
@@ -20,7 +21,7 @@ from statistics import median
 from typing import Protocol
 
 NOTE = ("Estimates: each lent GPU is expected back at the first end known for it (an idle cull, a maximum "
-        "age, a job's timeout, someone else's booking) or after a typical lease (the median of past leases "
+        "age, a job's timeout, someone else's booking, its holder's GPU-hour budget running out) or after a typical lease (the median of past leases "
         "that ran as long), whichever is sooner; a GPU booked by someone else is free again when the booking "
         "ends. Servers stopped early or kept busy change them.")
 
