@@ -219,3 +219,45 @@ def test_a_waiter_is_told_when_the_holders_gpu_hour_budget_runs_out(tmp_path):
         assert "GPU-hour budget" in got["note"]
     finally:
         pool.close()
+
+
+def test_a_job_that_would_run_into_someone_elses_booking_waits_for_its_end():
+    # g1 is free now, bob booked it 12:30-14:00: a server may use it until then, a job of 1 h may not.
+    b = booking("bob", "g1", NOW + 30 * M, NOW + 2 * H)
+    free = [("node", "g1")]
+    assert estimate.waits_explained([1], 1, [], NOW, LENGTHS, bookings=[b], who=[("cy", ())], free_slots=free) == [
+        (0.0, "GPUs are free now")]
+    assert estimate.waits_explained([1], 1, [], NOW, LENGTHS, bookings=[b], who=[("cy", ())], free_slots=free,
+                                    holds=[3600.0]) == [(2 * 3600.0, "a booking of a GPU ends at 14:00 UTC")]
+    # A job short enough to be done before the booking starts takes it now.
+    assert estimate.waits_explained([1], 1, [], NOW, LENGTHS, bookings=[b], who=[("cy", ())], free_slots=free,
+                                    holds=[600.0]) == [(0.0, "GPUs are free now")]
+
+
+def test_api_wait_gives_a_queued_job_the_estimate_its_grant_follows(tmp_path):
+    """dan's queued job (1 h timeout) waits for the only GPU, free now but booked by bob from in
+    30 min: the grant lends it none (holds_for), and api/wait tells him it waits for the booking's
+    end, not that GPUs are free now."""
+    from dataclasses import replace
+
+    import requests
+
+    from spawner.pool.jobs import JobLedger, job_server_name
+    from tests.unit.test_pool_fairshare import make_pool
+
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1)
+    now = datetime.now(UTC)
+    later = pool.book("bob", 1, now + 30 * M, now + 90 * M)
+    job = JobLedger(pool).create("dan", [], "p", ["python"], "/home/dan", 3600, "node", 1000, 100)
+    req = replace(pool._make_request("dan", job_server_name(job.id), 1, [], None), holds_for=job.holds_for)
+    waiting = pool._write(pool._attempt, req, None, True)  # its queue row, as the job runner's acquire writes it
+    assert waiting.lease is None and waiting.waiter_id is not None
+    try:
+        with serving(pool, []) as port:
+            got = requests.get(f"http://127.0.0.1:{port}/services/gpu-pool/api/wait", headers={"X-User": "dan"},
+                               timeout=30).json()
+        (row,) = got["queue"]
+        assert row["estimate_why"] == f"a booking of a GPU ends at {later.ends_at:%H:%M} UTC", row
+        assert 90 * 60 - 120 < row["estimate_s"] <= 90 * 60
+    finally:
+        pool.close()

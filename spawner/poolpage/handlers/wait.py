@@ -19,7 +19,7 @@ from jupyterhub.utils import url_path_join
 from ...culling.deadline import CullRules, contended, deadline
 from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
-from ...pool.jobs import RUNNING, STARTING, JobLedger, is_job_server, job_id_of
+from ...pool.jobs import QUEUED, RUNNING, STARTING, JobLedger, is_job_server, job_id_of
 from ...pool.models import PoolError, iso
 from .. import estimate
 from .. import views
@@ -133,7 +133,7 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
             booked = await handler.ledger(handler.pool.bookings)
             waiters = await handler.ledger(handler.pool.queue)
             jobs = await handler.ledger(JobLedger(handler.pool).jobs, None, True) if any(
-                is_job_server(lease.server_name) for lease in leases) else []
+                is_job_server(x.server_name) for x in [*leases, *waiters]) else []
         except PoolError as exc:
             log.warning("No wait estimates: %s", exc)
             return {"cull": cull, "why": why, "estimated": False}
@@ -164,8 +164,13 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
         free = [(g["host"], g["uuid"]) for g in gpus if g["state"] == "free"]
         # The raw queue read again (the rows hide names): matched by place, as both are in queue order.
         who = [(w.user, tuple(w.groups)) for w in waiters][:len(queue)]
+        # A queued job holds its GPUs for its timeout: the grant lends it none booked for someone
+        # else before then (pool.acquire's holds_for), and so the estimate.
+        queued_jobs = {j.id: j for j in jobs if j.state == QUEUED}
+        holds = [queued_jobs[j].holds_for if (j := job_id_of(w.server_name)) in queued_jobs else None
+                 for w in waiters][:len(queue)]
         explained = estimate.waits_explained([w["count"] for w in queue], len(free), holdings, now, lengths,
-                                             bookings=booked, who=who, free_slots=free)
+                                             bookings=booked, who=who, free_slots=free, holds=holds)
         for row, (seconds, reason) in zip(queue, explained):
             row["estimate_s"] = None if seconds is None else round(seconds)
             row["estimate"] = estimate.say(seconds)
