@@ -8,7 +8,10 @@ A long period's lent GPUs (`hourly`) come from the hourly rollup instead
 (gpu_pool_lent_hours, one row per hour): its cost follows the number of hours,
 not of leases.  Only the active leases and those that ended in
 the current hour are read whole, and the lent intervals of drained GPUs (a
-drained GPU counts as drained only while it is not lent).
+drained GPU counts as drained only while it is not lent).  So do its queue
+lengths (gpu_pool_queued_hours, queue_hours.py): whole only the requests still
+waiting and those that left in the current hour.  Drains are read from the
+period's start on, whatever the period.
 """
 
 from __future__ import annotations
