@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from datetime import UTC, datetime, timedelta
 
 from jupyterhub.utils import url_path_join
@@ -22,6 +21,7 @@ from ...pool import ENV_DB_URL, ledger_env
 from ...pool.jobs import QUEUED, RUNNING, STARTING, JobLedger, is_job_server, job_id_of
 from ...pool.models import PoolError, iso
 from .. import estimate
+from ..service_config import PoolPageSettings
 from .. import views
 from .actions import hub_api
 from .base import APIHandler
@@ -32,24 +32,23 @@ LENGTHS = 500  # past leases an estimate looks at
 
 
 class Settings:
-    """The service's environment (service.py writes it)."""
+    """What the insight handlers read of the hub's settings (service_config.PoolPageSettings)."""
 
-    def __init__(self, env=os.environ):
+    def __init__(self, page: PoolPageSettings, db_url: str = ""):
         # The culler's idle limits (0: the hub does not cull), read as the culler reads them.
-        self.cull_timeout = int(env.get("GPUHUB_CULL_TIMEOUT_GPU", "0") or 0)
+        self.cull_timeout = page.cull_timeout_gpu
         # The culler's rules (culling/deadline.py): None when the hub does not cull.
-        raw_rules = env.get("GPUHUB_CULL_RULES", "")
-        self.cull_rules = CullRules.from_json(raw_rules) if raw_rules else (
+        self.cull_rules = CullRules.from_json(page.cull_rules) if page.cull_rules else (
             CullRules(0, self.cull_timeout) if self.cull_timeout > 0 else None)
-        self.cull_timeout_cpu = int(env.get("GPUHUB_CULL_TIMEOUT_CPU", "0") or 0)
-        self.cull_every = int(env.get("GPUHUB_CULL_EVERY", "0") or 0)
-        self.gpu_idle_percent = float(env.get("GPUHUB_GPU_IDLE_PERCENT", "0") or 0)
-        self.gpu_idle_seconds = float(env.get("GPUHUB_GPU_IDLE_SECONDS", "0") or 0)
-        self.idle_after = int(env.get("GPUHUB_POOL_IDLE_AFTER", "600") or 600)
-        self.inventory = env.get("GPUHUB_INVENTORY", "")
-        self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
-        self.utilization_file = env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "")
-        self.db_url = ledger_env(ENV_DB_URL, env)
+        self.cull_timeout_cpu = page.cull_timeout_cpu
+        self.cull_every = page.cull_every
+        self.gpu_idle_percent = page.gpu_idle_percent
+        self.gpu_idle_seconds = page.gpu_idle_seconds
+        self.idle_after = page.idle_after
+        self.inventory = page.inventory
+        self.simulated_gpus = page.simulated_gpus
+        self.utilization_file = page.utilization_file
+        self.db_url = db_url
         self._reader = self._no_reader = None
 
     def deadline(self, server, contended: bool = False) -> datetime | None:
@@ -81,7 +80,10 @@ class Settings:
 
 
 def settings_of(handler) -> Settings:
-    return handler.settings.setdefault("insight", Settings())
+    if "insight" not in handler.settings:
+        page = handler.settings.get("page") or PoolPageSettings()
+        handler.settings["insight"] = Settings(page, ledger_env(ENV_DB_URL))
+    return handler.settings["insight"]
 
 
 async def fill_readings(handler, gpus: list[dict]) -> None:
