@@ -79,7 +79,13 @@ class Stack:
                       "--filter", "status=running")
 
     def hub_log(self) -> str:
-        return docker("service", "logs", "--tail", "60", "--raw", f"{self.name}_hub", check=False)
+        """The hub's tasks (with Swarm's error for each) and its output: `docker service logs`
+        writes the task's stderr, where JupyterHub logs, to its own stderr."""
+        tasks = docker("service", "ps", "--no-trunc", "--format", "{{.Name}} {{.CurrentState}} {{.Error}}",
+                       f"{self.name}_hub", f"{self.name}_agent", check=False)
+        logs = subprocess.run(["docker", "service", "logs", "--tail", "80", "--raw", f"{self.name}_hub"],
+                              capture_output=True, text=True, timeout=60)
+        return f"{tasks}\n{logs.stdout}{logs.stderr}"
 
     @property
     def url(self) -> str:
@@ -102,7 +108,10 @@ class Stack:
                 return None
             self.address = address
             return container
-        return wait_for(answering, timeout=180, what="the stack's hub answering", interval=1)
+        try:
+            return wait_for(answering, timeout=180, what="the stack's hub answering", interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.hub_log()[-6000:]}") from None
 
 
 def login_token(stack: Stack, name: str) -> str:
