@@ -1,9 +1,10 @@
 """The hub as a Swarm stack: `docker stack deploy` of hub_config/swarm-stack.yml on the harness's Swarm.
 
-The stack file and swarm.env are deployed as shipped, with a small override file this test
-writes for what differs on this machine: the harness's overlay network, its PostgreSQL (a
+The stack file is deployed as shipped, swarm.env with its login section edited (the dummy login
+instead of the directory), and a small override file this test writes for what differs on
+this machine: the harness's overlay network, its PostgreSQL (a
 forwarder on the docker0 gateway; the URL is the secret), the notebook image the harness built,
-homes on the harness's shared directory, the dummy login, and simulated GPUs for the agent
+homes on the harness's shared directory, and simulated GPUs for the agent
 (GPUHUB_AGENT_INVENTORY=simulated, with a utilisation file as a Docker config).  The image tag
 is the stack file's own setting, GPUHUB_HUB_IMAGE.
 
@@ -141,14 +142,20 @@ def write_files(workdir: Path, swarm, notebook_image: str, prefix: str, utilizat
     assert base["services"]["hub"]["ports"][0]["mode"] == "host"  # what production gets
     del base["services"]["hub"]["ports"]  # see the module's docstring
     (workdir / "swarm-stack.yml").write_text(yaml.safe_dump(base, sort_keys=False))
-    (workdir / "swarm.env").write_text((REPO / "hub_config" / "swarm.env").read_text())
+    # The login section edited as an admin would: the dummy login instead of the directory.  (An
+    # empty value in the override's `environment` cannot unset a swarm.env line: `docker stack
+    # deploy` drops it, and the hub then refused GPUHUB_DIRECTORY with the dummy login.)
+    shipped = (REPO / "hub_config" / "swarm.env").read_text().splitlines()
+    kept = [line for line in shipped if not line.startswith(("GPUHUB_AUTHENTICATOR=", "GPUHUB_DIRECTORY"))]
+    assert len(kept) < len(shipped) - 5, "swarm.env's login section moved"
+    kept += ["GPUHUB_AUTHENTICATOR=dummy", f"GPUHUB_DUMMY_PASSWORD={DUMMY_PASSWORD}"]
+    (workdir / "swarm.env").write_text("\n".join(kept) + "\n")
     (workdir / "utilization.json").write_text(json.dumps(utilization))
     homes = str(swarm.homes_root)
     override = {
         "version": "3.8",
         "services": {
             "hub": {"environment": {
-                "GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": DUMMY_PASSWORD, "GPUHUB_DIRECTORY": "",
                 "GPUHUB_ADMIN_USERS": "ada", "GPUHUB_DOCKER_NETWORK": swarm.network,
                 "GPUHUB_CONTAINER_PREFIX": prefix, "GPUHUB_HOME_VOLUME": f"{prefix}-home-{{username}}",
                 "GPUHUB_CPU_IMAGE": notebook_image,
