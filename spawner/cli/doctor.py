@@ -120,7 +120,8 @@ class Doctor:
             self.add("swarm nodes", WARN, f"the agents' GPU readings cannot be read: {_one_line(e)}")
         profiles = self._profiles() or []
         image = next((p.image for p in profiles if self._has_image(p.image)), None)
-        for result in node_results(self._docker().api, image, self.container_prefix, readings, _LOG):
+        guard = bool(self.target.config.GPUSwarmSpawner.get("generic_resource_guard", False))
+        for result in node_results(self._docker().api, image, self.container_prefix, readings, _LOG, guard):
             self.results.append(result)
 
     def _has_image(self, image: str) -> bool:

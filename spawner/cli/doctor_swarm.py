@@ -61,8 +61,21 @@ def node_result(node: dict, manager_api: str, verdict, seen: set[str] | None) ->
     return Result(check, OK, f"{head}: {lockdown}; its agent's NVML sees the same GPUs")
 
 
-def node_results(api, image: str | None, prefix: str, readings, log) -> list[Result]:
-    """Every node's line (api: a docker APIClient on the manager; readings: {(host, uuid): Reading} or None)."""
+def guard_result(nodes: list[dict]) -> Result:
+    """c.GPUSwarmSpawner.generic_resource_guard is on: whether every manager can carry it."""
+    from ..swarm.generic_guard import verdict_of
+
+    verdict = verdict_of(nodes)
+    if verdict.usable:
+        return Result("generic-resource guard", OK, f"{verdict.detail}: servers also reserve their GPUs in Swarm")
+    return Result("generic-resource guard", WARN,
+                  f"{verdict.detail}: the hub starts servers without the reservation (the ledger still lends "
+                  "each GPU once)", "upgrade every Swarm manager to Docker 23.0 or newer")
+
+
+def node_results(api, image: str | None, prefix: str, readings, log, guard: bool = False) -> list[Result]:
+    """Every node's line (api: a docker APIClient on the manager; readings: {(host, uuid): Reading} or None),
+    after the generic-resource guard's when it is configured."""
     from ..swarm.lockdown import LOCKDOWN, node_name, spec_carries_it
 
     manager_api = api.version().get("ApiVersion", "")
@@ -71,7 +84,7 @@ def node_results(api, image: str | None, prefix: str, readings, log) -> list[Res
             and (n.get("Spec") or {}).get("Availability") == "active"
             and not spec_carries_it(manager_api, ((n.get("Description") or {}).get("Engine") or {}).get("EngineVersion"))]
     verdicts = LOCKDOWN.verdicts(api, live, image, prefix, log) if live and image else {}
-    results = []
+    results = [guard_result(nodes)] if guard else []
     for node in sorted(nodes, key=node_name):
         seen = None if readings is None else {u for (h, u) in readings if h == node_name(node)}
         results.append(node_result(node, manager_api, verdicts.get(node["ID"]), seen))

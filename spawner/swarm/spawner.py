@@ -30,6 +30,7 @@ from ..pool.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
 from .homes import make_home_directory
+from .generic_guard import GUARD
 from .lockdown import SPEC_API, refused_nodes, version_tuple
 from .stopping import ask_server_to_exit
 from .tasks import DOWN_NODES, LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
@@ -95,7 +96,11 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         something outside the ledger started GPU tasks there.  Swarm then picks
         uuids of its own in `DOCKER_RESOURCE_GPU`, which the spawner ignores:
         `NVIDIA_VISIBLE_DEVICES` names the ledger's.  Off by default: the
-        ledger already lends each GPU once.
+        ledger already lends each GPU once.  It needs Docker 23.0 or newer on
+        every manager (older Swarms reject such tasks, running ones included,
+        whenever their node is updated): with an older manager the spawner
+        starts servers without the reservation and logs a warning, and
+        `gpu-pool doctor` reports it.
         """,
     )
 
@@ -111,6 +116,11 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     remove = True
     # node id -> (hostname, why) of the nodes no server may run on (see _check_lockdown).
     _refused_nodes: dict[str, tuple[str, str]] = {}
+    # Whether this server's service carries the generic-resource reservation (_use_guard).
+    _guarded = False
+    # How long a guarded start waits for Swarm to replace a rejected task before it gives up.
+    REJECTED_WAIT_SECONDS = 30.0
+    _guard_warned = False  # said once per hub process that the managers cannot carry the guard
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -221,10 +231,11 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         if version_tuple((await self.docker("version")).get("ApiVersion")) >= SPEC_API:
             # Docker 25+: the task asks for it itself; older nodes are checked (swarm/lockdown.py).
             container_spec["Privileges"] = {**(container_spec.get("Privileges") or {}), "NoNewPrivileges": True}
+        self._guarded = bool(self.gpu_uuids) and await self._use_guard()
         resources = Resources(
             mem_limit=self.mem_limit, mem_reservation=self.mem_guarantee,
             cpu_limit=int(self.cpu_limit * 1e9) if self.cpu_limit else None,
-            generic_resources={"GPU": len(self.gpu_uuids)} if self.gpu_uuids and self.generic_resource_guard else None,
+            generic_resources={"GPU": len(self.gpu_uuids)} if self._guarded else None,
         )
         # c.ContainerLimits: Swarm takes the pids limit among the task's resource limits (API 1.41).
         limits = self.container_limits
@@ -237,7 +248,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             # A server that exits stays exited: the hub sees it die and its lease ends.  With
             # the generic-resource guard, Swarm may reject a first task and needs retries.
             restart_policy=(RestartPolicy(condition="on-failure", max_attempts=3)
-                            if self.generic_resource_guard else RestartPolicy(condition="none")),
+                            if self._guarded else RestartPolicy(condition="none")),
             placement=Placement(constraints=constraints or None),
             networks=[NetworkAttachmentConfig(self.network_name)] if self.network_name else [],
             log_driver=DriverConfig(limits.log_driver, options=limits.log_options()),
@@ -277,8 +288,21 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
         except PoolError as exc:
             self.log.warning("Could not note the quiet node of lease %s: %s", self.lease_id, exc)
 
+    async def _use_guard(self) -> bool:
+        """generic_resource_guard, where every manager can carry it (swarm/generic_guard.py)."""
+        if not self.generic_resource_guard:
+            return False
+        verdict = await asyncio.to_thread(GUARD.verdict, self.client)
+        if not verdict.usable and not GPUSwarmSpawner._guard_warned:
+            GPUSwarmSpawner._guard_warned = True
+            self.log.warning("c.GPUSwarmSpawner.generic_resource_guard is on, but %s: servers start without "
+                             "Swarm's GPU reservation (the ledger still lends each GPU once). Upgrade the "
+                             "managers to Docker 23.0 or newer to use it.", verdict.detail)
+        return verdict.usable
+
     async def start_object(self):
         """Wait until the task runs, checking every 0.2 s (SwarmSpawner backs off up to 11 s)."""
+        rejected_since = None
         while True:
             task = await self.get_task()
             if not task:
@@ -287,8 +311,13 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
             state = (status.get("State") or "").lower()
             if state == "running":
                 return
-            if state == "rejected" and self.generic_resource_guard:
-                pass  # Swarm often rejects the first task of a generic-resource service, then retries
+            loop_now = asyncio.get_running_loop().time()
+            if state != "rejected":
+                rejected_since = None  # a new task: its own wait
+            if state == "rejected" and self._guarded and (
+                    rejected_since is None or loop_now - rejected_since < self.REJECTED_WAIT_SECONDS):
+                # Swarm may reject the first task of a generic-resource service, then retries it.
+                rejected_since = loop_now if rejected_since is None else rejected_since
             elif state not in LIVE_TASK_STATES:
                 # Rejected, failed, or on a node that went down: say why, in Swarm's words.
                 raise web.HTTPError(500, f"Your server's task did not start on {self.gpu_host or 'a node'}: "
