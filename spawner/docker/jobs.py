@@ -233,7 +233,7 @@ class DockerJobEngine:
             return False
         return True
 
-    async def lease_hosts(self, node_labels: Mapping[str, str]) -> list[str] | None:
+    async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         return [self.settings.host] if self.settings.host else None
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:

@@ -119,9 +119,9 @@ class JobEngine(Protocol):
     async def remove_network(self, name: str) -> bool:
         """True once it is gone."""
 
-    async def lease_hosts(self, node_labels: Mapping[str, str]) -> list[str] | None:
+    async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         """The hosts whose GPUs a job asking for `node_labels` may lease (None: any the pool
-        lends; Docker: its own host)."""
+        lends; Docker: its own host), less those that would run `image` without the lock-down."""
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         """The user's home volume, ready for uid:gid on every host (homes.py's rules); its name."""

@@ -1,23 +1,16 @@
-"""What the hub tells the gpu-pool service about job containers (one JSON environment variable).
+"""What the hub tells the gpu-pool service about job containers.
 
 The hub's config knows the profiles, the Docker network, the home volumes and
-the identity fallbacks; the service, a separate process, gets them from
-`GPUHUB_JOBS_CONFIG_FILE` (written by the hub from its final config) or else
-`GPUHUB_JOBS_CONFIG` (config.py), and builds containers exactly as the spawner would.
+the identity fallbacks; the service, a separate process, gets them as the
+`JobSettings` section of its settings file (poolpage/service_config.py, written
+by the hub from its final config) and builds containers exactly as the spawner would.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass, field
 
 from ..profiles import Profile, load_profiles
-
-ENV_NAME = "GPUHUB_JOBS_CONFIG"
-# The same, written by the hub from its final config once every config file is loaded;
-# preferred when present (config.py: write_when_loaded).
-FILE_ENV_NAME = "GPUHUB_JOBS_CONFIG_FILE"
 
 
 @dataclass(frozen=True)
@@ -60,15 +53,12 @@ class JobSettings:
     def profile_objects(self) -> list[Profile]:
         return load_profiles(self.profiles)
 
-    def to_env(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+    def as_dict(self) -> dict:
+        return asdict(self)
 
     @classmethod
-    def from_env(cls, environ) -> "JobSettings | None":
-        raw = environ.get(ENV_NAME)
-        path = environ.get(FILE_ENV_NAME)
-        if raw and path and os.path.isfile(path):
-            raw = open(path).read()
-        if not raw:
+    def from_config(cls, config) -> "JobSettings | None":
+        """From the service's settings (a traitlets Config); None when the hub runs no jobs."""
+        if "JobSettings" not in config:
             return None
-        return cls(**json.loads(raw))
+        return cls(**dict(config.JobSettings))

@@ -12,6 +12,7 @@ group's rows of the period, never the whole history.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -75,7 +76,10 @@ class Standing:
         whose = "your" if self.who == "you" else f"{self.who}'s"
         who = "You have" if self.who == "you" else f"{self.who[0].upper()}{self.who[1:]} has"
         frees = f"; the next hour frees on {self.frees_at.strftime('%a %H:%M')} UTC" if self.frees_at else ""
-        return f"{who} used {self.used:.1f} of {whose} {self.limit:g} GPU-hours in the last {period}{frees}"
+        # One decimal, as the queue's fair-share reasons say use; rounded down while some is left,
+        # so that "40.0 of your 40" is said only of a budget that is used up.
+        used = self.used if self.exhausted else math.floor(self.used * 10) / 10
+        return f"{who} used {used:.1f} of {whose} {self.limit:g} GPU-hours in the last {period}{frees}"
 
 
 def _period(seconds: float) -> str:

@@ -21,7 +21,7 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, va
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from . import bookings, budget, fairshare, grant, inventory_sync, rollup, validation
+from . import bookings, budget, fairshare, grant, inventory_sync, queue_hours, rollup, validation
 from .grant import Outcome, QueueRules
 from .admin_actions import PoolAdministration
 from .fair_use import PoolFairUse
@@ -435,6 +435,8 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
             found = create_schema(conn)
             if found is not None and found < 8:  # the history before rollups, rolled up once
                 rollup.backfill(conn)
+            if found is not None and found < 11:  # the queue's record before its hourly rollup
+                queue_hours.backfill(conn)
         # Without time limits: an upgrade rolls up the whole history once, which may take long.
         store.transact(engine, create, write=True, long=True)
         if self.inventory is not None:

@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from sqlalchemy import delete
 
-from . import bookings, budget, fairshare, rollup
+from . import bookings, budget, fairshare, queue_hours, rollup
 from . import statements as sql
 from .models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
@@ -150,7 +150,7 @@ def attempt(
     if stale:
         log.info("Removing %d stale GPU waiter(s) of dead processes", len(stale))
         conn.execute(delete(waiters_table).where(waiters_table.c.id.in_(stale)))
-        store.run(conn, sql.CLOSE_QUEUE_LOG, [{"wid": i, "now": now, "outcome": "stale"} for i in stale])
+        queue_hours.close(store, conn, [{"wid": i, "now": now, "outcome": "stale"} for i in stale])
     if waiter_id is not None and not store.rows(conn, sql.WAITER_EXISTS, {"wid": waiter_id}):
         # Our row is gone (we missed heartbeats and someone cleaned up):
         # queue again at the end.
@@ -241,7 +241,7 @@ def attempt(
                             notice=bookings.notice(later) if later else None))
     if waiter_id is not None:
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
-        store.run(conn, sql.CLOSE_QUEUE_LOG, {"wid": waiter_id, "now": now, "outcome": "served"})
+        queue_hours.close(store, conn, [{"wid": waiter_id, "now": now, "outcome": "served"}])
     return Outcome(tuple(leases), None, 0, free - req.total, total)
 
 

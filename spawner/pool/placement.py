@@ -14,6 +14,18 @@ Free = dict[str, list[tuple[int, str]]]  # host -> [(index, uuid)] free GPUs, by
 Distance = Callable[[str, str, str], int]  # (host, uuid a, uuid b) -> topology level
 
 
+def host_demand(profiles: Iterable, hosts_matching: Callable[[dict], list[str]]) -> dict[str, int]:
+    """GPU host -> how many of the host-tagged GPU `profiles` (objects with `gpus` and
+    `node_labels`) can use it, for GPUPool.set_host_demand; `hosts_matching` is the
+    inventory's.  Servers and jobs compute it the same way."""
+    demand: dict[str, int] = {}
+    for profile in profiles:
+        if profile.gpus and profile.node_labels:
+            for host in hosts_matching(dict(profile.node_labels)):
+                demand[host] = demand.get(host, 0) + 1
+    return demand
+
+
 class Topology:
     """Topology distances of GPU pairs, cached, from this host's inventory.
 

@@ -65,8 +65,7 @@ class PoolQueries(PoolPart):
         """
         since, until = validation.aware(since, "since"), validation.aware(until, "until")
         # From the rolled-up hours (rollup.py): its cost follows the period, not the history.
-        return self._read(lambda conn: rollup.usage(self._store, conn, since, until, self._store.now(conn),
-                                                    lambda where: queries.load_leases(conn, where)))
+        return self._read(lambda conn: rollup.usage(self._store, conn, since, until, self._store.now(conn)))
 
     def gpus(self) -> list[GPUStatus]:
         """Every GPU in the ledger with its drain flag and holding lease, by host and index."""

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, insert, select, update
 
-from . import rollup
+from . import queue_hours, rollup
 from . import statements as sql
 from .models import EndReason, InvalidRequest, Lease, UnknownGPU
 from .queries import load_leases
@@ -53,7 +53,7 @@ def end_intent(store: Store, conn, lease_id: int, max_age: float) -> tuple[str, 
 def remove_waiter(store: Store, conn, waiter_id: int) -> None:
     """Take a request out of the queue (it gave up or was cancelled); its record stays."""
     store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
-    store.run(conn, sql.CLOSE_QUEUE_LOG, {"wid": waiter_id, "now": store.now(conn), "outcome": "left"})
+    queue_hours.close(store, conn, [{"wid": waiter_id, "now": store.now(conn), "outcome": "left"}])
 
 
 def set_problem(conn, lease_id: int, problem: str) -> bool:

@@ -25,9 +25,9 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import bindparam, delete, func, insert, select, text, update
+from sqlalchemy import DateTime, bindparam, delete, func, insert, or_, select, text, type_coerce, update
 
 from .schema import decayed_use_table as _d
 from .schema import lease_gpus_table as _lg
@@ -93,7 +93,16 @@ ADD_HOUR, NEW_HOUR = _adder(_uh, "hour")
 ADD_LENT = update(_lh).where(_lh.c.hour == bindparam("w_at")).values(gpu_seconds=_lh.c.gpu_seconds + bindparam("add"))
 NEW_LENT = insert(_lh).values(hour=bindparam("w_at"), gpu_seconds=bindparam("add"))
 ADD_DAY, NEW_DAY = _adder(_ud, "day")
-LEASES_OF_HOUR = select(_h.c.lease_id).where(_h.c.hour == bindparam("hour"))
+# The ended leases' parts in a period's two edge hours, with their times to clip them by: one
+# statement of a fixed shape (the same hour twice where there is one), which PostgreSQL prepares.
+# (Its times as the database holds them, naive UTC: a hundred rows' worth of zone conversions
+# cost more than the statement.)
+EDGE_HOURS = (
+    select(type_coerce(_h.c.hour, DateTime()), _h.c.user_name, _h.c.groups, _h.c.gpu_seconds,
+           type_coerce(_l.c.started_at, DateTime()), type_coerce(_l.c.ended_at, DateTime()))
+    .select_from(_h.join(_l, _l.c.id == _h.c.lease_id))
+    .where(or_(_h.c.hour == bindparam("h0"), _h.c.hour == bindparam("h1")))
+)
 HALF_LIFE = select(_m.c.value).where(_m.c.key == bindparam("key"))
 
 
@@ -459,60 +468,73 @@ def whole_hours(store, conn, first: datetime | None, end: datetime, last: dateti
     return rows
 
 
-def usage(store, conn, since: datetime | None, until: datetime | None, now: datetime,
-          load_leases) -> dict:
+def _overlap(a0: datetime, a1: datetime, b0: datetime, b1: datetime) -> float:
+    return max(0.0, (min(a1, b1) - max(a0, b0)).total_seconds())
+
+
+def _naive(value: str | datetime) -> datetime:
+    """A time as naive UTC (SQLite's fast path gives text, the drivers naive datetimes)."""
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    return value if value.tzinfo is None else value.astimezone(UTC).replace(tzinfo=None)
+
+
+def usage(store, conn, since: datetime | None, until: datetime | None, now: datetime) -> dict:
     """GPU-hours inside [since, until) per user and group, from the hours (see the module docstring).
 
-    `load_leases(where)` loads whole leases (queries.load_leases) for the edges and the active ones."""
+    The whole hours from the per-user sums; the ended leases' parts in the edge hours from
+    their hour rows, clipped by the leases' times; the active leases (at most one per GPU) up to
+    now.  A period that ends now takes its last hour whole too: every ended lease ended by now."""
     end = min(until, now) if until is not None else now
     users: dict[str, float] = {}
     groups: dict[str, float] = {}
 
     parsed: dict[str, tuple[str, ...]] = {}
 
-    def add(user: str, groups_json: str | tuple, hours: float) -> None:
+    def add(user: str, groups_json: str, hours: float) -> None:
         users[user] = users.get(user, 0.0) + hours
-        names = groups_json
-        if isinstance(groups_json, str):
-            found = parsed.get(groups_json)
-            if found is None:
-                found = parsed[groups_json] = tuple(json.loads(groups_json))
-            names = found
-        for g in names:
+        found = parsed.get(groups_json)
+        if found is None:
+            found = parsed[groups_json] = tuple(json.loads(groups_json))
+        for g in found:
             groups[g] = groups.get(g, 0.0) + hours
 
     if since is not None and since >= end:
         return {"users": users, "groups": groups}
+    open_end = until is None or until >= now
     first = ceil_hour(since) if since is not None else None
-    last = floor_hour(end)
+    # (Only ended leases are rolled up, so nothing is in the hours after the current one.)
+    last = floor_hour(now) + HOUR if open_end else floor_hour(end)
     edge_hours = set()
     if since is not None and first is not None and first > last:  # the period lies inside one hour
         edge_hours.add(floor_hour(since))
     else:
         if since is not None and first != since:
             edge_hours.add(floor_hour(since))
-        if last != end:
+        if not open_end and last != end:
             edge_hours.add(last)
-        # (Only ended leases are rolled up, so nothing is in the hours after the current one.)
         for user, groups_json, seconds in whole_hours(store, conn, first, last, floor_hour(now) + HOUR):
             add(user, groups_json, seconds / 3600.0)
         # A day's sums less its hours outside may leave a user or group at a rounding error of 0.
         for found in (users, groups):
             for name in [n for n, h in found.items() if abs(h) < 1e-9]:
                 del found[name]
-    ids: set[int] = set()
-    for hour in edge_hours:
-        ids.update(i for (i,) in store.rows(conn, LEASES_OF_HOUR, {"hour": hour}))
-    edge_leases = load_leases(_l.c.id.in_(sorted(ids))) if ids else []
-    for lease in edge_leases:
-        hours = 0.0
-        for hour in edge_hours:
-            lo = max(hour, since) if since is not None else hour
-            hi = min(hour + HOUR, end)
-            if hi > lo:
-                hours += lease.gpu_hours(lo, hi)
-        add(lease.user, lease.groups, hours)
-    for lease in load_leases(_l.c.ended_at.is_(None)):
-        add(lease.user, lease.groups, lease.gpu_hours(since, end))
+    if edge_hours:
+        h0, h1 = min(edge_hours), max(edge_hours)
+        lo_n = _naive(since) if since is not None else None
+        end_n = _naive(end)
+        for hour, user, groups_json, seconds, started, ended in store.rows(conn, EDGE_HOURS, {"h0": h0, "h1": h1}):
+            hour, started, ended = _naive(hour), _naive(started), _naive(ended)
+            in_hour = _overlap(started, ended, hour, hour + HOUR)
+            if in_hour <= 0:
+                continue
+            lo = max(hour, lo_n) if lo_n is not None else hour
+            # The hour's GPU-seconds times the part of the lease's time in it that is inside the period.
+            part = _overlap(started, ended, lo, min(hour + HOUR, end_n)) / in_hour
+            if part > 0:
+                add(user, groups_json, seconds * part / 3600.0)
+    for user, groups_json, started, gpus in store.rows(conn, ACTIVE_USE):
+        started = as_utc(started)
+        seconds = _overlap(started, now, since if since is not None else started, end)
+        add(user, groups_json, seconds * gpus / 3600.0)
     return {"users": users, "groups": groups}
-

@@ -36,7 +36,8 @@ from .models import PoolUnavailable
 # 8: gpu_pool_lease_hours and gpu_pool_decayed_use (history rolled up, so reads cost what their
 # period holds, not the history), gpu_pool_bookings; 9: gpu_pool_readings.memory_used_mib
 # 10: gpu_pool_lent_hours (the pool's lent GPU-seconds per hour)
-SCHEMA_VERSION = 10
+# 11: gpu_pool_queued_hours (the queue's request-seconds per hour)
+SCHEMA_VERSION = 11
 NAME_MAX = 255
 
 
@@ -281,6 +282,16 @@ lent_hours_table = Table(
     Column("gpu_seconds", Float, nullable=False),
 )
 
+# The time requests spent in the queue in each UTC hour, all together, added as each leaves
+# (queue_hours.py): a period's queue chart reads one row per hour.
+queued_hours_table = Table(
+    "gpu_pool_queued_hours",
+    metadata,
+    Column("hour", UTCDateTime, primary_key=True),
+    Column("request_seconds", Float, nullable=False),
+    Column("gpu_seconds", Float, nullable=False),  # request-seconds times the GPUs each asked for
+)
+
 # Each user's and group's GPU-hours decayed with the fair-share half-life, as of `as_of`
 # (ended leases only; active ones are added when read), and their undecayed total.
 decayed_use_table = Table(
@@ -356,6 +367,8 @@ def create_schema(conn) -> int | None:
             # before 8 gets both from rollup.backfill).
             conn.execute(text("INSERT INTO gpu_pool_lent_hours (hour, gpu_seconds) SELECT hour, SUM(gpu_seconds) "
                               "FROM gpu_pool_usage_hours GROUP BY hour"))
+        # 10 -> 11: gpu_pool_queued_hours, a new table: the caller fills it from the queue's
+        # record in this transaction (queue_hours.backfill: the returned version says so).
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

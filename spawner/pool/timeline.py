@@ -8,7 +8,10 @@ A long period's lent GPUs (`hourly`) come from the hourly rollup instead
 (gpu_pool_lent_hours, one row per hour): its cost follows the number of hours,
 not of leases.  Only the active leases and those that ended in
 the current hour are read whole, and the lent intervals of drained GPUs (a
-drained GPU counts as drained only while it is not lent).
+drained GPU counts as drained only while it is not lent).  So do its queue
+lengths (gpu_pool_queued_hours, queue_hours.py): whole only the requests still
+waiting and those that left in the current hour.  Drains are read from the
+period's start on, whatever the period.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, select
 
 from .schema import (audit_table, gpus_table, lease_gpus_table, leases_table, lent_hours_table, queue_log_table,
-                     waiters_table)
+                     queued_hours_table, waiters_table)
 
 Interval = tuple[datetime, datetime]
 
@@ -38,6 +41,9 @@ class Timeline:
     # over it), counted beside `lent`; and the lent intervals of drained GPUs, for their drain only.
     hours: list[tuple[Interval, float]] = field(default_factory=list)
     drained_lent: dict[tuple[str, str], list[Interval]] | None = None
+    # hourly: ((start, end) inside one hour and the period, request-seconds, GPU-seconds asked in
+    # it), from the queue's rollup, counted beside `queue`.
+    queue_hours: list[tuple[Interval, float, float]] = field(default_factory=list)
 
 
 def clip(start: datetime, end: datetime, since: datetime, until: datetime) -> Interval | None:
@@ -101,14 +107,17 @@ def hourly_lent(conn, since: datetime, until: datetime, now: datetime, drained: 
 
 
 def drained_intervals(conn, since: datetime, until: datetime, now: datetime) -> dict:
-    """Per GPU, from the audit's state changes (records without a detail); a GPU drained
-    now whose drain left no record counts from its drained_at."""
+    """Per GPU, from the audit's state changes (records without a detail) from `since` on: a
+    GPU whose first change from then on is an undrain was drained at `since`; one with no change
+    since then is in the state its row holds now (drained: from its drained_at).  So the read
+    follows the period, not the whole record of drains."""
     a, g = audit_table, gpus_table
     rows = conn.execute(select(a.c.host, a.c.uuid, a.c.action, a.c.at)
-                        .where(a.c.action.in_(("drain", "undrain")), a.c.detail.is_(None), a.c.at < until)
+                        .where(a.c.action.in_(("drain", "undrain")), a.c.detail.is_(None), a.c.at >= since)
                         .order_by(a.c.id)).all()
     opened: dict = {}
     out: dict = {}
+    changed = set()
 
     def close(key, end):
         span = clip(opened.pop(key), end, since, until)
@@ -117,6 +126,10 @@ def drained_intervals(conn, since: datetime, until: datetime, now: datetime) -> 
 
     for r in rows:
         key = (r.host, r.uuid)
+        if key not in changed:
+            changed.add(key)
+            if r.action == "undrain":  # (a state change: it was drained before)
+                opened[key] = since
         if r.action == "drain":
             opened.setdefault(key, r.at)
         elif key in opened:
@@ -133,38 +146,66 @@ def drained_intervals(conn, since: datetime, until: datetime, now: datetime) -> 
     return out
 
 
-def queue_intervals(conn, since: datetime, until: datetime, now: datetime, stale_after: float) -> list:
+def queue_intervals(conn, since: datetime, until: datetime, now: datetime, stale_after: float,
+                    left_after: datetime | None = None) -> list:
     """Each request's time in the queue; one still waiting counts to now, one whose
-    process died unnoticed to its last heartbeat."""
+    process died unnoticed to its last heartbeat.  `left_after`: of the requests that have
+    left, only those that left after then, and only their part from then on (the hours before
+    are read from the rollup)."""
     q, w = queue_log_table, waiters_table
     base = select(q.c.enqueued_at, q.c.left_at, q.c.count, w.c.heartbeat_at).select_from(
         q.outerjoin(w, w.c.id == q.c.id))
     # Two reads, each by the index on left_at: the requests that left after the period began,
     # and those that have not left. (With `enqueued_at < until` in the query the planner took
     # the index on enqueued_at, which for a period ending now is every request ever made.)
-    rows = [r for stmt in (base.where(q.c.left_at > since), base.where(q.c.left_at.is_(None)))
-            for r in conn.execute(stmt) if r.enqueued_at < until]
+    lo = max(since, left_after) if left_after is not None else since
+    left = [r for r in conn.execute(base.where(q.c.left_at > lo)) if r.enqueued_at < until]
+    waiting = [r for r in conn.execute(base.where(q.c.left_at.is_(None))) if r.enqueued_at < until]
     out = []
+    for r in left:
+        span = clip(r.enqueued_at, r.left_at, lo, until)
+        if span:
+            out.append((span, r.count))
     fresh = now - timedelta(seconds=stale_after)
-    for r in rows:
-        end = r.left_at
-        if end is None:
-            end = now if r.heartbeat_at is not None and r.heartbeat_at >= fresh else (r.heartbeat_at or r.enqueued_at)
+    for r in waiting:
+        end = now if r.heartbeat_at is not None and r.heartbeat_at >= fresh else (r.heartbeat_at or r.enqueued_at)
         span = clip(r.enqueued_at, end, since, until)
         if span:
             out.append((span, r.count))
     return out
 
 
+QUEUED_BY_HOUR = select(queued_hours_table.c.hour, queued_hours_table.c.request_seconds,
+                        queued_hours_table.c.gpu_seconds).where(
+    queued_hours_table.c.hour >= bindparam("first"), queued_hours_table.c.hour < bindparam("end"))
+
+
+def hourly_queue(conn, since: datetime, until: datetime, now: datetime, stale_after: float) -> tuple[list, list]:
+    """(exact queue intervals, hourly (span, request-seconds, GPU-seconds)) of [since, until):
+    the requests that left before the current hour from the rollup (queue_hours.py), those
+    still waiting and the current hour's part of those that left in it exact."""
+    current = _floor_hour(until)
+    exact = queue_intervals(conn, since, until, now, stale_after, left_after=current)
+    hours = []
+    for hour, requests, gpus in conn.execute(QUEUED_BY_HOUR, {"first": _floor_hour(since), "end": current}):
+        hour = hour if hour.tzinfo else hour.replace(tzinfo=since.tzinfo)
+        span = clip(hour, hour + HOUR, since, until)
+        if span and requests:
+            part = (span[1] - span[0]).total_seconds() / 3600.0
+            hours.append((span, float(requests) * part, float(gpus) * part))
+    return exact, hours
+
+
 def timeline(conn, since: datetime, until: datetime, now: datetime, stale_after: float,
              hourly: bool = False) -> Timeline:
     present = conn.execute(select(gpus_table.c.uuid).where(gpus_table.c.present)).all()
     drained = drained_intervals(conn, since, until, now)
-    queue = queue_intervals(conn, since, until, now, stale_after)
     if not hourly:
+        queue = queue_intervals(conn, since, until, now, stale_after)
         return Timeline(since, until, len(present), lent_intervals(conn, since, until, now), drained, queue)
     lent, hours, drained_lent = hourly_lent(conn, since, until, now, drained)
-    return Timeline(since, until, len(present), lent, drained, queue, hours, drained_lent)
+    queue, queue_hours = hourly_queue(conn, since, until, now, stale_after)
+    return Timeline(since, until, len(present), lent, drained, queue, hours, drained_lent, queue_hours)
 
 
 def lease_lengths(conn, limit: int) -> list[float]:

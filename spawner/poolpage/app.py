@@ -25,7 +25,6 @@ from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
-from ..settings.parsing import env_bool
 from .handlers import actions as actions_api
 from .handlers import bookings as bookings_api
 from .handlers import history as history_api
@@ -35,6 +34,7 @@ from .handlers import lab as lab_api
 from . import views
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .limits import PoolServiceLimits
+from .service_config import PoolPageSettings, load_service_config
 from .handlers.log_streams import Followers
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -130,8 +130,9 @@ def _more_routes(prefix: str) -> list:
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,
-             limits: PoolServiceLimits | None = None) -> web.Application:
-    limits = limits if limits is not None else PoolServiceLimits.from_env()
+             limits: PoolServiceLimits | None = None, page: PoolPageSettings | None = None) -> web.Application:
+    limits = limits if limits is not None else PoolServiceLimits()
+    page = page if page is not None else PoolPageSettings()
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
     if jobs is not None:  # the page's Jobs section shows only where jobs run
         jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
@@ -152,18 +153,16 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             *jobs_api.routes(prefix),
         ],
         pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
-        limits=limits, followers=Followers(limits),
+        limits=limits, page=page, followers=Followers(limits),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
     )
 
 
-def bridge_ip(app: web.Application, env=os.environ) -> str:
+def bridge_ip(app: web.Application) -> str:
     """The hub's address on the containers' network, where the notebook servers reach the service
     (their JupyterLab's GPU status, their jobs); "" when it listens on 127.0.0.1 only."""
-    from ..settings.pool_service import BRIDGE_ENV
-
     runner = app.settings.get("jobs")
-    return env.get(BRIDGE_ENV, "") or (runner.settings.bridge_ip if runner is not None else "")
+    return app.settings["page"].bridge_ip or (runner.settings.bridge_ip if runner is not None else "")
 
 
 async def serve(app: web.Application, port: int) -> None:
@@ -197,7 +196,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s %(asctime)s gpu-pool-page] %(message)s")
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-pool/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8091"))
-    job_settings = JobSettings.from_env(os.environ)
+    config = load_service_config()  # the hub's settings for this service (service_config.py)
+    page, limits = PoolPageSettings(config=config), PoolServiceLimits(config=config)
+    job_settings = JobSettings.from_config(config)
     inventory = None
     if job_settings is not None and job_settings.engine == "swarm":
         from ..inventory.swarm import SwarmInventory
@@ -205,9 +206,8 @@ def main() -> None:
         # Jobs lease from what Swarm says now (nodes that joined, left, went down), as servers do.
         inventory = SwarmInventory()
     pool = GPUPool(db_url=ledger_env(ENV_DB_URL), inventory=inventory, **(job_settings.pool if job_settings else {}))
-    app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"),
-                   env_bool(os.environ, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
-                   jobs=JobRunner(pool, job_settings) if job_settings else None)
+    app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,
+                   jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page)
     try:
         asyncio.run(serve(app, url.port or 80))
     finally:

@@ -2,7 +2,8 @@
 
 Each lent GPU is expected back at the first end known for its lease (its
 server's idle cull or maximum age, its job's timeout, the start of someone
-else's booking of its GPU, when its server is stopped), or when a lease like it
+else's booking of its GPU, when its server is stopped, its holder's GPU-hour
+budget running out, when the culler stops its server), or when a lease like it
 typically ends (the median length of past leases that ran at least as long as
 this one has) if that is sooner or nothing is known.  Waiters are then served in
 queue order from the GPUs free now and those expected back; a GPU that someone
@@ -20,7 +21,7 @@ from statistics import median
 from typing import Protocol
 
 NOTE = ("Estimates: each lent GPU is expected back at the first end known for it (an idle cull, a maximum "
-        "age, a job's timeout, someone else's booking) or after a typical lease (the median of past leases "
+        "age, a job's timeout, someone else's booking, its holder's GPU-hour budget running out) or after a typical lease (the median of past leases "
         "that ran as long), whichever is sooner; a GPU booked by someone else is free again when the booking "
         "ends. Servers stopped early or kept busy change them.")
 
@@ -87,29 +88,32 @@ def back_and_why(h: Holding, now: datetime, lengths: list[float]) -> tuple[datet
 
 
 def _free_for(slot: Slot | None, at: datetime, why: str, who: Who | None,
-              bookings: Sequence[BookingLike]) -> tuple[datetime, str]:
+              bookings: Sequence[BookingLike], hold: float | None = None) -> tuple[datetime, str]:
     """When a GPU back at `at` is free for the waiter `who`: after every booking of it for others
-    that holds it then."""
+    that holds it then, or, for a waiter that says how long it holds its GPUs (`hold` seconds: a
+    batch job, which nothing stops at a booking's start), that starts before it would be done;
+    the grant lends such a GPU to neither."""
     if slot is None or not bookings:
         return at, why
     host, uuid = slot
     mine = sorted((b for b in bookings if b.host == host and uuid in b.gpu_uuids
                    and (who is None or not b.for_(*who))), key=lambda b: b.starts_at)
     for b in mine:
-        if b.starts_at <= at < b.ends_at:
+        if at < b.ends_at and (b.starts_at <= at or (hold and b.starts_at < at + timedelta(seconds=hold))):
             at, why = b.ends_at, f"a booking of a GPU ends at {b.ends_at.strftime('%H:%M')} UTC"
     return at, why
 
 
 def waits_explained(queue: list[int], free: int, holdings: list[Holding], now: datetime,
                     lengths: list[float], bookings: Sequence[BookingLike] = (),
-                    who: Sequence[Who | None] = (), free_slots: Sequence[Slot] = ()
-                    ) -> list[tuple[float | None, str]]:
+                    who: Sequence[Who | None] = (), free_slots: Sequence[Slot] = (),
+                    holds: Sequence[float | None] = ()) -> list[tuple[float | None, str]]:
     """Like `waits`, with the reason of each: the known end that serves the waiter (playing the
     queue forward over the holdings' known and typical ends and the bookings).
 
     `who`: each waiter's (user, groups), so that their own bookings do not hold them back;
-    `free_slots`: the free GPUs themselves (else `free` anonymous ones)."""
+    `free_slots`: the free GPUs themselves (else `free` anonymous ones); `holds`: each waiter's
+    seconds it holds its GPUs, where known (a job's timeout: see _free_for)."""
     # (back at, why, the GPU, until): until, where a waiter ahead took the GPU only once someone
     # else's booking of it ended, is when that waiter takes it; the booking's own people may use
     # it before (the queue lets them pass, as the grant does).
@@ -125,8 +129,10 @@ def waits_explained(queue: list[int], free: int, holdings: list[Holding], now: d
     out: list[tuple[float | None, str]] = []
     for i, count in enumerate(queue):
         waiter = who[i] if i < len(who) else None
+        hold = holds[i] if i < len(holds) else None
         ready = sorted(((t, reason, n) for n, (at, why, k, until) in enumerate(slots)
-                        for t, reason in [_free_for(k, at, why, waiter, bookings)] if until is None or t < until),
+                        for t, reason in [_free_for(k, at, why, waiter, bookings, hold)]
+                        if until is None or t < until),
                        key=lambda r: (r[0], r[2]))
         if count > len(ready) or count < 1:
             out.append((None, "nothing lent is expected back"))

@@ -1,23 +1,13 @@
 """What one client may hold in the gpu-pool service, and how long the service waits on others.
 
 `c.PoolServiceLimits` in the hub's config (like `c.GPUPool`); the hub hands the values to the
-service (service.py: an environment variable, and a file written from the final config once
-every config file is loaded, so options set after `load_subconfig` count).
+service in its settings file, written from the final config (service_config.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 from traitlets import Float, Int, TraitError, validate
 from traitlets.config import Configurable
-
-from ..hub_service import write_when_config_loaded
-
-ENV_NAME = "GPUHUB_POOL_SERVICE_LIMITS"
-FILE_ENV_NAME = "GPUHUB_POOL_SERVICE_LIMITS_FILE"
 
 
 class PoolServiceLimits(Configurable):
@@ -103,29 +93,3 @@ class PoolServiceLimits(Configurable):
         if not proposal.value > 0:
             raise TraitError(f"PoolServiceLimits.{proposal.trait.name} must be > 0")
         return proposal.value
-
-    def to_env(self) -> str:
-        return json.dumps({name: getattr(self, name) for name in self.trait_names(config=True)}, sort_keys=True)
-
-    @classmethod
-    def from_env(cls, environ=os.environ) -> "PoolServiceLimits":
-        """The limits the hub handed over (its final config's file, else the variable), else the defaults."""
-        raw = environ.get(ENV_NAME) or "{}"
-        path = environ.get(FILE_ENV_NAME)
-        if path and os.path.isfile(path):
-            raw = Path(path).read_text() or raw
-        return cls(**json.loads(raw))
-
-
-def limits_of(c) -> PoolServiceLimits:
-    """The limits a hub config `c` sets."""
-    return PoolServiceLimits(config=c)
-
-
-def hand_over(c, settings, env: dict) -> None:
-    """Put the limits of hub config `c` into the service's environment `env`, and have the hub
-    write them again, from its final config, once every config file is loaded."""
-    path = settings.data_dir / "gpu-pool-limits.json"
-    env[ENV_NAME] = limits_of(c).to_env()
-    env[FILE_ENV_NAME] = str(path)
-    write_when_config_loaded(path, lambda hub: limits_of(hub.config).to_env())

@@ -74,6 +74,13 @@ def series(tl: Timeline, buckets: int = DEFAULT_BUCKETS) -> dict:
     drained = accumulate(idle_drained, tl.since, step, n)
     queue = accumulate(((span, 1) for span, _ in tl.queue), tl.since, step, n)
     queue_gpus = accumulate(((span, count) for span, count in tl.queue), tl.since, step, n)
+    if tl.queue_hours:
+        # An hour's request-seconds and GPU-seconds asked (from the rollup), as means over its part.
+        def spread(i: int) -> list[float]:
+            return accumulate(((span, row[i] / max((span[1] - span[0]).total_seconds(), 1e-9))
+                               for span, *row in tl.queue_hours), tl.since, step, n)
+        queue = [a + b for a, b in zip(queue, spread(0))]
+        queue_gpus = [a + b for a, b in zip(queue_gpus, spread(1))]
     free = [max(0.0, tl.gpus - a - b) for a, b in zip(lent, drained)]
     r = lambda xs: [round(x, 3) for x in xs]  # noqa: E731
     return {

@@ -147,12 +147,6 @@ class ServerRoute:
     token: str
     validate_cert: bool = True
 
-    @classmethod
-    def from_env(cls, environ) -> "ServerRoute":
-        return cls(environ.get("GPUHUB_PROXY_URL", "http://127.0.0.1:8000"), environ.get("JUPYTERHUB_API_TOKEN", ""),
-                   # the hub's own proxy on this machine, often with a self-signed certificate
-                   validate_cert=environ.get("GPUHUB_PROXY_VALIDATE_CERT", "true") != "false")
-
     def script_url(self, server: Server) -> str:
         from jupyterhub.utils import url_path_join
 

@@ -142,6 +142,10 @@ def apply_settings(c, settings: Settings) -> None:
         from .jobs import configure_jobs
 
         configure_jobs(c, settings)
+    if settings.pool_page:
+        from .service_file import write_when_the_hub_starts
+
+        write_when_the_hub_starts(settings)  # after the jobs' part: the file holds theirs too
     if settings.ssh:
         from .ssh_service import configure_ssh
 

@@ -6,17 +6,15 @@ Called by apply_settings after the pool page's own configuration (GPUHUB_JOBS).
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from ..containers import ContainerLimits
-from ..hub_service import without_named, write_when_config_loaded
+from ..hub_service import without_named
 from ..jobs import JOBS_SCOPE
 from ..jobs.limits import JobLimits
-from ..jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
+from ..jobs.settings import JobSettings
 from ..poolpage import SERVICE_NAME
 from ..profiles import DEFAULT_PROFILES
 from .pool_service import SERVER_TOKEN_SCOPES as POOL_SERVER_TOKEN_SCOPES
@@ -91,23 +89,6 @@ def home_name_escape(c) -> str:
                      "or turn jobs off (GPUHUB_JOBS=false)")
 
 
-def write_when_loaded(settings, path: Path) -> None:
-    """In the hub: once every config file is loaded (the next turn of its event loop, long
-    before services start), write the service's settings from the final config to `path`,
-    so options set after hub_config (c.GPUDockerSpawner.profiles, c.GPUPool quotas) count."""
-    def render(hub) -> str | None:
-        from traitlets import TraitError
-
-        try:
-            return job_settings(hub.config, settings).to_env()
-        except TraitError as exc:  # c.JobLimits / c.ContainerLimits set wrong in a later config file
-            hub.log.critical("The jobs' settings are wrong: %s", exc)
-            hub.exit(1)
-            return None
-
-    write_when_config_loaded(path, render)
-
-
 def configure_jobs(c, settings) -> None:
     """Add jobs to a hub config `c` whose gpu-pool service is configured (safe to call twice)."""
     section = c.JupyterHub
@@ -128,17 +109,14 @@ def configure_jobs(c, settings) -> None:
         service_role["description"] = service_role.get("description", "The gpu-pool service") + why
     section.load_roles = without_named(roles, SERVICE_ROLE) + [service_role]
 
+    # Checked now, so that a mistake stops the hub at start; the service gets the settings from the
+    # hub's final config, as the JobSettings section of its file (pool_service.service_config).
     js = job_settings(c, settings)
-    path = settings.data_dir / "gpu-jobs.json"
-    write_when_loaded(settings, path)
     services = []
     for spec in section.services:
         if spec.get("name") == SERVICE_NAME:
-            env = {**spec.get("environment", {}), ENV_NAME: js.to_env(), FILE_ENV_NAME: str(path)}
-            if os.environ.get("DOCKER_HOST"):
-                env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
             allowed = [s for s in spec.get("oauth_client_allowed_scopes", []) if s != JOBS_SCOPE]
-            spec = {**spec, "environment": env, "oauth_client_allowed_scopes": [*allowed, JOBS_SCOPE]}
+            spec = {**spec, "oauth_client_allowed_scopes": [*allowed, JOBS_SCOPE]}
         services.append(spec)
     section.services = services
 

@@ -14,7 +14,7 @@ from jupyterhub.utils import url_path_join
 from ..hub_service import without_named
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from ..poolpage.hubapi import SERVICE_SCOPES
-from ..poolpage.limits import hand_over
+from ..poolpage.service_config import CONFIG_FILE_ENV, FILE_NAME
 from .culler import activity_interval, rules_from_settings
 
 HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
@@ -29,9 +29,6 @@ EXEC_GROUP = "gpu-pool:exec"
 # JupyterHub's `server` role, plus asking the gpu-pool service (JupyterLab's GPU status, through
 # images/jupyter/gpuhub_activity/lab.py); jobs add their own scope to it (settings/jobs.py).
 SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", ACCESS_SCOPE]
-# The service's environment variable naming the hub's address on the containers' network
-# (the Docker bridge, or the Swarm overlay), where it also listens for the notebook servers.
-BRIDGE_ENV = "GPUHUB_POOL_BRIDGE_IP"
 
 
 def role_groups(settings) -> dict[str, list[str]]:
@@ -43,46 +40,34 @@ def role_groups(settings) -> dict[str, list[str]]:
                                                       (EXEC_GROUP, directory.exec_groups)) if wanted}
 
 
-def service_environment(settings) -> dict[str, str]:
-    """What the service process needs besides JupyterHub's own JUPYTERHUB_* variables."""
-    env = {
-        "GPUHUB_POOL_DB_URL": settings.pool_db_url,
-        "GPUHUB_POOL_PAGE_SHOW_HOLDERS": "true" if settings.pool_page_show_holders else "false",
-        # For the culling deadlines and wait estimates (0: the hub does not cull).
-        "GPUHUB_CULL_TIMEOUT_GPU": str(settings.cull_timeout_gpu if settings.cull else 0),
-        # The culler's rules (deadline.CullRules), so that the deadlines shown are those applied.
-        "GPUHUB_CULL_RULES": rules_from_settings(settings).to_json() if settings.cull else "",
-        "GPUHUB_CULL_TIMEOUT_CPU": str(settings.cull_timeout_cpu if settings.cull else 0),
-        "GPUHUB_CULL_EVERY": str(settings.cull_every if settings.cull else 0),
-        # The culler's GPU-idle rule, told in JupyterLab's GPU panel (0: off).
-        "GPUHUB_GPU_IDLE_PERCENT": f"{settings.gpu_idle_percent if settings.cull else 0:g}",
-        "GPUHUB_GPU_IDLE_SECONDS": f"{settings.gpu_idle_minutes * 60:g}",
-        # A server whose last activity is older than two activity reports is idle now.
-        "GPUHUB_POOL_IDLE_AFTER": str(2 * activity_interval(settings)),
-        # For GPU utilization, read as the culler reads it.
-        "GPUHUB_INVENTORY": settings.inventory,
-        "GPUHUB_SIMULATED_GPUS": str(settings.simulated_gpus),
-        "GPUHUB_SIMULATED_UTILIZATION_FILE": settings.simulated_utilization_file or "",
-    }
-    if os.environ.get("DOCKER_HOST"):  # the jobs reach the hub's Docker as the spawner does
-        env["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
-    env.update(proxy_environment(settings))
-    return env
-
-
-def proxy_environment(settings) -> dict[str, str]:
-    """Where the service reaches the hub's proxy on this machine (action scripts go through it
-    to each server): its bind address, a wildcard read as loopback."""
+def set_page_settings(c, settings, bridge_ip: str) -> None:
+    """c.PoolPageSettings from the GPUHUB_* settings: what the page shows and acts on."""
     from urllib.parse import urlparse
 
+    page = c.PoolPageSettings
+    page.show_holders = settings.pool_page_show_holders
+    # For the culling deadlines and wait estimates (0: the hub does not cull), by the culler's rules.
+    page.cull_timeout_gpu = settings.cull_timeout_gpu if settings.cull else 0
+    page.cull_rules = rules_from_settings(settings).to_json() if settings.cull else ""
+    page.cull_timeout_cpu = settings.cull_timeout_cpu if settings.cull else 0
+    page.cull_every = settings.cull_every if settings.cull else 0
+    page.gpu_idle_percent = float(settings.gpu_idle_percent if settings.cull else 0)
+    page.gpu_idle_seconds = float(settings.gpu_idle_minutes * 60)
+    page.idle_after = 2 * activity_interval(settings)
+    # GPU utilisation, read as the culler reads it.
+    page.inventory = settings.inventory
+    page.simulated_gpus = settings.simulated_gpus
+    page.utilization_file = settings.simulated_utilization_file or ""
+    # The hub's proxy on this machine (action scripts go through it): its bind address, a
+    # wildcard read as loopback; a self-signed certificate of the hub's own proxy is the usual case.
     bound = urlparse(settings.bind_url)
     host = bound.hostname or "127.0.0.1"
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     shown = f"[{host}]" if ":" in host else host
     port = bound.port or (443 if bound.scheme == "https" else 80)
-    # A self-signed certificate of the hub's own proxy is the usual case on this hop.
-    return {"GPUHUB_PROXY_URL": f"{bound.scheme}://{shown}:{port}",
-            "GPUHUB_PROXY_VALIDATE_CERT": "false" if bound.scheme == "https" else "true"}
+    page.proxy_url = f"{bound.scheme}://{shown}:{port}"
+    page.proxy_validate_cert = bound.scheme != "https"
+    page.bridge_ip = bridge_ip
 
 
 def configure_pool_page(c, settings) -> None:
@@ -105,11 +90,16 @@ def configure_pool_page(c, settings) -> None:
     custom[EXEC_SCOPE] = {"description": "Run action scripts in other people's running servers (as each "
                                          "server's own user) from the GPU pool page and `gpu-pool exec`"}
     section.custom_scopes = custom
-    environment = service_environment(settings)
-    hand_over(c, settings, environment)  # c.PoolServiceLimits
     bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
-    if bridge_ip:
-        environment[BRIDGE_ENV] = bridge_ip
+    set_page_settings(c, settings, bridge_ip)
+    # Its settings in one file the hub writes from its final config; the ledger's URL (a secret)
+    # in its environment, as the CLI reads it.
+    from ..pool import ENV_DB_URL
+
+    path = settings.data_dir / FILE_NAME  # written at the hub's start (service_file.py)
+    environment = {ENV_DB_URL: settings.pool_db_url, CONFIG_FILE_ENV: str(path)}
+    if os.environ.get("DOCKER_HOST"):  # the jobs reach the hub's Docker as the spawner does
+        environment["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
     section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "display": True,

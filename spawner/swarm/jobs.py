@@ -11,11 +11,15 @@ attach a task to no network: it would join its node's bridge, with a route out).
 scales it to 0 replicas (its log stays until it is removed).  A task on a node that
 is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
 Homes are prepared on the manager (the Docker engine's rules, on shared storage).
+A unit runs only on a node whose tasks get no-new-privileges: the spec asks for it where
+the manager's API can say so, and the nodes the lock-down probe refused (swarm/lockdown.py,
+the servers' own check) are left out of the lease and of the placement.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -24,8 +28,10 @@ from ..docker.jobs import DockerJobEngine, _HomeOwner, render_user
 from ..jobs.engine import ENDED, JobRefused, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
 from ..labels import LABEL_JOB, LABEL_POOL, LABEL_USER
 from .homes import make_home_directory
+from .lockdown import SPEC_API, refused_nodes, version_tuple
 from .tasks import LIVE_TASK_STATES, task_labels
 
+log = logging.getLogger("gpu-pool-page")
 POLL_SECONDS = 0.25
 # How long stop() and remove() wait for Swarm to report a unit's task ended.
 CONFIRM_SECONDS = 20.0
@@ -105,8 +111,11 @@ class SwarmJobEngine(DockerJobEngine):
         options = self._volume_options(user)
         return {"driver": "local", "driver_opts": options} if options else {}
 
-    def service_args(self, spec: UnitSpec) -> dict:
-        """create_service keywords for the unit: pure (docker.types only)."""
+    def service_args(self, spec: UnitSpec, refused: Mapping[str, str] | None = None,
+                     spec_nnp: bool = False) -> dict:
+        """create_service keywords for the unit: pure (docker.types only).  `refused`: node id ->
+        hostname of the nodes it must not run on; `spec_nnp`: the manager's API carries
+        no-new-privileges in the spec (1.44+)."""
         from docker.types import (ContainerSpec, DriverConfig, EndpointSpec, Mount, NetworkAttachmentConfig,
                                   Placement, Resources, RestartPolicy, ServiceMode, TaskTemplate)
         from docker.utils import parse_bytes
@@ -123,12 +132,15 @@ class SwarmJobEngine(DockerJobEngine):
             image=spec.image, args=list(spec.command), env=env, user=spec.user, labels=dict(spec.labels),
             workdir=spec.working_dir, mounts=mounts, cap_add=None, cap_drop=["ALL"],
             stop_grace_period=int(5e9))
+        if spec_nnp:
+            container["Privileges"] = {"NoNewPrivileges": True}
         limits = self.container_limits
         resources = Resources(mem_limit=parse_bytes(spec.mem_limit) if isinstance(spec.mem_limit, str)
                               else spec.mem_limit,
                               cpu_limit=int(spec.cpu_limit * 1e9) if spec.cpu_limit else None)
         resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
         constraints = [f"node.hostname=={spec.host}"] if spec.host else list(self.settings.cpu_constraints)
+        constraints += [f"node.id!={node}" for node in sorted(refused or {})]
         networks = [NetworkAttachmentConfig(spec.network or isolated_network(spec.name),
                                             aliases=list(spec.aliases) or None)]
         networks += [NetworkAttachmentConfig(extra) for extra in spec.extra_networks]
@@ -242,12 +254,27 @@ class SwarmJobEngine(DockerJobEngine):
 
     # ------------------------------------------------------------ JobEngine
 
+    async def _refused(self, image: str) -> dict[str, tuple[str, str]]:
+        """node id -> (hostname, why) of the nodes no unit may run on (the servers' lock-down check)."""
+        try:
+            return await refused_nodes(self.api, image, self.settings.prefix, log)
+        except Exception as exc:  # the manager did not answer: nothing is placed unchecked
+            raise JobRefused(f"The Swarm manager did not answer, so no node could be checked for the job "
+                             f"({exc}); try again in a minute.") from None
+
     async def create(self, spec: UnitSpec) -> None:
+        refused = await self._refused(spec.image)
+        why = next((why for host, why in refused.values() if host == spec.host), None)
+        if spec.host and why is not None:
+            raise JobRefused(f"GPU node {spec.host} would run the job without no-new-privileges ({why}). "
+                             "Ask an administrator: `gpu-pool doctor` on the Swarm manager names the fix.")
+        spec_nnp = version_tuple((await self.docker("version")).get("ApiVersion")) >= SPEC_API
         if spec.network is None:
             # Swarm cannot attach a task to no network (it would join its node's default bridge,
             # with a route out): a unit without one gets an internal overlay of its own.
             await self.create_network(isolated_network(spec.name), {**spec.labels, LABEL_ISOLATED: spec.name})
-        await self.docker("create_service", **self.service_args(spec))
+        await self.docker("create_service", **self.service_args(
+            spec, {node: host for node, (host, _) in refused.items()}, spec_nnp))
 
     async def inspect(self, name: str) -> UnitState | None:
         try:
@@ -330,18 +357,25 @@ class SwarmJobEngine(DockerJobEngine):
             await self.docker("create_network", name, driver="overlay", attachable=True, internal=True,
                               labels=dict(labels))
 
-    async def lease_hosts(self, node_labels: Mapping[str, str]) -> list[str] | None:
-        """The nodes carrying every label of `node_labels` (None: any node)."""
+    async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
+        """The nodes carrying every label of `node_labels` (None: any node), less those whose
+        tasks would run without no-new-privileges (checked with `image`, as for servers)."""
         wanted = dict(node_labels)
-        if not wanted:
-            return None
         nodes = await self.docker("nodes")
         hosts = [n["Description"]["Hostname"] for n in nodes
                  if all(((n.get("Spec") or {}).get("Labels") or {}).get(k) == v for k, v in wanted.items())]
-        if not hosts:
+        if wanted and not hosts:
             raise JobRefused(f"No GPU node carries the labels {wanted} that this profile asks for. "
                              "Ask an administrator.")
-        return hosts
+        refused = {host: why for host, why in (await self._refused(image)).values()} if image else {}
+        if not refused:
+            return hosts if wanted else None
+        allowed = [h for h in hosts if h not in refused]
+        if not allowed:
+            why = "; ".join(f"{h}: {refused[h]}" for h in hosts if h in refused)
+            raise JobRefused(f"No GPU node this profile may use runs jobs with no-new-privileges ({why}). "
+                             "Ask an administrator: `gpu-pool doctor` on the Swarm manager names the fix.")
+        return allowed
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         """The user's directory under the shared homes root, then the home volume (on the manager)."""

@@ -26,6 +26,7 @@ from ..docker.spawner import GPUDockerSpawner
 from ..homes import prepare_home_volume
 from ..labels import pool_identity
 from ..pool import PoolError
+from ..pool.placement import host_demand
 from ..pool.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
@@ -183,12 +184,7 @@ class GPUSwarmSpawner(GPUDockerSpawner, SwarmSpawner):
     def host_demand(self) -> dict[str, int]:
         """GPU node -> how many of the configured host-tagged profiles can use it: a profile
         that names no labels spends the GPUs fewer such profiles ask for first."""
-        demand: dict[str, int] = {}
-        for profile in self._profiles:
-            if profile.gpus and profile.node_labels:
-                for host in self.pool.inventory.hosts_matching(dict(profile.node_labels)):
-                    demand[host] = demand.get(host, 0) + 1
-        return demand
+        return host_demand(self._profiles, self.pool.inventory.hosts_matching)
 
     async def lease_for_start(self, profile: Profile) -> None:
         # Nodes that joined, left, went down or were drained reach the ledger first.

@@ -37,6 +37,7 @@ CLASSES = [
     ("spawner.auth", "DirectoryAuthenticator"),
     ("spawner.culling", "GPUIdleCuller"),
     ("spawner.poolpage.limits", "PoolServiceLimits"),
+    ("spawner.poolpage.service_config", "PoolPageSettings"),
     ("spawner.ssh.settings", "SSHGateway"),
     ("spawner.ssh.spawner_access", "SSHAccess"),
     ("gpuhub_activity", "BusyKernelActivity"),

@@ -21,6 +21,9 @@ from devservices.swarm_hub import profiles_config
 from tests.fixtures.hub import wait_for
 from tests.fixtures.swarm import docker
 
+from .test_jobs import jobs_api, submit, wait_state
+from .test_poolpage import wait_for_page
+
 pytestmark = pytest.mark.integration
 
 K80 = """
@@ -47,7 +50,8 @@ def test_servers_run_without_new_privileges_and_a_lax_node_gets_none(make_swarm_
                                                                       notebook_image):
     lax = add_node(swarm_cluster, 3, {"gpu.model": "k80", "gpu.memory": "12g"}, no_new_privileges=False)
     try:
-        hub = make_swarm_hub(profiles_config(notebook_image) + K80.format(image=notebook_image))
+        hub = make_swarm_hub(profiles_config(notebook_image) + K80.format(image=notebook_image),
+                             env={"GPUHUB_POOL_PAGE": "true"})
         for user in ("nn1", "nn2", "nn3", "nn4"):
             hub.create_user(user)
         # A GPU server on a worker whose daemon enforces it: its process has NoNewPrivs set.
@@ -67,6 +71,19 @@ def test_servers_run_without_new_privileges_and_a_lax_node_gets_none(make_swarm_
             assert task_container(swarm_cluster, hub, user)[0].hostname != lax.hostname
         spec = json.loads(docker("service", "inspect", f"{hub.prefix}-nn4"))[0]["Spec"]
         assert f"node.id!={lax.node_id}" in spec["TaskTemplate"]["Placement"]["Constraints"]
+        # Jobs follow the same check: one only the lax node could run is refused, naming it and why;
+        # a CPU job's service may run anywhere but there.
+        token = hub.user_token("nn2")
+        wait_for_page(hub, token)
+        r = jobs_api(hub, "POST", "", token, json={"profile": "k80", "command": ["true"]})
+        assert r.status_code == 409 and "no-new-privileges" in r.text and lax.hostname in r.text, r.text
+        cpu_job = submit(hub, token, {"profile": "tf-cpu", "command": ["sh", "-c", "sleep 600"]})
+        service = f"{hub.prefix}-job-{cpu_job['id']}"  # made once the job leaves the queue
+        [found] = wait_for(lambda: json.loads(docker("service", "inspect", service, check=False) or "[]"), what=service)
+        spec = found["Spec"]
+        assert f"node.id!={lax.node_id}" in spec["TaskTemplate"]["Placement"]["Constraints"]
+        assert jobs_api(hub, "DELETE", f"/{cpu_job['id']}", token).status_code in (200, 202, 204)
+        wait_state(hub, token, cpu_job["id"], ("cancelled", "failed"), timeout=120)
         # The doctor on the manager lists every node: the lax one FAILs, with the fix.
         nodes = doctor_nodes(hub)
         assert nodes[lax.hostname]["status"] == "FAIL", nodes

@@ -278,7 +278,7 @@ def test_a_version_8_ledger_gains_the_readings_memory_column_in_place(tmp_path):
     [new] = p.gpu_readings(60).values()
     assert new.memory_used_mib == 512
     with engine.begin() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "10"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "11"
     p.close()
     engine.dispose()
 
@@ -298,12 +298,13 @@ def test_the_agent_command_refuses_bad_options_in_one_line(tmp_path, capsys):
 
 def test_the_pool_page_shows_swarm_utilization_from_the_agents(pool, node_a):
     from spawner.poolpage.handlers.wait import Settings
+    from spawner.poolpage.service_config import PoolPageSettings
 
     inv, path = node_a
     gpu0 = inv.gpus()[0].uuid
     path.write_text(json.dumps({gpu0: 64}))
     Agent(pool, inv, interval=1).run_once()
-    reader = Settings({"GPUHUB_INVENTORY": "swarm", "GPUHUB_POOL_DB_URL": pool.db_url}).utilization_reader()
+    reader = Settings(PoolPageSettings(inventory="swarm"), pool.db_url).utilization_reader()
     assert reader("node-a", gpu0) == 64.0
     age(pool, 61)  # past SwarmInventory's default reading_max_age
     assert reader("node-a", gpu0) is None

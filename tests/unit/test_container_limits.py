@@ -4,6 +4,7 @@ config of jobs and helpers, the job service's settings, and a job log read by it
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from traitlets import TraitError
@@ -42,7 +43,7 @@ def test_a_jobs_container_is_bounded_as_the_hub_configured(tmp_path):
     c = Config()
     c.ContainerLimits.pids_limit = 128
     c.ContainerLimits.log_max_size = "2m"
-    js = JobSettings.from_env({"GPUHUB_JOBS_CONFIG": job_settings(c, _settings(tmp_path)).to_env()})
+    js = JobSettings(**json.loads(json.dumps(job_settings(c, _settings(tmp_path)).as_dict())))  # as the file has it
     profile = next(p for p in load_profiles(DEFAULT_PROFILES) if p.slug == "tf-gpu-1")
     _, host = container_spec(_job(), profile, js, "v", "l")
     assert host["pids_limit"] == 128

@@ -3,7 +3,6 @@ the hub config that enables it, the kept log, and the ledger's job records."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from traitlets.config import Config
@@ -15,7 +14,7 @@ from spawner.poolpage.hubapi import SERVICE_SCOPES
 from spawner.settings.pool_service import SERVICE_ROLE
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
-from spawner.jobs.settings import ENV_NAME, FILE_ENV_NAME, JobSettings
+from spawner.jobs.settings import JobSettings
 from spawner.docker.jobs import DockerJobEngine
 from spawner.jobs.spec import unit_spec
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
@@ -182,7 +181,7 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     assert set(scopes) == {"read:users", "admin:auth_state", *SERVICE_SCOPES} and len(scopes) == len(set(scopes))
     [service] = c.JupyterHub.services
     assert service["oauth_client_allowed_scopes"].count(JOBS_SCOPE) == 1
-    js = JobSettings.from_env(service["environment"])
+    js = JobSettings.from_config(as_the_service_reads_it(c, settings, service))
     assert [p["slug"] for p in js.profiles] == [p["slug"] for p in DEFAULT_PROFILES]
     assert js.pool == {"max_gpus_per_user": 1} and js.bridge_ip == "192.0.2.1"
     assert js.max_seconds == 86400 and js.log_max_bytes == 1024 * 1024
@@ -191,12 +190,25 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     env = c.GPUDockerSpawner.environment.get_value({})
     url = "http://192.0.2.1:9123/services/gpu-pool/"
     assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": url, "GPUHUB_POOL_URL": url}
-    assert json.loads(service["environment"][ENV_NAME])["prefix"] == "gpuhub"
-    # the hub's final config, written at its start, wins over what was known here
-    path = tmp_path / "gpu-jobs.json"
-    assert service["environment"][FILE_ENV_NAME] == str(path)
-    path.write_text(JobSettings(profiles=DEFAULT_PROFILES[:1], prefix="late").to_env())
-    assert JobSettings.from_env(service["environment"]).prefix == "late"
+    assert js.prefix == "gpuhub"
+    # the hub's final config, written at its start, is what the service reads: a later option counts
+    c.GPUDockerSpawner.prefix = "late"
+    assert JobSettings.from_config(as_the_service_reads_it(c, settings, service)).prefix == "late"
+    # with jobs off the service gets no JobSettings section, and runs no jobs
+    off = _settings(tmp_path, GPUHUB_JOBS="false")
+    assert JobSettings.from_config(as_the_service_reads_it(c, off, service)) is None
+
+
+def as_the_service_reads_it(c, settings, service):
+    """The file the hub writes from config `c` at its start, read by the service's own loader."""
+    from spawner.poolpage.service_config import CONFIG_FILE_ENV, load_service_config
+    from spawner.settings.service_file import render_service_config
+
+    path = service["environment"][CONFIG_FILE_ENV]
+    assert path == str(settings.data_dir / "gpu-pool-service.json")
+    with open(path, "w") as f:
+        f.write(render_service_config(c, settings))
+    return load_service_config(service["environment"])
 
 
 def test_jobs_settings(tmp_path):
@@ -246,7 +258,7 @@ def test_a_jobs_home_is_the_volume_the_servers_escape_names(tmp_path, escape, vo
     c = Config()
     if escape:
         c.DockerSpawner.escape = escape
-    js = JobSettings.from_env({ENV_NAME: job_settings(c, _settings(tmp_path)).to_env()})
+    js = job_settings(c, _settings(tmp_path))
     assert render_user(js.home_volume, "a.b@c", js.home_name_escape) == volume
 
 

@@ -287,5 +287,15 @@ def budget_refuses_and_ends(url: str) -> None:
     pool.close()
 
 
+def test_a_budget_with_some_left_never_reads_as_used_up():
+    from spawner.pool.budget import Standing
+
+    week = 7 * 86400.0
+    assert Standing("you", 39.96, 40, None, None).message(week).startswith("You have used 39.9 of your 40 GPU-hours")
+    assert Standing("you", 40.0, 40, None, None).message(week).startswith("You have used 40.0 of your 40 GPU-hours")
+    assert Standing("group 'lab'", 12.34, 40, None, None).message(week) == \
+        "Group 'lab' has used 12.3 of group 'lab''s 40 GPU-hours in the last 7 days"
+
+
 def test_a_budget_refuses_with_its_numbers_and_ends_a_lease_that_runs_past_it(tmp_path):
     budget_refuses_and_ends(sqlite_url(tmp_path))

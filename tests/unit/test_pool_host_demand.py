@@ -72,3 +72,20 @@ def test_bad_host_demand_is_refused_and_changes_nothing(tmp_path, bad):
         assert pool.try_acquire("u", "", 1).host == "t4-node"
     finally:
         pool.close()
+
+
+def test_servers_and_jobs_count_a_hosts_demand_the_same_way():
+    """One function for both (the spawner's and the jobs runner's): each host-tagged GPU profile
+    adds one to every host it can use; untagged and CPU profiles add nothing."""
+    from types import SimpleNamespace as P
+
+    from spawner.pool.placement import host_demand
+
+    nodes = {"a100-node": {"gpu.model": "a100"}, "t4-node": {"gpu.model": "t4"}}
+
+    def hosts_matching(wanted):
+        return [h for h, labels in nodes.items() if all(labels.get(k) == v for k, v in wanted.items())]
+
+    profiles = [P(gpus=1, node_labels=(("gpu.model", "a100"),)), P(gpus=2, node_labels=(("gpu.model", "a100"),)),
+                P(gpus=1, node_labels=()), P(gpus=0, node_labels=(("gpu.model", "t4"),))]
+    assert host_demand(profiles, hosts_matching) == {"a100-node": 2}

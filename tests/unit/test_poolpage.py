@@ -133,11 +133,55 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     assert c.JupyterHub.template_paths[0].endswith("hub_templates") and len(c.JupyterHub.template_paths) == 1
 
 
+def test_the_service_reads_the_hubs_settings_from_the_one_file_the_hub_writes(tmp_path):
+    """What the page shows (holders, cull deadlines, the proxy it reaches servers through) comes
+    from the hub's settings, through its file; an option set after hub_config counts."""
+    from spawner.poolpage.limits import PoolServiceLimits
+    from spawner.poolpage.service_config import CONFIG_FILE_ENV, PoolPageSettings, load_service_config
+    from spawner.settings.service_file import render_service_config
+
+    (tmp_path / "c.pem").write_text("x")
+    (tmp_path / "k.pem").write_text("x")
+    settings = _settings(GPUHUB_DATA_DIR=str(tmp_path), GPUHUB_POOL_PAGE_SHOW_HOLDERS="true",
+                         GPUHUB_CULL="true", GPUHUB_CULL_TIMEOUT_GPU="700", GPUHUB_CULL_TIMEOUT_CPU="3000",
+                         GPUHUB_BIND_URL="https://0.0.0.0:8443", GPUHUB_SSL_CERT=str(tmp_path / "c.pem"),
+                         GPUHUB_SSL_KEY=str(tmp_path / "k.pem"), GPUHUB_JOBS="false")
+    c = Config()
+    configure_pool_page(c, settings)
+    [service] = c.JupyterHub.services
+    env = service["environment"]
+    assert set(env) == {"GPUHUB_POOL_DB_URL", CONFIG_FILE_ENV}  # nothing else travels by environment
+    c.PoolServiceLimits.log_followers_per_job = 2  # a later config file
+    path = tmp_path / "gpu-pool-service.json"
+    assert env[CONFIG_FILE_ENV] == str(path)
+    path.write_text(render_service_config(c, settings))
+    config = load_service_config(env)
+    page = PoolPageSettings(config=config)
+    assert page.show_holders and (page.cull_timeout_gpu, page.cull_timeout_cpu) == (700, 3000)
+    assert page.proxy_url == "https://127.0.0.1:8443" and not page.proxy_validate_cert  # its own proxy
+    assert PoolServiceLimits(config=config).log_followers_per_job == 2
+    assert "JobSettings" not in config  # jobs off: the service runs none
+    # without culling the page promises no deadline
+    off = _settings(GPUHUB_DATA_DIR=str(tmp_path), GPUHUB_CULL="false")
+    c = Config()
+    configure_pool_page(c, off)
+    path.write_text(render_service_config(c, off))
+    page = PoolPageSettings(config=load_service_config(env))
+    assert (page.cull_timeout_gpu, page.cull_every, page.cull_rules) == (0, 0, "")
+    assert page.proxy_url == "http://127.0.0.1:8000" and page.proxy_validate_cert
+    # a file the hub named but the service cannot read stops the service, not defaults
+    path.unlink()
+    with pytest.raises(RuntimeError, match="cannot be read"):
+        load_service_config(env)
+
+
 def test_the_notebook_servers_reach_the_service_on_the_bridge_with_jobs_off(tmp_path):
     """JupyterLab's GPU status needs the service, not jobs: the pool page's configuration gives the
     servers its bridge address and a token that may ask it, and has the service listen there."""
     from spawner.poolpage.app import bridge_ip
-    from spawner.settings.pool_service import BRIDGE_ENV, SERVER_TOKEN_SCOPES
+    from spawner.poolpage.service_config import PoolPageSettings
+    from spawner.settings.pool_service import SERVER_TOKEN_SCOPES
+    from spawner.settings.service_file import service_config
 
     settings = _settings(GPUHUB_DATA_DIR=str(tmp_path), GPUHUB_POOL_PAGE_PORT="9123", GPUHUB_JOBS="false")
     assert not settings.jobs
@@ -146,20 +190,20 @@ def test_the_notebook_servers_reach_the_service_on_the_bridge_with_jobs_off(tmp_
     c.GPUDockerSpawner.environment.update({"OTHER": "kept"})
     configure_pool_page(c, settings)
     [service] = c.JupyterHub.services
-    assert service["environment"][BRIDGE_ENV] == "192.0.2.1"
+    assert service_config(c, settings)["PoolPageSettings"]["bridge_ip"] == "192.0.2.1"
     assert c.GPUDockerSpawner.environment.get_value({}) == {
         "OTHER": "kept", "GPUHUB_POOL_URL": "http://192.0.2.1:9123/services/gpu-pool/"}
     assert c.GPUDockerSpawner.server_token_scopes == SERVER_TOKEN_SCOPES and ACCESS_SCOPE in SERVER_TOKEN_SCOPES
     assert not any("jobs" in scope for scope in c.GPUDockerSpawner.server_token_scopes)
 
-    class App:  # what serve() reads: the app's jobs runner (none here) and the environment
-        settings = {"jobs": None}
-    assert bridge_ip(App, service["environment"]) == "192.0.2.1"
-    assert bridge_ip(App, {}) == ""
+    class App:  # what serve() reads: the app's jobs runner (none here) and the page's settings
+        settings = {"jobs": None, "page": PoolPageSettings(config=c)}
+    assert bridge_ip(App) == "192.0.2.1"
     # Outside the hub (`gpu-pool --config`) there is no bridge: no URL, no listener.
     c = Config()
     configure_pool_page(c, settings)
-    assert BRIDGE_ENV not in c.JupyterHub.services[0]["environment"]
+    App.settings["page"] = PoolPageSettings(config=c)
+    assert bridge_ip(App) == ""
     assert "GPUHUB_POOL_URL" not in c.GPUDockerSpawner.environment.get_value({})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -98,17 +99,11 @@ def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
     wait for the GPUs of dan's job (20 min timeout) and of ann's server on a GPU bob booked from
     in 30 min; each is told what ends her wait: the job's timeout, then bob's booking (not
     ann's stop)."""
-    import asyncio
-    import threading
-
     import requests
 
     from spawner.inventory import SimulatedInventory
     from spawner.pool import GPUPool
-    from spawner.poolpage import app
-    from spawner.poolpage.handlers import base as handlers
     from spawner.poolpage.hubapi import Server
-    from tests.fixtures.services import free_port
 
     from spawner.pool.jobs import RUNNING, JobLedger, job_server_name
 
@@ -127,10 +122,39 @@ def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
         waiting = pool._write(pool._attempt, pool._make_request(user, "", 1, [], None), None, True)
         assert waiting.lease is None and waiting.waiter_id is not None
 
+    servers = [Server("ann", "", lease_id=held.id, host="node", gpu_uuids=held.gpu_uuids, ready=True,
+                      last_activity=now, started=now)]
+    try:
+        with serving(pool, servers) as port:
+            got = requests.get(f"http://127.0.0.1:{port}/services/gpu-pool/api/wait", headers={"X-User": "cy"},
+                               timeout=30).json()
+            cy, dee = got["queue"]
+            # cy, first: dan's job is stopped at its timeout (his name hidden from her).
+            ends = job.started_at + timedelta(seconds=1200)
+            assert cy["yours"] and cy["estimate_why"] == f"a job reaches its timeout at {ends:%H:%M} UTC"
+            assert 20 * 60 - 120 < cy["estimate_s"] <= 20 * 60
+            # dee, next: ann's GPU is hers only when bob's booking of it ends.
+            assert dee["estimate_why"] == f"a booking of a GPU ends at {later.ends_at:%H:%M} UTC"
+            assert 90 * 60 - 120 < dee["estimate_s"] <= 90 * 60 and dee["estimate"].endswith("(estimate)")
+            assert "booking" in got["note"] and "job's timeout" in got["note"]
+    finally:
+        pool.close()
+
+
+@contextlib.contextmanager
+def serving(pool, servers: list):
+    """The pool service's app on a free port, the hub's server list stood in for by `servers`
+    and its login by the X-User header; yields the port."""
+    import asyncio
+    import threading
+
+    from spawner.poolpage import app
+    from spawner.poolpage.handlers import base as handlers
+    from tests.fixtures.services import free_port
+
     class Hub:
         async def active_servers(self):
-            return [Server("ann", "", lease_id=held.id, host="node", gpu_uuids=held.gpu_uuids, ready=True,
-                           last_activity=now, started=now)]
+            return servers
 
     original = handlers.BaseHandler.get_current_user
     handlers.BaseHandler.get_current_user = lambda self: {"name": self.request.headers["X-User"], "scopes": [],
@@ -149,19 +173,91 @@ def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
     thread.start()
     try:
         assert ready.wait(10)
-        got = requests.get(f"http://127.0.0.1:{port}/services/gpu-pool/api/wait", headers={"X-User": "cy"},
-                           timeout=30).json()
-        cy, dee = got["queue"]
-        # cy, first: dan's job is stopped at its timeout (his name hidden from her).
-        ends = job.started_at + timedelta(seconds=1200)
-        assert cy["yours"] and cy["estimate_why"] == f"a job reaches its timeout at {ends:%H:%M} UTC"
-        assert 20 * 60 - 120 < cy["estimate_s"] <= 20 * 60
-        # dee, next: ann's GPU is hers only when bob's booking of it ends.
-        assert dee["estimate_why"] == f"a booking of a GPU ends at {later.ends_at:%H:%M} UTC"
-        assert 90 * 60 - 120 < dee["estimate_s"] <= 90 * 60 and dee["estimate"].endswith("(estimate)")
-        assert "booking" in got["note"] and "job's timeout" in got["note"]
+        yield port
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         handlers.BaseHandler.get_current_user = original
+
+
+def test_a_waiter_is_told_when_the_holders_gpu_hour_budget_runs_out(tmp_path):
+    """ann has used 9.5 of her 10 GPU-hours a week and holds the only GPU (an active server, so
+    the culler stops it when her budget runs out): cy, waiting, is told that end, about 30 min."""
+    import requests
+
+    from spawner.pool.rollup import record_ended
+    from spawner.pool.schema import lease_gpus_table, leases_table
+    from spawner.poolpage.hubapi import Server
+    from sqlalchemy import insert
+    from tests.unit.test_pool_fairshare import make_pool
+
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1, gpu_hour_budget=10.0)
+    now = datetime.now(UTC)
+    uuid = pool.gpus()[0].gpu.uuid
+
+    def past(conn):  # 9.5 GPU-hours ann used yesterday
+        lid = conn.execute(insert(leases_table).values(
+            user_name="ann", server_name="old", host="node", groups="[]", started_at=now - 30 * H,
+            ended_at=now - 30 * H + timedelta(hours=9.5), end_reason="stopped")).inserted_primary_key[0]
+        conn.execute(insert(lease_gpus_table).values(lease_id=lid, uuid=uuid, host="node", position=0,
+                                                     ended_at=now - 30 * H + timedelta(hours=9.5)))
+        record_ended(pool._store, conn, [lid])
+    pool._write(past)
+    held = pool.try_acquire("ann", "", 1)
+    waiting = pool._write(pool._attempt, pool._make_request("cy", "", 1, [], None), None, True)
+    assert waiting.lease is None and waiting.waiter_id is not None
+    servers = [Server("ann", "", lease_id=held.id, host="node", gpu_uuids=held.gpu_uuids, ready=True,
+                      last_activity=now, started=now)]
+    try:
+        with serving(pool, servers) as port:
+            got = requests.get(f"http://127.0.0.1:{port}/services/gpu-pool/api/wait", headers={"X-User": "cy"},
+                               timeout=30).json()
+        (cy,) = got["queue"]
+        assert cy["yours"] and cy["estimate_why"].startswith("a server is stopped at ")
+        assert cy["estimate_why"].endswith("UTC, when its GPU-hour budget runs out"), cy
+        assert 30 * 60 - 120 < cy["estimate_s"] <= 30 * 60
+        assert "GPU-hour budget" in got["note"]
+    finally:
+        pool.close()
+
+
+def test_a_job_that_would_run_into_someone_elses_booking_waits_for_its_end():
+    # g1 is free now, bob booked it 12:30-14:00: a server may use it until then, a job of 1 h may not.
+    b = booking("bob", "g1", NOW + 30 * M, NOW + 2 * H)
+    free = [("node", "g1")]
+    assert estimate.waits_explained([1], 1, [], NOW, LENGTHS, bookings=[b], who=[("cy", ())], free_slots=free) == [
+        (0.0, "GPUs are free now")]
+    assert estimate.waits_explained([1], 1, [], NOW, LENGTHS, bookings=[b], who=[("cy", ())], free_slots=free,
+                                    holds=[3600.0]) == [(2 * 3600.0, "a booking of a GPU ends at 14:00 UTC")]
+    # A job short enough to be done before the booking starts takes it now.
+    assert estimate.waits_explained([1], 1, [], NOW, LENGTHS, bookings=[b], who=[("cy", ())], free_slots=free,
+                                    holds=[600.0]) == [(0.0, "GPUs are free now")]
+
+
+def test_api_wait_gives_a_queued_job_the_estimate_its_grant_follows(tmp_path):
+    """dan's queued job (1 h timeout) waits for the only GPU, free now but booked by bob from in
+    30 min: the grant lends it none (holds_for), and api/wait tells him it waits for the booking's
+    end, not that GPUs are free now."""
+    from dataclasses import replace
+
+    import requests
+
+    from spawner.pool.jobs import JobLedger, job_server_name
+    from tests.unit.test_pool_fairshare import make_pool
+
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1)
+    now = datetime.now(UTC)
+    later = pool.book("bob", 1, now + 30 * M, now + 90 * M)
+    job = JobLedger(pool).create("dan", [], "p", ["python"], "/home/dan", 3600, "node", 1000, 100)
+    req = replace(pool._make_request("dan", job_server_name(job.id), 1, [], None), holds_for=job.holds_for)
+    waiting = pool._write(pool._attempt, req, None, True)  # its queue row, as the job runner's acquire writes it
+    assert waiting.lease is None and waiting.waiter_id is not None
+    try:
+        with serving(pool, []) as port:
+            got = requests.get(f"http://127.0.0.1:{port}/services/gpu-pool/api/wait", headers={"X-User": "dan"},
+                               timeout=30).json()
+        (row,) = got["queue"]
+        assert row["estimate_why"] == f"a booking of a GPU ends at {later.ends_at:%H:%M} UTC", row
+        assert 90 * 60 - 120 < row["estimate_s"] <= 90 * 60
+    finally:
         pool.close()

@@ -89,3 +89,20 @@ def test_the_doctor_line_per_node():
     no_agent = node_result(node("f", uuids=gpus), "1.41", passed, set())
     assert no_agent.status == WARN and "gpu-pool agent" in no_agent.fix
     assert node_result(node("g", uuids=gpus, state="down"), "1.41", None, None).status == WARN
+
+
+def test_a_swarm_jobs_unit_avoids_the_refused_nodes_and_asks_for_no_new_privileges_where_it_can():
+    """The jobs' engine applies the servers' lock-down check to each unit's service spec."""
+    from spawner.jobs.engine import UnitSpec
+    from spawner.jobs.settings import JobSettings
+    from spawner.swarm.jobs import SwarmJobEngine
+
+    engine = SwarmJobEngine(JobSettings(engine="swarm", prefix="gpuhub", cpu_constraints=["node.role==worker"]))
+    spec = UnitSpec(name="gpuhub-job-7", image="img", command=["true"], user="1000:100", env={}, labels={},
+                    working_dir="/home/jovyan", volumes={})
+    old = engine.service_args(spec, {"n3": "lax-node"}, spec_nnp=False)["task_template"]
+    assert old["Placement"]["Constraints"] == ["node.role==worker", "node.id!=n3"]
+    assert "Privileges" not in old["ContainerSpec"]  # API 1.41: the node's daemon must enforce it
+    new = engine.service_args(spec, {}, spec_nnp=True)["task_template"]
+    assert new["ContainerSpec"]["Privileges"] == {"NoNewPrivileges": True}
+    assert new["Placement"]["Constraints"] == ["node.role==worker"]

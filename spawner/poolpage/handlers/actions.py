@@ -29,6 +29,7 @@ from ...ledger_io import ledger_call
 from .. import ADMIN_SCOPE
 from .. import scripts
 from .. import views
+from ..service_config import PoolPageSettings
 from .base import LEDGER_TIMEOUT, NO_EXEC, APIHandler, BaseHandler
 from ..hubapi import HubAPI, HubUnavailable
 
@@ -54,7 +55,11 @@ def hub_api(handler) -> HubAPI:
 
 
 def server_route(handler) -> scripts.ServerRoute:
-    return handler.settings.setdefault("server_route", scripts.ServerRoute.from_env(os.environ))
+    if "server_route" not in handler.settings:
+        page = handler.settings.get("page") or PoolPageSettings()
+        handler.settings["server_route"] = scripts.ServerRoute(
+            page.proxy_url, os.environ.get("JUPYTERHUB_API_TOKEN", ""), validate_cert=page.proxy_validate_cert)
+    return handler.settings["server_route"]
 
 
 async def running(handler) -> list:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from datetime import UTC, datetime, timedelta
 
 from jupyterhub.utils import url_path_join
@@ -19,9 +18,10 @@ from jupyterhub.utils import url_path_join
 from ...culling.deadline import CullRules, contended, deadline
 from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
-from ...pool.jobs import RUNNING, STARTING, JobLedger, is_job_server, job_id_of
+from ...pool.jobs import QUEUED, RUNNING, STARTING, JobLedger, is_job_server, job_id_of
 from ...pool.models import PoolError, iso
 from .. import estimate
+from ..service_config import PoolPageSettings
 from .. import views
 from .actions import hub_api
 from .base import APIHandler
@@ -32,24 +32,23 @@ LENGTHS = 500  # past leases an estimate looks at
 
 
 class Settings:
-    """The service's environment (service.py writes it)."""
+    """What the insight handlers read of the hub's settings (service_config.PoolPageSettings)."""
 
-    def __init__(self, env=os.environ):
+    def __init__(self, page: PoolPageSettings, db_url: str = ""):
         # The culler's idle limits (0: the hub does not cull), read as the culler reads them.
-        self.cull_timeout = int(env.get("GPUHUB_CULL_TIMEOUT_GPU", "0") or 0)
+        self.cull_timeout = page.cull_timeout_gpu
         # The culler's rules (culling/deadline.py): None when the hub does not cull.
-        raw_rules = env.get("GPUHUB_CULL_RULES", "")
-        self.cull_rules = CullRules.from_json(raw_rules) if raw_rules else (
+        self.cull_rules = CullRules.from_json(page.cull_rules) if page.cull_rules else (
             CullRules(0, self.cull_timeout) if self.cull_timeout > 0 else None)
-        self.cull_timeout_cpu = int(env.get("GPUHUB_CULL_TIMEOUT_CPU", "0") or 0)
-        self.cull_every = int(env.get("GPUHUB_CULL_EVERY", "0") or 0)
-        self.gpu_idle_percent = float(env.get("GPUHUB_GPU_IDLE_PERCENT", "0") or 0)
-        self.gpu_idle_seconds = float(env.get("GPUHUB_GPU_IDLE_SECONDS", "0") or 0)
-        self.idle_after = int(env.get("GPUHUB_POOL_IDLE_AFTER", "600") or 600)
-        self.inventory = env.get("GPUHUB_INVENTORY", "")
-        self.simulated_gpus = int(env.get("GPUHUB_SIMULATED_GPUS", "0") or 0)
-        self.utilization_file = env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "")
-        self.db_url = ledger_env(ENV_DB_URL, env)
+        self.cull_timeout_cpu = page.cull_timeout_cpu
+        self.cull_every = page.cull_every
+        self.gpu_idle_percent = page.gpu_idle_percent
+        self.gpu_idle_seconds = page.gpu_idle_seconds
+        self.idle_after = page.idle_after
+        self.inventory = page.inventory
+        self.simulated_gpus = page.simulated_gpus
+        self.utilization_file = page.utilization_file
+        self.db_url = db_url
         self._reader = self._no_reader = None
 
     def deadline(self, server, contended: bool = False) -> datetime | None:
@@ -81,7 +80,10 @@ class Settings:
 
 
 def settings_of(handler) -> Settings:
-    return handler.settings.setdefault("insight", Settings())
+    if "insight" not in handler.settings:
+        page = handler.settings.get("page") or PoolPageSettings()
+        handler.settings["insight"] = Settings(page, ledger_env(ENV_DB_URL))
+    return handler.settings["insight"]
 
 
 async def fill_readings(handler, gpus: list[dict]) -> None:
@@ -133,10 +135,15 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
             booked = await handler.ledger(handler.pool.bookings)
             waiters = await handler.ledger(handler.pool.queue)
             jobs = await handler.ledger(JobLedger(handler.pool).jobs, None, True) if any(
-                is_job_server(lease.server_name) for lease in leases) else []
+                is_job_server(x.server_name) for x in [*leases, *waiters]) else []
         except PoolError as exc:
             log.warning("No wait estimates: %s", exc)
             return {"cull": cull, "why": why, "estimated": False}
+        try:
+            runs_out = await budget_ends(handler, [lease for lease in leases if not is_job_server(lease.server_name)])
+        except PoolError as exc:
+            log.warning("Wait estimates without the GPU-hour budgets: %s", exc)
+            runs_out = {}
         activity = {(srv.user, srv.name): srv.last_activity for srv in running}
         running_jobs = {j.id: j for j in jobs if j.state in (RUNNING, STARTING)}
         holdings = []
@@ -153,13 +160,19 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
                           else f"{name or 'an'} idle server is culled at {at.strftime('%H:%M')} UTC if it stays idle")
             holdings.append(estimate.Holding(lease.started_at, len(lease.gpu_uuids),
                                              at if idle or aged else None, reason,
-                                             ends=known_ends(lease, running_jobs, booked, now, name or "a"),
+                                             ends=known_ends(lease, running_jobs, booked, now, name or "a")
+                                             + budget_end(runs_out.get((lease.user, tuple(lease.groups))), name),
                                              slots=tuple((lease.host, u) for u in lease.gpu_uuids)))
         free = [(g["host"], g["uuid"]) for g in gpus if g["state"] == "free"]
         # The raw queue read again (the rows hide names): matched by place, as both are in queue order.
         who = [(w.user, tuple(w.groups)) for w in waiters][:len(queue)]
+        # A queued job holds its GPUs for its timeout: the grant lends it none booked for someone
+        # else before then (pool.acquire's holds_for), and so the estimate.
+        queued_jobs = {j.id: j for j in jobs if j.state == QUEUED}
+        holds = [queued_jobs[j].holds_for if (j := job_id_of(w.server_name)) in queued_jobs else None
+                 for w in waiters][:len(queue)]
         explained = estimate.waits_explained([w["count"] for w in queue], len(free), holdings, now, lengths,
-                                             bookings=booked, who=who, free_slots=free)
+                                             bookings=booked, who=who, free_slots=free, holds=holds)
         for row, (seconds, reason) in zip(queue, explained):
             row["estimate_s"] = None if seconds is None else round(seconds)
             row["estimate"] = estimate.say(seconds)
@@ -185,6 +198,29 @@ def known_ends(lease, running_jobs: dict, booked: list, now: datetime, whose: st
             at = max(b.starts_at, now)
             ends.append((at, f"{whose} server is stopped at {at.strftime('%H:%M')} UTC for a booking"))
     return tuple(ends)
+
+
+async def budget_ends(handler, leases: list) -> dict:
+    """{(user, groups): when the first of their GPU-hour budgets runs out at what they hold now}
+    for the holders of `leases` (servers: the culler stops a server whose budget runs out,
+    reason `budget`); none without budgets."""
+    if not handler.pool.budgets().any:
+        return {}
+    out = {}
+    for owner in sorted({(lease.user, tuple(lease.groups)) for lease in leases}):
+        ends = [s.runs_out_at for s in await handler.ledger(handler.pool.budget_standings, *owner)
+                if s.runs_out_at is not None]
+        if ends:
+            out[owner] = min(ends)
+    return out
+
+
+def budget_end(at: datetime | None, whose: str | None) -> tuple:
+    """The known end of a server whose holder's GPU-hour budget runs out at `at`."""
+    if at is None:
+        return ()
+    return ((at, f"{whose or 'a'} server is stopped at {at.strftime('%H:%M')} UTC, when its GPU-hour budget "
+                 "runs out"),)
 
 
 def cull_text(at: datetime | None, now: datetime, reason: str = "") -> str:

@@ -1,0 +1,49 @@
+"""The gpu-pool service's settings file: what the hub writes for it, from its final config.
+
+One file of traitlets config sections (poolpage/service_config.py reads it): the page's
+settings, its limits and, with jobs, the jobs' settings.  Registered by apply_settings after
+every part of the service is configured; written by the hub once every config file is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+
+from traitlets import TraitError
+
+from ..hub_service import write_when_config_loaded
+from ..poolpage.limits import PoolServiceLimits
+from ..poolpage.service_config import FILE_NAME, PoolPageSettings, config_values
+from .jobs import job_settings
+
+
+def service_config(c, settings) -> dict:
+    """The sections the service reads (poolpage/service_config.py), from hub config `c`."""
+    sections = {"PoolPageSettings": config_values(PoolPageSettings(config=c)),
+                "PoolServiceLimits": config_values(PoolServiceLimits(config=c))}
+    if settings.jobs:
+        sections["JobSettings"] = job_settings(c, settings).as_dict()
+    return sections
+
+
+def render_service_config(c, settings) -> str:
+    """The service's file, as the hub writes it."""
+    return json.dumps(service_config(c, settings), sort_keys=True, indent=1)
+
+
+def write_service_config(settings, path) -> None:
+    """In the hub, once every config file is loaded: the service's file, from the final config."""
+    def render(hub) -> str | None:
+        try:
+            return render_service_config(hub.config, settings)
+        except (TraitError, ValueError) as exc:  # e.g. c.JobLimits set wrong in a later config file
+            hub.log.critical("The gpu-pool service's settings are wrong: %s", exc)
+            hub.exit(1)
+            return None
+
+    write_when_config_loaded(path, render)
+
+
+def write_when_the_hub_starts(settings) -> None:
+    """Have the hub write the service's file (where configure_pool_page told the service to look)."""
+    write_service_config(settings, settings.data_dir / FILE_NAME)
