@@ -25,6 +25,10 @@ from .tasks import LIVE_TASK_STATES
 
 EXIT_WAIT_SECONDS = 5.0  # after the shutdown was accepted; then Swarm stops it as before
 REQUEST_TIMEOUT = 3.0
+# The task is looked at this often while the server exits, not less and less often: the exit
+# comes about a second after the request (Jupyter Server's clean-up), and a backing-off look
+# found it up to 0.5 s late, every stop (bench/bench_swarm.py).  A look is two manager calls.
+EXIT_LOOK_SECONDS = 0.1
 
 
 async def ask_server_to_exit(spawner) -> bool:
@@ -49,13 +53,11 @@ async def ask_server_to_exit(spawner) -> bool:
                          spawner._log_name, exc)
         return False
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
-    pause = 0.05
     while time.monotonic() < deadline:
         task = await spawner.get_task()
         if not task or (task.get("Status") or {}).get("State") not in LIVE_TASK_STATES:
             return True
-        await asyncio.sleep(pause)
-        pause = min(pause * 1.5, 0.5)
+        await asyncio.sleep(EXIT_LOOK_SECONDS)
     spawner.log.info("%s's server did not exit within %g s of its shutdown; Swarm stops it",
                      spawner._log_name, EXIT_WAIT_SECONDS)
     return False
