@@ -13,6 +13,19 @@ from dataclasses import asdict, dataclass, field
 from ..profiles import Profile, load_profiles
 
 
+def spawner_default(name: str):
+    """The servers' spawner's default for option `name` (the jobs mirror it)."""
+    from ..lending.docker_common import GPUContainerSpawner
+
+    return GPUContainerSpawner.class_traits()[name].default_value
+
+
+def reconciler_default(name: str):
+    from ..reconciler import Reconciler
+
+    return Reconciler.class_traits()[name].default_value
+
+
 @dataclass(frozen=True)
 class JobSettings:
     profiles: list = field(default_factory=list)  # raw profile dicts, as configured
@@ -21,16 +34,18 @@ class JobSettings:
     host: str = ""  # the inventory's host: jobs lease GPUs of this Docker host only
     network: str = "gpuhub"
     prefix: str = "gpuhub"
-    home_volume: str = "gpuhub-home-{username}"
+    # The next ones mirror the servers' options; the hub always writes them, and a default here
+    # is the servers' own trait default (written once, there: spawner_default).
+    home_volume: str = field(default_factory=lambda: spawner_default("home_volume_name"))
     # How {username} is escaped in home_volume, as the servers' DockerSpawner.escape does it:
     # "default" (DockerSpawner's own) or "legacy" (its c.DockerSpawner.escape = "legacy").
     home_name_escape: str = "default"
-    home_mount_point: str = "/home/jovyan"
-    home_volume_prep_image: str = ""
-    home_prep_timeout: float = 600.0
-    fallback_uid: int = 1000
-    fallback_gid: int = 100
-    shm_size: str = "2g"
+    home_mount_point: str = field(default_factory=lambda: spawner_default("home_mount_point"))
+    home_volume_prep_image: str = field(default_factory=lambda: spawner_default("home_volume_prep_image"))
+    home_prep_timeout: float = field(default_factory=lambda: spawner_default("home_prep_timeout"))
+    fallback_uid: int = field(default_factory=lambda: spawner_default("fallback_uid"))
+    fallback_gid: int = field(default_factory=lambda: spawner_default("fallback_gid"))
+    shm_size: str = field(default_factory=lambda: spawner_default("shm_size"))
     # Swarm: c.GPUSwarmSpawner's home volume options (shared storage), homes root and CPU constraints.
     home_volume_driver_options: dict = field(default_factory=dict)
     home_root_volume_options: dict = field(default_factory=dict)
@@ -39,8 +54,8 @@ class JobSettings:
     log_max_bytes: int = 1024 * 1024
     queue_timeout: float = 86400.0
     # The hub's c.Reconciler.interval and .min_lease_age when set: jobs are reconciled like servers.
-    reconcile_interval: float = 30.0
-    reconcile_min_age: float = 30.0
+    reconcile_interval: float = field(default_factory=lambda: reconciler_default("interval"))
+    reconcile_min_age: float = field(default_factory=lambda: reconciler_default("min_lease_age"))
     # Where containers reach the service (the hub's bridge address); "" = 127.0.0.1 only.
     bridge_ip: str = ""
     # The hub's c.GPUPool options (quotas, queue rules), so jobs queue by the same rules.

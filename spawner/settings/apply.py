@@ -94,7 +94,8 @@ def apply_settings(c, settings: Settings) -> None:
         c.GPUSwarmSpawner.cpu_constraints = list(settings.swarm_cpu_constraints)
     c.GPUDockerSpawner.network_name = settings.docker_network
     c.GPUDockerSpawner.prefix = settings.container_prefix
-    c.GPUDockerSpawner.home_volume_name = settings.home_volume
+    if settings.home_volume:
+        c.GPUDockerSpawner.home_volume_name = settings.home_volume
     c.GPUDockerSpawner.pull_policy = "never"  # images are built here, never pulled
     c.GPUDockerSpawner.inventory_kind = settings.inventory
     if settings.gpu_host:

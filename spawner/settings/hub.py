@@ -38,7 +38,7 @@ class Settings:
     data_dir: Path = Path(".")
     docker_network: str = "gpuhub"
     container_prefix: str = "gpuhub"
-    home_volume: str = "gpuhub-home-{username}"
+    home_volume: str = ""  # GPUHUB_HOME_VOLUME; empty: the spawner's own (home_volume_name)
     inventory: str = "nvml"
     spawner: str = "docker"  # GPUHUB_SPAWNER: docker (one host) or swarm (gpu-swarm)
     hub_connect_ip: str = ""  # GPUHUB_HUB_CONNECT_IP: the hub's address on the Swarm overlay
@@ -278,7 +278,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         data_dir=data_dir,
         docker_network=env.get("GPUHUB_DOCKER_NETWORK", "").strip() or Settings.docker_network,
         container_prefix=env.get("GPUHUB_CONTAINER_PREFIX", "").strip() or Settings.container_prefix,
-        home_volume=env.get("GPUHUB_HOME_VOLUME", "").strip() or Settings.home_volume,
+        home_volume=env.get("GPUHUB_HOME_VOLUME", "").strip(),
         inventory=inventory,
         spawner=spawner,
         **swarm,

@@ -14,7 +14,7 @@ from ..containers import ContainerLimits
 from ..hub_service import without_named
 from ..jobs import JOBS_SCOPE
 from ..jobs.limits import JobLimits
-from ..jobs.settings import JobSettings
+from ..jobs.settings import JobSettings, reconciler_default
 from ..poolpage import SERVICE_NAME
 from ..profiles import DEFAULT_PROFILES
 from .pool_service import SERVER_TOKEN_SCOPES as POOL_SERVER_TOKEN_SCOPES
@@ -46,27 +46,42 @@ def job_settings(c, settings) -> JobSettings:
     return _settings(c, settings, spawner, hub_ip, host or socket.gethostname())  # the inventory's own default
 
 
+def spawner_option(c, settings, name: str):
+    """What the hub's spawner (this engine's class) reads for option `name` from config `c`:
+    the most specific section that sets it, as traitlets reads them, else the option's own
+    default (written once, on its trait)."""
+    if settings.spawner == "swarm":
+        from ..swarm.spawner import GPUSwarmSpawner as engine
+    else:
+        from ..docker.spawner import GPUDockerSpawner as engine
+    for section in reversed(engine.section_names()):
+        if section in c and name in c[section]:
+            return c[section][name]
+    return engine.class_traits()[name].default_value
+
+
 def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
     return JobSettings(
         profiles=list(spawner.get("profiles") or c.GPULendingSpawner.get("profiles") or DEFAULT_PROFILES),
         host=host,
         network=spawner.get("network_name", settings.docker_network),
         prefix=spawner.get("prefix", settings.container_prefix),
-        home_volume=spawner.get("home_volume_name", settings.home_volume),
+        home_volume=spawner_option(c, settings, "home_volume_name"),
         home_name_escape=home_name_escape(c),
-        home_mount_point=spawner.get("home_mount_point", JobSettings.home_mount_point),
-        home_volume_prep_image=spawner.get("home_volume_prep_image", ""),
-        fallback_uid=spawner.get("fallback_uid", JobSettings.fallback_uid),
-        fallback_gid=spawner.get("fallback_gid", JobSettings.fallback_gid),
-        shm_size=spawner.get("shm_size", JobSettings.shm_size),
+        home_mount_point=spawner_option(c, settings, "home_mount_point"),
+        home_volume_prep_image=spawner_option(c, settings, "home_volume_prep_image"),
+        home_prep_timeout=float(spawner_option(c, settings, "home_prep_timeout")),
+        fallback_uid=spawner_option(c, settings, "fallback_uid"),
+        fallback_gid=spawner_option(c, settings, "fallback_gid"),
+        shm_size=spawner_option(c, settings, "shm_size"),
         max_seconds=settings.job_max_seconds,
         log_max_bytes=settings.job_log_max_bytes,
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
         limits=job_limits(c),
         container_limits=ContainerLimits(config=c).settings(),
-        reconcile_interval=float(c.Reconciler.get("interval", JobSettings.reconcile_interval)),
-        reconcile_min_age=float(c.Reconciler.get("min_lease_age", JobSettings.reconcile_min_age)),
+        reconcile_interval=float(c.Reconciler.get("interval", reconciler_default("interval"))),
+        reconcile_min_age=float(c.Reconciler.get("min_lease_age", reconciler_default("min_lease_age"))),
     )
 
 

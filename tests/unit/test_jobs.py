@@ -269,3 +269,35 @@ def test_an_escape_the_jobs_service_cannot_follow_stops_the_hub_saying_what_to_d
     c.GPUDockerSpawner.escape = str.lower
     with pytest.raises(ValueError, match="GPUHUB_JOBS=false"):
         job_settings(c, _settings(tmp_path))
+
+
+def test_the_jobs_mirror_the_servers_home_options_whose_defaults_are_written_once_on_their_traits(tmp_path):
+    """A job mounts the home the servers mount: the options the spawner reads (its most specific
+    section first), and without them the spawner's own defaults, not copies of them."""
+    from pathlib import Path
+
+    from spawner.docker.spawner import GPUDockerSpawner
+    from spawner.settings.apply import apply_settings
+    from spawner.settings.jobs import job_settings
+
+    c = Config()
+    settings = _settings(tmp_path)
+    apply_settings(c, settings)
+    assert "home_volume_name" not in c.GPUDockerSpawner  # GPUHUB_HOME_VOLUME unset: the trait's own
+    js = job_settings(c, settings)
+    traits = GPUDockerSpawner.class_traits()
+    assert (js.home_volume, js.home_mount_point, js.shm_size, js.fallback_uid) == tuple(
+        traits[n].default_value for n in ("home_volume_name", "home_mount_point", "shm_size", "fallback_uid"))
+    assert JobSettings().home_volume == traits["home_volume_name"].default_value
+    # Set by the deployment, or in a section the servers read after c.GPUDockerSpawner (Swarm's).
+    c = Config()
+    swarm = _settings(tmp_path, GPUHUB_SPAWNER="swarm", GPUHUB_HUB_CONNECT_IP="10.0.1.2", GPUHUB_HOME_VOLUME="lab-{username}",
+                      GPUHUB_POOL_DB_URL="postgresql+psycopg://u:p@db/ledger")
+    apply_settings(c, swarm)
+    c.GPUDockerSpawner.home_mount_point = "/home/docker-section"
+    c.GPUSwarmSpawner.home_mount_point = "/home/swarm-section"
+    js = job_settings(c, swarm)
+    assert (js.home_volume, js.home_mount_point) == ("lab-{username}", "/home/swarm-section")
+    # The default the issue found in three places is written once, on its trait.
+    sources = [p for p in Path("spawner").rglob("*.py") if "gpuhub-home-{username}" in p.read_text()]
+    assert [str(p) for p in sources] == ["spawner/lending/docker_common.py"]
