@@ -175,7 +175,7 @@ async def watch(runner, job: Job, deadline: float, poll: float) -> tuple[str, in
         if chief.phase == ENDED:  # exit 0: the cluster's success
             return SUCCEEDED, 0, None
         if job.id in runner._cancel:
-            return CANCELLED, None, runner.stop_message(job)
+            return CANCELLED, None, runner.fair_use.message(job)
         if loop.time() >= deadline:
             return TIMED_OUT, None, f"stopped after its timeout of {job.timeout_s} s"
 
@@ -193,7 +193,7 @@ async def finish(runner, job: Job, state: str, exit_code: int | None = None, mes
     lease_ids = list(job.lease_ids)
     if lease_ids:
         if all(stopped):
-            await runner.call(runner.pool.release_all, lease_ids, runner.end_reason(job, state))
+            await runner.call(runner.pool.release_all, lease_ids, runner.fair_use.end_reason(job, state))
         else:  # the job reconciler removes what still runs and ends the leases then
             for lease_id in lease_ids:
                 await runner.call(runner.pool.set_problem, lease_id,
@@ -203,7 +203,7 @@ async def finish(runner, job: Job, state: str, exit_code: int | None = None, mes
                               **({"log": output} if output is not None else {}))
     if ended is not None:
         log.info("Cluster job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
-    runner.forget_stop_reason(job)
+    runner.fair_use.forget(job)
     if all(stopped):
         for name in names:
             await runner.remove_container(name)

@@ -21,7 +21,6 @@ from ..labels import pool_identity
 from ..identity import container_identity
 from ..ledger_io import ledger_call
 from ..pool import GPUPool, PoolError
-from ..pool.models import EndReason
 from ..pool.placement import host_demand
 from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED, TIMED_OUT,
                          Job, JobLedger, job_server_name)
@@ -31,12 +30,11 @@ from .settings import JobSettings
 from .engine import ENDED, JobRefused, RUNNING as RUNNING_UNIT, UNKNOWN, JobEngine, UnitGone
 from .spec import container_name, unit_spec
 from . import cluster
+from .fair_use import FairUseStops
 
 log = logging.getLogger("gpu-pool-page")
 LEDGER_TIMEOUT = 10.0
 POLL_SECONDS = 0.5
-# How often running jobs' leases are checked against bookings and GPU-hour budgets (a culler round).
-FAIR_USE_EVERY = 30.0
 # The most bytes of one Docker log entry: a longer line is split into entries of this size.
 LOG_ENTRY_MAX = 16 * 1024
 STOP_GRACE_SECONDS = 5
@@ -69,8 +67,7 @@ class JobRunner:
         # The newest jobs as the pool page shows them, refreshed in the background.
         self.snapshot: list[dict] = []
         self._moves: dict[int, asyncio.Event] = {}  # job id -> set when the runner moves it on
-        # Jobs the fair-use round stops (job id -> (message, the leases' end reason)).
-        self._stopped_for: dict[int, tuple[str, EndReason]] = {}
+        self.fair_use = FairUseStops(self)  # budgets and bookings while jobs run (fair_use.py)
 
     # ------------------------------------------------------------ plumbing
 
@@ -104,7 +101,7 @@ class JobRunner:
         reconcile; stop with the hub."""
         self._background.append(asyncio.create_task(self._take_up_then_reconcile()))
         self._background.append(asyncio.create_task(self._refresh_snapshot()))
-        self._background.append(asyncio.create_task(self._enforce_fair_use()))
+        self._background.append(asyncio.create_task(self.fair_use.forever()))
 
     async def _take_up_then_reconcile(self) -> None:
         from .reconcile import reconcile_forever
@@ -149,50 +146,6 @@ class JobRunner:
             except PoolError as exc:
                 log.warning("Could not read the jobs for the page: %s", exc)
             await asyncio.sleep(every)
-
-    async def _enforce_fair_use(self, every: float = FAIR_USE_EVERY) -> None:
-        while True:
-            await asyncio.sleep(every)
-            try:
-                await self.fair_use_round()
-            except PoolError as exc:  # the next round tries again; nothing is stopped unchecked
-                log.warning("Could not check the running jobs' budgets and bookings: %s", exc)
-
-    async def fair_use_round(self) -> list[int]:
-        """Stop each running job of this host whose lease runs into a booking for someone else
-        or past its holder's GPU-hour budget, as the culler stops servers (reasons `booking`,
-        `budget`); the ids of the jobs stopped.  A ledger that cannot say stops nothing."""
-        from ..culling.policy import LedgerBookings, LedgerBudgets
-
-        booked_out, over_budget = LedgerBookings(self.pool, log), LedgerBudgets(self.pool, log)
-        stopped = []
-        for job in await self.call(self.ledger.jobs, None, True, 10000):
-            if job.state != RUNNING or job.host != self.settings.host or job.id in self._cancel:
-                continue
-            for lease_id in job.lease_ids:
-                if why := await self.call(booked_out, lease_id):
-                    self._stopped_for[job.id] = (f"stopped: {why}", EndReason.BOOKING)
-                elif why := await self.call(over_budget, lease_id):
-                    self._stopped_for[job.id] = (f"stopped: its GPU-hour budget is used up ({why})", EndReason.BUDGET)
-                else:
-                    continue
-                self._cancel.add(job.id)
-                stopped.append(job.id)
-                break
-        return stopped
-
-    def stop_message(self, job: Job) -> str:
-        """Why a job stopped while running: the fair-use round's word, or its owner's cancel."""
-        return self._stopped_for.get(job.id, ("cancelled while running", None))[0]
-
-    def end_reason(self, job: Job, state: str) -> EndReason:
-        """What the job's leases end with: the state's, or `booking` / `budget` when those stopped it."""
-        found = self._stopped_for.get(job.id)
-        return found[1] if found is not None and state == CANCELLED else END_REASONS[state]
-
-    def forget_stop_reason(self, job: Job) -> None:
-        """Once a stopped job's end is recorded."""
-        self._stopped_for.pop(job.id, None)
 
     async def stop(self) -> None:
         """Stop watching (jobs keep running: the next service takes them up)."""
@@ -448,7 +401,7 @@ class JobRunner:
                 await self._finish(job, SUCCEEDED if code == 0 else FAILED, exit_code=code, message=why)
                 return
             if job.id in self._cancel:
-                await self._finish(job, CANCELLED, message=self.stop_message(job))
+                await self._finish(job, CANCELLED, message=self.fair_use.message(job))
                 return
             if loop.time() >= deadline:
                 await self._finish(job, TIMED_OUT, message=f"stopped after its timeout of {job.timeout_s} s")
@@ -467,7 +420,7 @@ class JobRunner:
         stopped = await self._stop_container(job)
         if job.lease_id is not None:
             if stopped:
-                await self.call(self.pool.release, job.lease_id, self.end_reason(job, state))
+                await self.call(self.pool.release, job.lease_id, self.fair_use.end_reason(job, state))
             else:  # the job reconciler removes it and ends the lease later
                 await self.call(self.pool.set_problem, job.lease_id,
                                 f"job {job.id}'s container would not stop; retried by the job reconciler")
@@ -481,7 +434,7 @@ class JobRunner:
             log.info("Job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
         if stopped:
             await self.remove_container(job.container or container_name(self.settings, job.id))
-        self.forget_stop_reason(job)
+        self.fair_use.forget(job)
 
     async def _stop_container(self, job: Job) -> bool:
         """True once the engine confirms the job's unit (if any) no longer runs."""

@@ -28,15 +28,15 @@ def test_a_job_past_its_holders_budget_is_stopped_with_the_reason(tmp_path):
     try:
         over = running_job(runner, "carol", past_lease(pool, "carol", now - 41 * H, None))
         within = running_job(runner, "dave", past_lease(pool, "dave", now - 2 * H, None))
-        assert asyncio.run(runner.fair_use_round()) == [over.id]  # dave is within his budget
-        assert "its GPU-hour budget is used up (You have used 41.0 of your 40 GPU-hours" in runner.stop_message(over)
-        assert runner.end_reason(over, CANCELLED) == EndReason.BUDGET
-        assert runner.end_reason(within, CANCELLED) == EndReason.JOB_CANCELLED  # only its owner's cancel
-        assert runner.stop_message(within) == "cancelled while running"
+        assert asyncio.run(runner.fair_use.round()) == [over.id]  # dave is within his budget
+        assert "its GPU-hour budget is used up (You have used 41.0 of your 40 GPU-hours" in runner.fair_use.message(over)
+        assert runner.fair_use.end_reason(over, CANCELLED) == EndReason.BUDGET
+        assert runner.fair_use.end_reason(within, CANCELLED) == EndReason.JOB_CANCELLED  # only its owner's cancel
+        assert runner.fair_use.message(within) == "cancelled while running"
         # Marked like a cancel: the job's own watch stops it at its next turn; a second round
         # does not mark it again.
         assert over.id in runner._cancel and within.id not in runner._cancel
-        assert asyncio.run(runner.fair_use_round()) == []
+        assert asyncio.run(runner.fair_use.round()) == []
     finally:
         pool.close()
 
@@ -49,11 +49,11 @@ def test_a_job_on_a_gpu_booked_for_someone_else_is_stopped_when_the_booking_star
         lease = past_lease(pool, "erin", now - H, None)
         job = running_job(runner, "erin", lease)
         booking = pool.book("frank", 1, now + timedelta(seconds=2), now + 2 * H, host=HOST)
-        assert asyncio.run(runner.fair_use_round()) == []  # not before its window
+        assert asyncio.run(runner.fair_use.round()) == []  # not before its window
         while datetime.now(UTC) < booking.starts_at:
             asyncio.run(asyncio.sleep(0.1))  # the booking's own start, not a guess
-        assert asyncio.run(runner.fair_use_round()) == [job.id]
-        assert "booked by someone else" in runner.stop_message(job)
-        assert runner.end_reason(job, CANCELLED) == EndReason.BOOKING
+        assert asyncio.run(runner.fair_use.round()) == [job.id]
+        assert "booked by someone else" in runner.fair_use.message(job)
+        assert runner.fair_use.end_reason(job, CANCELLED) == EndReason.BOOKING
     finally:
         pool.close()
