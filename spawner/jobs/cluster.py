@@ -9,9 +9,13 @@ route out, no hub).  Each worker gets `TF_CONFIG` naming every worker by a stabl
 The runner (runner.py) calls these steps for a cluster where it calls its own for one
 container.  The rules: the chief's exit 0 is the cluster's success (the others are then
 stopped); any worker that exits non-zero, is killed or vanishes ends the cluster as
-failed, naming the worker; cancel and timeout stop every worker; the GPUs go back,
-every worker's lease in one transaction, only once the engine confirms that no worker
-runs.  After a restart a cluster with a worker missing is ended, never left half alive.
+failed, naming the worker; so does a worker whose node stays quiet (Swarm: down) for
+`JobSettings.node_down_grace` s, the servers' grace (its peers cannot go on without it,
+and a node back within it lets the cluster carry on); cancel and timeout stop every
+worker; the GPUs go back, the leases of every worker whose stop the engine confirmed in
+one transaction, and a quiet node's worker's only once that node confirms its task gone
+(the job reconciler's pass).  After a restart a cluster with a worker missing is ended,
+never left half alive.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ..pool.jobs import (CANCELLED, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED
                          job_server_name)
 from ..pool.validation import worker_server_name
 from ..profiles import Profile
-from .engine import ENDED, RUNNING as RUNNING_UNIT, UnitGone, UnitSpec
+from .engine import ENDED, RUNNING as RUNNING_UNIT, UNKNOWN, UnitGone, UnitSpec, UnitState
 from .settings import JobSettings
 from .spec import WORKDIR_WRAPPER, container_name, workdir_path
 
@@ -161,6 +165,7 @@ async def watch(runner, job: Job, deadline: float, poll: float) -> tuple[str, in
     """Until the cluster ends: (state, the chief's exit code, message)."""
     loop = asyncio.get_running_loop()
     names = [worker_name(runner.settings, job.id, u["worker"]) for u in job.units]
+    quiet_since: dict[int, float] = {}  # worker index -> when its node was first seen quiet
     while True:
         # Wait on the chief (its end is the common one); look at the others each turn.
         chief = await runner.engine.wait(names[0], max(0.0, min(poll, deadline - loop.time())))
@@ -172,12 +177,25 @@ async def watch(runner, job: Job, deadline: float, poll: float) -> tuple[str, in
                 why = (f"exited with code {state.exit_code}" if state.exit_code is not None
                        else f"ended without an exit code: {state.message or 'no reason given'}")
                 return FAILED, states[0].exit_code if states[0].phase == ENDED else None, f"worker {index} {why}"
+            quiet = node_quiet_for(state, quiet_since, index, loop.time())
+            if quiet is not None and quiet >= runner.settings.node_down_grace:
+                return FAILED, None, (f"worker {index}'s node {state.node} has not answered for {quiet:.0f} s "
+                                      f"({state.message}); the other workers were stopped")
         if chief.phase == ENDED:  # exit 0: the cluster's success
             return SUCCEEDED, 0, None
         if job.id in runner._cancel:
             return CANCELLED, None, runner.fair_use.message(job)
         if loop.time() >= deadline:
             return TIMED_OUT, None, f"stopped after its timeout of {job.timeout_s} s"
+
+
+def node_quiet_for(state: UnitState, since: dict[int, float], index: int, now: float) -> float | None:
+    """Seconds worker `index`'s node has been quiet (its unit UNKNOWN, a node named), else None
+    (and its count starts again).  An engine that did not answer at all names no node."""
+    if state.phase == UNKNOWN and state.node:
+        return now - since.setdefault(index, now)
+    since.pop(index, None)
+    return None
 
 
 async def finish(runner, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
@@ -190,14 +208,17 @@ async def finish(runner, job: Job, state: str, exit_code: int | None = None, mes
     stopped = await asyncio.gather(*(runner.stop_unit(job, n) for n in names))
     after = await read_log(runner, job)
     output = after if after is not None and len(after) >= len(before or "") else before
-    lease_ids = list(job.lease_ids)
-    if lease_ids:
-        if all(stopped):
-            await runner.call(runner.pool.release_all, lease_ids, runner.fair_use.end_reason(job, state))
-        else:  # the job reconciler removes what still runs and ends the leases then
-            for lease_id in lease_ids:
-                await runner.call(runner.pool.set_problem, lease_id,
-                                  f"cluster job {job.id}'s workers would not all stop; retried by the job reconciler")
+    # Each worker's lease ends once its own unit is confirmed stopped; the others' wait for the
+    # job reconciler, which removes what still runs (a quiet node's, once it answers).
+    leases = worker_leases(job)
+    done = [lease_id for index, lease_id in leases.items() if stopped[index]]
+    if done:
+        await runner.call(runner.pool.release_all, done, runner.fair_use.end_reason(job, state))
+    for index, lease_id in leases.items():
+        if not stopped[index]:
+            await runner.call(runner.pool.set_problem, lease_id,
+                              f"cluster job {job.id}'s worker {index} would not stop (its node: "
+                              f"{unit_host(job, index) or 'unknown'}); retried by the job reconciler")
     ended = await runner.call(runner.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
                               state=state, exit_code=exit_code, message=message,
                               **({"log": output} if output is not None else {}))
@@ -229,3 +250,12 @@ async def read_log(runner, job: Job, worker: int | None = None) -> str | None:
     if not logs:
         return None
     return logs[0][1] if worker is not None else merge_logs(logs)
+
+
+def worker_leases(job: Job) -> dict[int, int]:
+    """worker index -> its lease id (a CPU cluster has none)."""
+    return {int(u["worker"]): u["lease_id"] for u in job.units if u.get("lease_id") is not None}
+
+
+def unit_host(job: Job, index: int) -> str:
+    return next((u.get("host", "") for u in job.units if int(u["worker"]) == index), "")

@@ -20,6 +20,13 @@ def spawner_default(name: str):
     return GPUContainerSpawner.class_traits()[name].default_value
 
 
+def swarm_spawner_default(name: str):
+    """The Swarm engine's own default for option `name` (the Swarm jobs mirror it)."""
+    from ..swarm.spawner import GPUSwarmSpawner
+
+    return GPUSwarmSpawner.class_traits()[name].default_value
+
+
 def reconciler_default(name: str):
     from ..reconciler import Reconciler
 
@@ -50,6 +57,8 @@ class JobSettings:
     home_volume_driver_options: dict = field(default_factory=dict)
     home_root_volume_options: dict = field(default_factory=dict)
     cpu_constraints: list = field(default_factory=list)
+    # c.GPUSwarmSpawner.node_down_grace: how long a cluster waits for a worker's quiet node.
+    node_down_grace: float = field(default_factory=lambda: swarm_spawner_default("node_down_grace"))
     max_seconds: int = 86400
     log_max_bytes: int = 1024 * 1024
     queue_timeout: float = 86400.0

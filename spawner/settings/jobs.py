@@ -42,7 +42,8 @@ def job_settings(c, settings) -> JobSettings:
         return JobSettings(**{**asdict(_settings(c, settings, spawner, hub_ip, "")), "engine": "swarm",
                               "home_volume_driver_options": dict(swarm.get("home_volume_driver_options", {})),
                               "home_root_volume_options": dict(swarm.get("home_root_volume_options", {})),
-                              "cpu_constraints": list(swarm.get("cpu_constraints", []))})
+                              "cpu_constraints": list(swarm.get("cpu_constraints", [])),
+                              "node_down_grace": float(spawner_option(c, settings, "node_down_grace"))})
     return _settings(c, settings, spawner, hub_ip, host or socket.gethostname())  # the inventory's own default
 
 

@@ -95,3 +95,57 @@ def test_the_page_form_becomes_a_rest_body():
         form_body({**fields, "workers": "-1"}.get)
     with pytest.raises(BadJob, match="quotes"):
         form_body({**fields, "command": "python 'unclosed"}.get)
+
+
+class _QuietEngine:
+    """Worker 0 runs; worker 1's node goes quiet (Swarm: down) for the turns in `quiet_turns`."""
+
+    def __init__(self, quiet_turns):
+        from spawner.jobs.engine import RUNNING, UNKNOWN, UnitState
+
+        self.turn, self.quiet_turns = 0, quiet_turns
+        self.running = lambda name: UnitState(name, name, phase=RUNNING, node="gpu-a")
+        self.quiet = lambda name: UnitState(name, name, phase=UNKNOWN, node="gpu-b",
+                                            message="node gpu-b is down: its task may still run")
+
+    async def wait(self, name, timeout):
+        self.turn += 1
+        return self.running(name)
+
+    async def inspect(self, name):
+        return self.quiet(name) if self.turn in self.quiet_turns else self.running(name)
+
+
+def _watch(quiet_turns, grace, turns):
+    import asyncio
+    from types import SimpleNamespace
+
+    from spawner.jobs import cluster
+    from spawner.pool.jobs import Job
+
+    engine = _QuietEngine(quiet_turns)
+    runner = SimpleNamespace(engine=engine, settings=JobSettings(prefix="t", node_down_grace=grace),
+                             _cancel=set(), fair_use=None)
+    job = Job(id=7, user="pat", groups=(), profile="p", command=("true",), workdir="", timeout_s=60, host="",
+              uid=1000, gid=100, state="running", lease_id=1, container=None, gpu_uuids=("G0", "G1"),
+              exit_code=None, message=None, submitted_at=None, started_at=None, ended_at=None, workers=2, units=({"worker": 0, "lease_id": 1, "host": "gpu-a", "gpus": ["G0"]},
+                                                  {"worker": 1, "lease_id": 2, "host": "gpu-b", "gpus": ["G1"]}))
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        # The deadline ends the watch after `turns` polls of 0.01 s if nothing else does.
+        return await cluster.watch(runner, job, loop.time() + turns * 0.01, 0.01)
+
+    return asyncio.run(main())
+
+
+def test_a_worker_whose_node_stays_quiet_past_the_grace_ends_the_cluster_naming_it():
+    state, code, why = _watch(quiet_turns=range(2, 10**6), grace=0.05, turns=500)
+    assert state == "failed" and code is None
+    assert why.startswith("worker 1's node gpu-b has not answered for") and "node gpu-b is down" in why
+
+
+def test_a_node_quiet_for_less_than_the_grace_lets_the_cluster_carry_on():
+    # Quiet for two turns only, with a grace far longer than the whole watch: it times out instead.
+    state, _, why = _watch(quiet_turns={3, 4}, grace=60.0, turns=30)
+    assert state == "timed-out", why

@@ -107,3 +107,17 @@ def test_dockerspawner_escapes_a_user_name_with_its_own_escape():
     assert DockerSpawner._escape("a.b@c") == "a-2eb-40c"
     # ...and it is the default of the `escape` trait that a server's {username} goes through.
     assert "return self._escape" in _source(DockerSpawner._escape_default.func)
+
+
+def test_a_user_makes_a_scoped_expiring_token_and_the_orm_finds_it_by_value():
+    # spawner/swarm/stopping.py asks an adopted server to exit with a token it makes through
+    # JupyterHub's User wrapper (passed through to orm.User.new_api_token, as User.spawn does)
+    # and deletes it again after finding it with orm.APIToken.find.
+    from jupyterhub import orm
+    from jupyterhub.user import User
+
+    assert "self.new_api_token(" in _source(User.spawn)
+    assert "return getattr(self.orm_user, attr)" in _source(User.__getattr__)
+    params = inspect.signature(orm.APIToken.new).parameters
+    assert {"user", "scopes", "note", "expires_in"} <= set(params)
+    assert list(inspect.signature(orm.APIToken.find).parameters)[:2] == ["db", "token"]
