@@ -38,6 +38,8 @@ POLL_SECONDS = 0.5
 # The most bytes of one Docker log entry: a longer line is split into entries of this size.
 LOG_ENTRY_MAX = 16 * 1024
 STOP_GRACE_SECONDS = 5
+# How young a read of the Swarm's nodes into the ledger may be to stand for "now" (_sync_inventory).
+SYNC_FRESH_SECONDS = 1.0
 
 
 class JobError(Exception):
@@ -68,15 +70,22 @@ class JobRunner:
         self.snapshot: list[dict] = []
         self._moves: dict[int, asyncio.Event] = {}  # job id -> set when the runner moves it on
         self.fair_use = FairUseStops(self)  # budgets and bookings while jobs run (fair_use.py)
+        self._synced_at = float("-inf")  # when _sync_inventory last read the Swarm (loop time)
 
     # ------------------------------------------------------------ plumbing
 
     async def _sync_inventory(self) -> None:
         """On Swarm, the ledger learns the nodes as Swarm reports them now before a job leases
-        (the service's pool then has the Swarm inventory; on one host it has none)."""
+        (the service's pool then has the Swarm inventory; on one host it has none).  A sync
+        younger than SYNC_FRESH_SECONDS stands: a job's submission and its lease a moment
+        later need not read the Swarm twice."""
         inventory = self.pool.inventory
         if inventory is None or not inventory.multi_host:
             return
+        now = asyncio.get_running_loop().time()
+        if now - self._synced_at < SYNC_FRESH_SECONDS:
+            return
+        self._synced_at = now
         inventory.forget_cache()
         try:
             await self.call(self.pool.sync_inventory)

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, Dict, Float, Int, List, Unicode
 from traitlets.config import Config, Configurable
 
 CONFIG_FILE_ENV = "GPUHUB_POOL_SERVICE_CONFIG_FILE"
@@ -67,6 +67,11 @@ class PoolPageSettings(Configurable):
     bridge_ip = Unicode("", config=True, help="""
         The hub's address on the containers' network (the Docker bridge, or the Swarm overlay),
         where the service also listens for the notebook servers; empty: 127.0.0.1 only.
+        """)
+    profiles = List(Dict(), config=True, help="""
+        The spawner's profiles, as configured (the hub writes `c.GPUDockerSpawner.profiles` here),
+        so that JupyterLab's GPU panel can say how many GPUs each profile could have now, with
+        jobs on or off.
         """)
 
 

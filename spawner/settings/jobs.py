@@ -61,9 +61,14 @@ def spawner_option(c, settings, name: str):
     return engine.class_traits()[name].default_value
 
 
+def spawner_profiles(c) -> list:
+    """The profiles the hub's spawner lends by, as configured in `c`."""
+    return list(c.GPUDockerSpawner.get("profiles") or c.GPULendingSpawner.get("profiles") or DEFAULT_PROFILES)
+
+
 def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
     return JobSettings(
-        profiles=list(spawner.get("profiles") or c.GPULendingSpawner.get("profiles") or DEFAULT_PROFILES),
+        profiles=spawner_profiles(c),
         host=host,
         network=spawner.get("network_name", settings.docker_network),
         prefix=spawner.get("prefix", settings.container_prefix),

@@ -14,13 +14,15 @@ from traitlets import TraitError
 from ..hub_service import write_when_config_loaded
 from ..poolpage.limits import PoolServiceLimits
 from ..poolpage.service_config import FILE_NAME, PoolPageSettings, config_values
-from .jobs import job_settings
+from .jobs import job_settings, spawner_profiles
 
 
 def service_config(c, settings) -> dict:
     """The sections the service reads (poolpage/service_config.py), from hub config `c`."""
-    sections = {"PoolPageSettings": config_values(PoolPageSettings(config=c)),
-                "PoolServiceLimits": config_values(PoolServiceLimits(config=c))}
+    page = config_values(PoolPageSettings(config=c))
+    if "profiles" not in c.PoolPageSettings:  # the spawner's own, from the final config
+        page["profiles"] = spawner_profiles(c)
+    sections = {"PoolPageSettings": page, "PoolServiceLimits": config_values(PoolServiceLimits(config=c))}
     if settings.jobs:
         sections["JobSettings"] = job_settings(c, settings).as_dict()
     return sections

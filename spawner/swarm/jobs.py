@@ -33,6 +33,11 @@ from .tasks import LIVE_TASK_STATES, task_labels
 
 log = logging.getLogger("gpu-pool-page")
 POLL_SECONDS = 0.25
+# A job's submission, lease and start each ask which nodes the lock-down check refuses (two
+# manager calls, the probe's verdicts kept in lockdown.py): an answer this young is reused.
+REFUSED_FRESH_SECONDS = 5.0
+# The manager's API version (whether a spec may carry no-new-privileges) is read this often.
+API_VERSION_SECONDS = 600.0
 # How long stop() and remove() wait for Swarm to report a unit's task ended.
 CONFIRM_SECONDS = 20.0
 # A followed log ends this long after Swarm reports its unit ended (its last lines arrive first).
@@ -100,6 +105,11 @@ class SwarmJobEngine(DockerJobEngine):
 
     # A task's last output reaches the manager's service logs a moment after the task ends.
     log_settle_seconds = 3.0
+
+    def __init__(self, settings, api=None):
+        super().__init__(settings, api)
+        self._refused_seen: dict[str, tuple[float, dict[str, tuple[str, str]]]] = {}  # image -> (when, nodes)
+        self._api_version: tuple[float, tuple[int, ...]] | None = None
 
     # ------------------------------------------------------------ specs
 
@@ -256,11 +266,26 @@ class SwarmJobEngine(DockerJobEngine):
 
     async def _refused(self, image: str) -> dict[str, tuple[str, str]]:
         """node id -> (hostname, why) of the nodes no unit may run on (the servers' lock-down check)."""
+        now = time.monotonic()
+        seen = self._refused_seen.get(image)
+        if seen is not None and now - seen[0] < REFUSED_FRESH_SECONDS:
+            return seen[1]
         try:
-            return await refused_nodes(self.api, image, self.settings.prefix, log)
+            refused = await refused_nodes(self.api, image, self.settings.prefix, log)
         except Exception as exc:  # the manager did not answer: nothing is placed unchecked
             raise JobRefused(f"The Swarm manager did not answer, so no node could be checked for the job "
                              f"({exc}); try again in a minute.") from None
+        if len(self._refused_seen) > 64:  # one entry per profile image: bounded all the same
+            self._refused_seen.clear()
+        self._refused_seen[image] = (time.monotonic(), refused)
+        return refused
+
+    async def _spec_carries_nnp(self) -> bool:
+        """Whether the manager's API takes no-new-privileges in a service spec (1.44+)."""
+        now = time.monotonic()
+        if self._api_version is None or now - self._api_version[0] > API_VERSION_SECONDS:
+            self._api_version = (now, version_tuple((await self.docker("version")).get("ApiVersion")))
+        return self._api_version[1] >= SPEC_API
 
     async def create(self, spec: UnitSpec) -> None:
         refused = await self._refused(spec.image)
@@ -268,7 +293,7 @@ class SwarmJobEngine(DockerJobEngine):
         if spec.host and why is not None:
             raise JobRefused(f"GPU node {spec.host} would run the job without no-new-privileges ({why}). "
                              "Ask an administrator: `gpu-pool doctor` on the Swarm manager names the fix.")
-        spec_nnp = version_tuple((await self.docker("version")).get("ApiVersion")) >= SPEC_API
+        spec_nnp = await self._spec_carries_nnp()
         if spec.network is None:
             # Swarm cannot attach a task to no network (it would join its node's default bridge,
             # with a route out): a unit without one gets an internal overlay of its own.

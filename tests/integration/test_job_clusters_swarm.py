@@ -137,3 +137,95 @@ def test_a_two_worker_cluster_trains_one_epoch_across_both_nodes_through_a_swarm
              what="the workers' services removed")
     # The chief's model is in the user's home on the shared storage, where every node sees it.
     assert (swarm_cluster.homes_root / "pat" / "model-2w.keras").is_file()
+
+
+def test_a_cluster_whose_workers_node_goes_quiet_ends_after_the_grace_and_its_lease_waits_for_the_node(
+        swarm_cluster, notebook_image, tmp_path):
+    from spawner.jobs.reconcile import reconcile_jobs
+    from tests.fixtures.hub import wait_for
+
+    tag = secrets.token_hex(3)
+    prefix = f"gpuhub-t{tag}"
+    homes = str(swarm_cluster.homes_root)
+    grace = 5.0
+    settings = JobSettings(
+        engine="swarm", prefix=prefix, host="", node_down_grace=grace,
+        profiles=[{"slug": "tf-gpu-2", "display_name": "2 GPUs", "image": notebook_image, "gpus": 2,
+                   "cpu_limit": 0.5}],
+        home_volume=f"{prefix}-home-{{username}}",
+        home_volume_driver_options={"type": "none", "o": "bind", "device": f"{homes}/{{username}}"},
+        home_root_volume_options={"type": "none", "o": "bind", "device": homes},
+        cpu_constraints=[f"node.labels.gpuhub.test-session=={swarm_cluster.session}"])
+    pool = GPUPool(inventory=SwarmInventory(), db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.1)
+    pool.sync_inventory()
+    runner = JobRunner(pool, settings, engine=SwarmJobEngine(settings))
+    by_host = {n.hostname: n for n in swarm_cluster.nodes}
+
+    def node_state(node) -> str:
+        return docker("node", "inspect", "-f", "{{.Status.State}}", node.node_id)
+
+    async def scenario():
+        # 2 workers x 2 GPUs: one on each node; both just sleep.
+        sub = check_submission({"profile": "tf-gpu-2", "workers": 2, "command": ["sleep", "600"]},
+                               list(runner.profiles.values()), (), 900, runner.limits.max_workers)
+        job = await runner.submit("pat", (), None, sub)
+        loop = asyncio.get_running_loop()
+
+        async def until(predicate, timeout, what):
+            deadline = loop.time() + timeout
+            while not (found := await predicate()):
+                assert loop.time() < deadline, f"timed out waiting for {what}"
+                await asyncio.sleep(0.5)
+            return found
+
+        async def running():
+            current = await runner.call(runner.ledger.get, job.id)
+            return current if current.state == "running" and all(
+                swarm_cluster.task_container(f"{prefix}-job-{job.id}-w{u['worker']}") for u in current.units) else None
+
+        current = await until(running, 300, "both workers running")
+        quiet_unit = next(u for u in current.units if u["worker"] == 1)
+        victim = by_host[quiet_unit["host"]]
+        docker("pause", victim.container)  # its dockerd frozen: no heartbeats, its task still there
+        try:
+            async def ended():
+                found = await runner.call(runner.ledger.get, job.id)
+                return found if not found.active else None
+            done = await until(ended, 180, "the cluster to end after its worker's node went quiet")
+            active = {l.id for l in pool.leases()}
+            # Worker 0's lease ended with the cluster; worker 1's is kept while its node is quiet.
+            return done, active, quiet_unit, victim
+        except BaseException:
+            docker("unpause", victim.container, check=False)
+            raise
+
+    try:
+        job, active, quiet_unit, victim = asyncio.run(scenario())
+        assert job.state == "failed", job
+        assert job.message.startswith(f"worker 1's node {victim.hostname} has not answered"), job.message
+        chief_lease = next(u["lease_id"] for u in job.units if u["worker"] == 0)
+        assert chief_lease not in active and quiet_unit["lease_id"] in active
+        [chief_history] = [l for l in pool.history() if l.id == chief_lease]
+        assert chief_history.end_reason == "job-failed"
+        assert "would not stop" in pool.lease(quiet_unit["lease_id"]).problem
+        # No GPU of the quiet node is lendable meanwhile: its worker's lease holds them.
+        assert set(pool.lease(quiet_unit["lease_id"]).gpu_uuids) == set(quiet_unit["gpus"])
+    finally:
+        docker("unpause", victim.container, check=False)
+    try:
+        wait_for(lambda: node_state(victim) == "ready", timeout=90, what="the node back")
+
+        # Back: the job reconciler removes the worker's task there, and only then ends its lease.
+        def settled():
+            asyncio.run(reconcile_jobs(runner, 0))
+            return not pool.leases()
+        wait_for(settled, timeout=120, what="the quiet worker's lease ended once its node confirmed", interval=2)
+        [quiet_history] = [l for l in pool.history() if l.id == quiet_unit["lease_id"]]
+        assert quiet_history.end_reason == "job-failed"
+        assert not victim.docker("ps", "-q", "--filter", f"name={prefix}-job-{job.id}-w1", check=False).split()
+    finally:
+        for service in docker("service", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
+            docker("service", "rm", service, check=False)
+        for net in docker("network", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
+            docker("network", "rm", net, check=False)
+        pool.close()

@@ -112,6 +112,11 @@ def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     panel = text_of(pat, "#gpuhub-panel")
     assert "Busy kernels count as activity" in panel and "GPU-hours so far" in panel
     assert f"Lease {leases['pat'].id} since" in panel and "GPU(s) free now" in panel
+    # each GPU profile with the GPUs free for it (jobs are off here: the hub's own profiles)
+    free = {g["uuid"] for g in rows.values() if g["state"] == "free"}
+    assert mine["free"]["gpus"] == len(free) and mine["free"]["profiles"], mine["free"]
+    for profile in mine["free"]["profiles"]:
+        assert f"{profile['display_name']}: {profile['free']} GPU(s) free for it" in panel, panel
     element_shot(pat, "#gpuhub-panel", "2-panel")
 
     # the warning before the idle cull; "Keep my server" is activity the hub sees

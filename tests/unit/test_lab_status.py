@@ -59,3 +59,41 @@ def test_an_ended_lease_is_told_for_an_hour_and_only_for_its_server():
     assert ended_part(history, "other", NOW)["by_admin"] is False
     assert ended_part(history, "", NOW + ENDED_NOTICE) is None
     assert ended_part([lease("", None, None)], "", NOW) is None
+
+
+def test_free_per_profile_counts_the_gpus_each_profile_may_be_lent():
+    profiles = load_profiles([
+        {"slug": "any", "display_name": "Any GPU", "image": "i", "gpus": 1},
+        {"slug": "a100", "display_name": "A100", "image": "i", "gpus": 1, "node_labels": {"gpu.model": "a100"}},
+    ])
+    gpus = [gpu("a", "free"), gpu("a", "free"), gpu("b", "free"), gpu("b", "lent", 1)]
+    labels = {"a": {"gpu.model": "t4"}, "b": {"gpu.model": "a100"}}
+
+    def hosts_matching(wanted):
+        return [h for h, have in labels.items() if all(have.get(k) == v for k, v in wanted.items())]
+
+    rows = {r["slug"]: r for r in free_per_profile(gpus, profiles, hosts_matching)}
+    assert (rows["any"]["free"], rows["any"]["available"]) == (3, True)
+    assert (rows["a100"]["free"], rows["a100"]["available"]) == (1, True)
+    gpus[2] = gpu("b", "lent", 2)  # the a100 node's last free GPU lent: none left for that profile
+    rows = {r["slug"]: r for r in free_per_profile(gpus, profiles, hosts_matching)}
+    assert (rows["a100"]["free"], rows["a100"]["available"]) == (0, False) and rows["any"]["free"] == 2
+
+
+def test_the_hub_tells_the_service_its_spawners_profiles_for_the_lab_panel():
+    import json
+
+    from traitlets.config import Config
+
+    from spawner.poolpage.service_config import PoolPageSettings
+    from spawner.settings.service_file import render_service_config
+
+    c = Config()
+    c.GPUDockerSpawner.profiles = [{"slug": "only", "display_name": "Only", "image": "i", "gpus": 1}]
+
+    class _Settings:
+        jobs = False
+
+    written = json.loads(render_service_config(c, _Settings()))
+    page = PoolPageSettings(config=Config(written))
+    assert [p["slug"] for p in page.profiles] == ["only"]

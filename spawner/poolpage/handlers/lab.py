@@ -12,6 +12,7 @@ GPUs per profile (which everyone may see on the page).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -22,6 +23,7 @@ from ...culling.deadline import contended
 from ...culling.policy import idle_limit, is_gpu_server
 from ...pool.jobs import QUEUED, RUNNING
 from ...pool.models import EndReason, PoolError, iso
+from ...profiles import ProfileConfigError, load_profiles
 from .. import views
 from ..hubapi import HubUnavailable
 from .actions import hub_api
@@ -36,16 +38,25 @@ ENDED_NOTICE = timedelta(hours=1)
 MAX_JOBS = 20
 
 
-def free_per_profile(gpus: list[dict], profiles) -> list[dict]:
-    """Each GPU profile and whether it could start now: a lease is on one host, so what
-    counts is the most free GPUs on any one host."""
+def free_per_profile(gpus: list[dict], profiles, hosts_matching=None) -> list[dict]:
+    """Each GPU profile: how many free GPUs it could be lent (on the hosts it may use: those
+    whose node labels it asks for, where `hosts_matching` can tell) and whether it could start
+    now (a lease is on one host, so what counts is the most free GPUs on any one of them)."""
     per_host: dict[str, int] = {}
     for g in gpus:
         if g["state"] == "free":
             per_host[g["host"]] = per_host.get(g["host"], 0) + 1
-    best = max(per_host.values(), default=0)
-    return [{"slug": p.slug, "display_name": p.display_name, "gpus": p.gpus, "available": best >= p.gpus}
-            for p in profiles if p.gpus > 0]
+    out = []
+    for p in profiles:
+        if p.gpus <= 0:
+            continue
+        hosts = None
+        if p.node_labels and hosts_matching is not None:
+            hosts = set(hosts_matching(dict(p.node_labels)))
+        mine = {h: n for h, n in per_host.items() if hosts is None or h in hosts}
+        out.append({"slug": p.slug, "display_name": p.display_name, "gpus": p.gpus,
+                    "free": sum(mine.values()), "available": max(mine.values(), default=0) >= p.gpus})
+    return out
 
 
 def lease_part(lease, gpus: list[dict], now: datetime) -> dict:
@@ -103,7 +114,7 @@ class LabAPI(APIHandler):
             "cull": await self.cull_part(viewer.name, server, s),
             "jobs": self.jobs_part(viewer.name),
             "free": {"gpus": sum(1 for g in gpus if g["state"] == "free"),
-                     "profiles": self.profiles_part(gpus)},
+                     "profiles": await self.profiles_part(gpus)},
             "pool_url": self.settings["prefix"],
         })
 
@@ -165,14 +176,25 @@ class LabAPI(APIHandler):
                  "logs_url": url_path_join(prefix, "api", "jobs", str(j["id"]), "logs")}
                 for j in rows[:MAX_JOBS]]
 
-    def profiles_part(self, gpus: list[dict]) -> list[dict]:
+    async def profiles_part(self, gpus: list[dict]) -> list[dict]:
         runner = self.settings.get("jobs")
-        if runner is None:
-            return []
         try:
-            return free_per_profile(gpus, runner.profiles.values())
-        except (PoolError, AttributeError):
+            if runner is not None:
+                profiles = list(runner.profiles.values())
+            else:
+                page = self.settings.get("page")
+                profiles = load_profiles(page.profiles) if page is not None and page.profiles else []
+        except ProfileConfigError as exc:  # the hub checked them at start; said, not shown
+            log.warning("The profiles in the service's settings are not usable: %s", exc)
             return []
+        inventory = getattr(self.pool, "inventory", None)
+        if inventory is None or not inventory.multi_host or not any(p.node_labels for p in profiles):
+            return free_per_profile(gpus, profiles)
+        try:  # the Swarm's node labels: a manager call, off the loop
+            return await asyncio.to_thread(free_per_profile, gpus, profiles, inventory.hosts_matching)
+        except Exception as exc:  # unreadable: the counts of every host
+            log.warning("Free GPUs per profile without the node labels: %s", exc)
+            return free_per_profile(gpus, profiles)
 
 
 def routes(prefix: str) -> list:

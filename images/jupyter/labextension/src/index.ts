@@ -47,7 +47,7 @@ interface IStatus {
     gpu_idle_rule: { percent: number; seconds: number } | null;
   };
   jobs?: Array<{ id: number; state: string; profile: string; command: string[]; url: string; logs_url: string }> | null;
-  free?: { gpus: number; profiles: Array<{ display_name: string; gpus: number; available: boolean }> };
+  free?: { gpus: number; profiles: Array<{ display_name: string; gpus: number; free: number; available: boolean }> };
   pool_url?: string;
   history?: { [uuid: string]: Array<[number, number]> };
   warn_before_s?: number;
@@ -263,7 +263,8 @@ class Panel extends Widget {
     node.appendChild(el('p', 'gpuhub-free', `${free?.gpus ?? 0} GPU(s) free now.`));
     const profiles = el('ul', 'gpuhub-profiles');
     for (const p of free?.profiles ?? []) {
-      profiles.appendChild(el('li', '', `${p.display_name}: ${p.available ? 'can start now' : 'would wait'}`));
+      profiles.appendChild(el('li', '', `${p.display_name}: ${p.free} GPU(s) free for it, ` +
+        `${p.available ? 'can start now' : 'would wait'}`));
     }
     node.appendChild(profiles);
     if (s.pool_url) {
