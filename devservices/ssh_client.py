@@ -87,6 +87,14 @@ class SSHClient:
                 f"{user}@{self.host}:{dest}"]
         return self.run(argv, password, timeout)
 
+    def sftp(self, user: str, batch: str, password: str | None = None, timeout: float = 240) -> SSHResult:
+        """OpenSSH's sftp running the commands of `batch` (its -b file), one per line."""
+        commands = self.workdir / "sftp-batch"
+        commands.write_text(batch)
+        argv = ["sftp", *self.options(password, None, False), "-P", str(self.port), "-b", str(commands),
+                f"{user}@{self.host}"]
+        return self.run(argv, password, timeout)
+
     def popen(self, user: str, command: str, password: str | None = None, extra: tuple[str, ...] = ()):
         """A long-running ssh (a forward, a session held open); the caller stops it."""
         argv = ["ssh", *self.options(password, None, False), "-p", str(self.port), *extra,

@@ -126,6 +126,15 @@ def test_a_queued_job_starts_when_a_server_stops_and_cancels_free_everything(mak
                for m in container.attrs["Mounts"])
     # One quota for jobs and servers: the user's lease is in the ledger under their name.
     assert {l.user for l in hub.ledger().leases()} == {"pat", "cat"}
+    # JupyterLab's GPU panel (api/lab) lists it among pat's jobs, its log link answers; never cat's.
+    def lab_jobs(token):
+        return page_api(hub, "GET", "api/lab", token).json()["jobs"]
+    listed = wait_for(lambda: [j for j in lab_jobs(pat) if j["id"] == first["id"] and j["state"] == "running"],
+                      hub=hub, what="the running job in pat's lab panel")
+    assert [j["id"] for j in lab_jobs(pat)] == [first["id"]]  # the cancelled one is not listed
+    logs = requests.get(f"{hub.url}{listed[0]['logs_url']}", headers={"Authorization": f"token {pat}"}, timeout=30)
+    assert logs.status_code == 200, logs.text
+    assert lab_jobs(tokens["cat"]) == []
 
     # Cancelled while running: stopped, GPU free at once, lease ended job-cancelled.
     r = jobs_api(hub, "DELETE", f"/{first['id']}", pat)

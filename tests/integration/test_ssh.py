@@ -2,7 +2,7 @@
 
 Real parts only: a hub process with the directory login against the real OpenLDAP, the
 gateway it starts as a service, the notebook image's sshd in the user's container on the
-real dockerd, the real idle culler.  `ssh`, `scp` and `ssh -L` are OpenSSH's own.
+real dockerd, the real idle culler.  `ssh`, `scp`, `sftp` and `ssh -L` are OpenSSH's own.
 """
 
 from __future__ import annotations
@@ -79,6 +79,13 @@ def test_ssh_scp_and_port_forwarding_land_in_ones_own_server_and_strangers_do_no
     r = client.scp("alice", local, "notes.txt", password=alice.password)
     assert r.returncode == 0, r.stderr
     assert contents(hub, "alice", token, "notes.txt") == "copied over ssh\n"
+    # sftp (what VS Code's Remote-SSH and file managers speak): a directory, a file in it, a listing.
+    other = tmp_path / "more.txt"
+    other.write_text("put over sftp\n")
+    r = client.sftp("alice", f"mkdir from-sftp\nput {other} from-sftp/more.txt\nls -l from-sftp\n",
+                    password=alice.password)
+    assert r.returncode == 0 and "more.txt" in r.stdout, (r.stdout, r.stderr)
+    assert contents(hub, "alice", token, "from-sftp/more.txt") == "put over sftp\n"
 
     # ssh -L: a port inside the container (its JupyterLab on 8888) on this machine.
     local_port = free_port()
