@@ -3,7 +3,10 @@
 
 1. A job: REST POST -> its task running, versus `docker service create` of the same image and
    command pinned to the same node (restart none, the same GPU in NVIDIA_VISIBLE_DEVICES),
-   through the same manager's API, alternating, one run of `--rounds` each.
+   through the same manager's API, alternating, one run of `--rounds` each.  Two more rows
+   say what a job's isolation costs by itself (a job without `job_network` is on an internal
+   overlay, Swarm having no "none"): the same service on an internal overlay made for it
+   (removed after), and on one made once and kept.
 2. A script over 4 servers on 2 nodes (through each server's Jupyter server, bounded and
    audited), versus the same script run by `docker exec` on each node directly (4 at once).
 
@@ -85,24 +88,59 @@ def bench_jobs(hub, swarm, image: str, rounds: int, token: str) -> None:
         assert page(hub, "DELETE", f"api/jobs/{job_id}", token).json()["state"] == "cancelled"
         return took
 
-    def plain_round(i: int) -> float:
+    def plain_round(i: int, network: str | None = None, make_network: bool = False) -> float:
         name = f"{hub.prefix}-plain-{i}"
         began = time.perf_counter()
+        if make_network:  # what isolation costs: an internal overlay made for this one task
+            network = f"{name}-isolated"
+            api.create_network(network, driver="overlay", attachable=True, internal=True)
         api.create_service(TaskTemplate(
             container_spec=ContainerSpec(image, args=["sleep", "60"], user="1000:100", cap_drop=["ALL"],
                                          env={"NVIDIA_VISIBLE_DEVICES": t4.gpus[0]}),
-            restart_policy=RestartPolicy(condition="none"),
+            restart_policy=RestartPolicy(condition="none"), networks=[network] if network else None,
             placement=Placement(constraints=[f"node.hostname=={t4.hostname}"])), name=name)
         until_task_runs(api, name)
         took = time.perf_counter() - began
         api.remove_service(name)
+        if make_network:
+            remove_network(api, network)
         return took
 
-    job_round(), plain_round(0)  # warm-up: first creations pay one-off costs
-    for i in range(rounds):
-        results["job (POST -> task running)"].append(job_round())
-        results["docker service create"].append(plain_round(i + 1))
+    kept = f"{hub.prefix}-plain-kept-isolated"  # an internal overlay that outlives its tasks
+    api.create_network(kept, driver="overlay", attachable=True, internal=True)
+    rows = {"docker service create, on a new internal overlay": lambda i: plain_round(1000 + i, make_network=True),
+            "docker service create, on a kept internal overlay": lambda i: plain_round(2000 + i, network=kept)}
+    results.update({label: [] for label in rows})
+    results["docker service create"] = results.pop("docker service create")  # the baseline: last
+    try:
+        job_round(), plain_round(0)  # warm-up: first creations pay one-off costs
+        for fn in rows.values():
+            fn(0)
+        for i in range(rounds):
+            results["job (POST -> task running)"].append(job_round())
+            for label, fn in rows.items():
+                results[label].append(fn(i + 1))
+            results["docker service create"].append(plain_round(i + 1))
+    finally:
+        remove_network(api, kept)
     table(f"A job on Swarm, {rounds} alternating rounds, pinned to one node", results)
+
+
+def remove_network(api, network: str, timeout: float = 60) -> None:
+    """Remove an overlay once its last task has left it (Swarm takes a moment after the service)."""
+    import docker.errors
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            api.remove_network(network)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def bench_scripts(hub, swarm, rounds: int, token: str) -> None:
