@@ -55,17 +55,19 @@ def test_a_two_worker_cluster_trains_one_epoch_and_the_chiefs_model_lands_in_the
     running = wait_state(hub, pat, j["id"], ("running", "succeeded", "failed"), timeout=120)
     assert [u["worker"] for u in running["units"]] == [0, 1]
     names = [f"{hub.prefix}-job-{j['id']}-w{i}" for i in (0, 1)]
-    containers = {c.name: c for c in job_containers(hub, docker_client, j["id"])}
-    if running["state"] == "running" and set(names) <= set(containers):
-        for name in names:
-            container = containers[name]
-            container.reload()
-            host = container.attrs["HostConfig"]
-            assert host["NetworkMode"] == f"{hub.prefix}-job-{j['id']}-net"  # only the cluster's network
-            assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
-            assert container.attrs["Config"]["User"] == "1000:100"
-        [net] = cluster_networks(hub, docker_client, j["id"])
-        assert net.attrs["Internal"]
+    assert running["state"] == "running", running
+    # Both workers' containers, while they train (an epoch takes far longer than this look).
+    containers = wait_for(lambda: (cs := {c.name: c for c in job_containers(hub, docker_client, j["id"])})
+                          and set(names) <= set(cs) and cs, hub=hub, what="both workers' containers")
+    for name in names:
+        container = containers[name]
+        container.reload()
+        host = container.attrs["HostConfig"]
+        assert host["NetworkMode"] == f"{hub.prefix}-job-{j['id']}-net"  # only the cluster's network
+        assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+        assert container.attrs["Config"]["User"] == "1000:100"
+    [net] = cluster_networks(hub, docker_client, j["id"])
+    assert net.attrs["Internal"]
     done = wait_state(hub, pat, j["id"], ("succeeded", "failed"), timeout=900)
     logs = jobs_api(hub, "GET", f"/{j['id']}/logs", pat).text
     assert done["state"] == "succeeded", (done, logs[-3000:])
