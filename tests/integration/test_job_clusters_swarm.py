@@ -32,22 +32,26 @@ COMMAND = ('echo "gpus=$NVIDIA_VISIBLE_DEVICES tf_config=$TF_CONFIG"; '
            'until getent hosts "$peer"; do sleep 0.5; done; echo "reached $peer"; sleep 15')
 
 
-def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swarm_cluster, notebook_image,
-                                                                             tmp_path):
-    tag = secrets.token_hex(3)
-    prefix = f"gpuhub-t{tag}"
+def swarm_runner(swarm_cluster, image: str, tmp_path, **settings) -> tuple[str, GPUPool, JobRunner]:
+    """A jobs runner on the harness Swarm (its own prefix, a 2-GPU profile, homes on the
+    harness's shared directory) with a ledger filled from the Swarm's inventory."""
+    prefix = f"gpuhub-t{secrets.token_hex(3)}"
     homes = str(swarm_cluster.homes_root)
-    settings = JobSettings(
+    job_settings = JobSettings(
         engine="swarm", prefix=prefix, host="",
-        profiles=[{"slug": "tf-gpu-2", "display_name": "2 GPUs", "image": notebook_image, "gpus": 2,
-                   "cpu_limit": 0.5}],
+        profiles=[{"slug": "tf-gpu-2", "display_name": "2 GPUs", "image": image, "gpus": 2, "cpu_limit": 0.5}],
         home_volume=f"{prefix}-home-{{username}}",
         home_volume_driver_options={"type": "none", "o": "bind", "device": f"{homes}/{{username}}"},
         home_root_volume_options={"type": "none", "o": "bind", "device": homes},
-        cpu_constraints=[f"node.labels.gpuhub.test-session=={swarm_cluster.session}"])
+        cpu_constraints=[f"node.labels.gpuhub.test-session=={swarm_cluster.session}"], **settings)
     pool = GPUPool(inventory=SwarmInventory(), db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.1)
     pool.sync_inventory()
-    runner = JobRunner(pool, settings, engine=SwarmJobEngine(settings))
+    return prefix, pool, JobRunner(pool, job_settings, engine=SwarmJobEngine(job_settings))
+
+
+def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swarm_cluster, notebook_image,
+                                                                             tmp_path):
+    prefix, pool, runner = swarm_runner(swarm_cluster, notebook_image, tmp_path)
     nodes = {n.hostname for n in swarm_cluster.nodes}
 
     async def scenario():
@@ -144,21 +148,7 @@ def test_a_cluster_whose_workers_node_goes_quiet_ends_after_the_grace_and_its_le
     from spawner.jobs.reconcile import reconcile_jobs
     from tests.fixtures.hub import wait_for
 
-    tag = secrets.token_hex(3)
-    prefix = f"gpuhub-t{tag}"
-    homes = str(swarm_cluster.homes_root)
-    grace = 5.0
-    settings = JobSettings(
-        engine="swarm", prefix=prefix, host="", node_down_grace=grace,
-        profiles=[{"slug": "tf-gpu-2", "display_name": "2 GPUs", "image": notebook_image, "gpus": 2,
-                   "cpu_limit": 0.5}],
-        home_volume=f"{prefix}-home-{{username}}",
-        home_volume_driver_options={"type": "none", "o": "bind", "device": f"{homes}/{{username}}"},
-        home_root_volume_options={"type": "none", "o": "bind", "device": homes},
-        cpu_constraints=[f"node.labels.gpuhub.test-session=={swarm_cluster.session}"])
-    pool = GPUPool(inventory=SwarmInventory(), db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.1)
-    pool.sync_inventory()
-    runner = JobRunner(pool, settings, engine=SwarmJobEngine(settings))
+    prefix, pool, runner = swarm_runner(swarm_cluster, notebook_image, tmp_path, node_down_grace=5.0)
     by_host = {n.hostname: n for n in swarm_cluster.nodes}
 
     def node_state(node) -> str:
