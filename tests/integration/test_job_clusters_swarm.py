@@ -49,6 +49,14 @@ def swarm_runner(swarm_cluster, image: str, tmp_path, **settings) -> tuple[str, 
     return prefix, pool, JobRunner(pool, job_settings, engine=SwarmJobEngine(job_settings))
 
 
+def clean_up(prefix: str, pool: GPUPool) -> None:
+    for service in docker("service", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
+        docker("service", "rm", service, check=False)
+    for net in docker("network", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
+        docker("network", "rm", net, check=False)
+    pool.close()
+
+
 def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swarm_cluster, notebook_image,
                                                                              tmp_path):
     prefix, pool, runner = swarm_runner(swarm_cluster, notebook_image, tmp_path)
@@ -96,11 +104,7 @@ def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swa
         assert not docker("service", "ls", "-q", "--filter", f"name={prefix}-job-", check=False).split()
         assert not docker("network", "ls", "-q", "--filter", f"name={prefix}-job-", check=False).split()
     finally:
-        for service in docker("service", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
-            docker("service", "rm", service, check=False)
-        for net in docker("network", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
-            docker("network", "rm", net, check=False)
-        pool.close()
+        clean_up(prefix, pool)
 
 
 TWO_GPUS = """
@@ -214,8 +218,4 @@ def test_a_cluster_whose_workers_node_goes_quiet_ends_after_the_grace_and_its_le
         assert quiet_history.end_reason == "job-failed"
         assert not victim.docker("ps", "-q", "--filter", f"name={prefix}-job-{job.id}-w1", check=False).split()
     finally:
-        for service in docker("service", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
-            docker("service", "rm", service, check=False)
-        for net in docker("network", "ls", "-q", "--filter", f"name={prefix}-", check=False).split():
-            docker("network", "rm", net, check=False)
-        pool.close()
+        clean_up(prefix, pool)
