@@ -70,9 +70,11 @@ class SSHClient:
                    GPUHUB_TEST_SSH_PASSWORD=password or "")
         return env
 
-    def run(self, argv: list[str], password: str | None, timeout: float) -> SSHResult:
+    def run(self, argv: list[str], password: str | None, timeout: float, given: str | None = None) -> SSHResult:
+        """`argv` with the password through askpass; `given`: its standard input (else none)."""
         began = time.monotonic()
-        p = subprocess.run(argv, env=self._env(password), stdin=subprocess.DEVNULL, capture_output=True,
+        p = subprocess.run(argv, env=self._env(password), input=given,
+                           stdin=subprocess.DEVNULL if given is None else None, capture_output=True,
                            text=True, timeout=timeout)
         return SSHResult(p.returncode, p.stdout, p.stderr, time.monotonic() - began)
 
@@ -87,13 +89,11 @@ class SSHClient:
                 f"{user}@{self.host}:{dest}"]
         return self.run(argv, password, timeout)
 
-    def sftp(self, user: str, batch: str, password: str | None = None, timeout: float = 240) -> SSHResult:
-        """OpenSSH's sftp running the commands of `batch` (its -b file), one per line."""
-        commands = self.workdir / "sftp-batch"
-        commands.write_text(batch)
-        argv = ["sftp", *self.options(password, None, False), "-P", str(self.port), "-b", str(commands),
-                f"{user}@{self.host}"]
-        return self.run(argv, password, timeout)
+    def sftp(self, user: str, commands: str, password: str | None = None, timeout: float = 240) -> SSHResult:
+        """OpenSSH's sftp running `commands`, one per line, given on its standard input (not
+        `-b`, whose batch mode turns password prompts off)."""
+        argv = ["sftp", *self.options(password, None, False), "-P", str(self.port), f"{user}@{self.host}"]
+        return self.run(argv, password, timeout, given=commands)
 
     def popen(self, user: str, command: str, password: str | None = None, extra: tuple[str, ...] = ()):
         """A long-running ssh (a forward, a session held open); the caller stops it."""

@@ -102,6 +102,8 @@ async def _ask(spawner, token: str) -> bool:
             spawner.log.info("%s's server refused the shutdown request (%s); Swarm stops it",
                              spawner._log_name, exc)
             return False
+        spawner.log.info("%s's server gave no answer to the shutdown request at %s (%s); watching its task",
+                         spawner._log_name, url, exc)
     except Exception as exc:  # not listening (yet), unreachable: Swarm stops it
         spawner.log.info("%s's server did not take the shutdown request (%s); Swarm stops it",
                          spawner._log_name, exc)

@@ -216,6 +216,10 @@ def test_hub_sigkill_then_restart_reconciles_the_cluster(make_swarm_hub, swarm_c
     assert [l.id for l in ledger.leases()] == [kept["gpu_lease_id"]]
     assert hub.server_model("keeper")["ready"]
     hub.stop_server("keeper")
+    # The quick stop reached the adopted server (swarm/stopping.py): this hub process holds no
+    # token of the server's, so it asked with one of keeper's made for it (and deleted after).
+    log = hub.log_tail(400)
+    assert "keeper's server exited" in log and "after it was asked to" in log, log[-4000:]
 
 
 def test_a_quiet_worker_keeps_its_server_and_lease_and_a_dead_one_ends_them_after_the_grace(

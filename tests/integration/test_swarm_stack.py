@@ -79,12 +79,12 @@ class Stack:
         return docker("ps", "-q", "--no-trunc", "--filter", f"label=com.docker.swarm.service.name={self.name}_hub",
                       "--filter", "status=running")
 
-    def hub_log(self, tail: int = 80) -> str:
+    def hub_log(self) -> str:
         """The hub's tasks (with Swarm's error for each) and its output: `docker service logs`
         writes the task's stderr, where JupyterHub logs, to its own stderr."""
         tasks = docker("service", "ps", "--no-trunc", "--format", "{{.Name}} {{.CurrentState}} {{.Error}}",
                        f"{self.name}_hub", f"{self.name}_agent", check=False)
-        logs = subprocess.run(["docker", "service", "logs", "--tail", str(tail), "--raw", f"{self.name}_hub"],
+        logs = subprocess.run(["docker", "service", "logs", "--tail", "80", "--raw", f"{self.name}_hub"],
                               capture_output=True, text=True, timeout=60)
         return f"{tasks}\n{logs.stdout}{logs.stderr}"
 
@@ -295,10 +295,5 @@ def test_the_stack_lends_a_worker_gpu_reports_readings_and_upgrades_keeping_the_
         wait_for(lambda: server(stack, token, "ada") is None, timeout=90, what="ada's server stopped")
         wait_for(lambda: not [le for le in ledger.leases() if le.user == "ada"], timeout=60,
                  what="ada's lease ended")
-        # The quick stop (swarm/stopping.py) reached the adopted server: the new hub holds no
-        # token of its own for it and asked with one made for the purpose, then deleted it.
-        log = stack.hub_log(tail=600)
-        assert "ada's server exited" in log and "after it was asked to" in log, log[-3000:]
-        assert "Could not make a token" not in log
     finally:
         ledger.close()
