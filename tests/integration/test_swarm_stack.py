@@ -289,11 +289,23 @@ def test_the_stack_lends_a_worker_gpu_reports_readings_and_upgrades_keeping_the_
         assert adopted["state"]["gpu_lease_id"] == lease["gpu_lease_id"]
         [still] = [le for le in ledger.leases() if le.user == "ada"]
         assert still.id == active.id and still.gpu_uuids == active.gpu_uuids
-        # ...and it works through the new hub: ada stops it, its GPU goes back
+        # ...and it works through the new hub: it checks ada's token with the new hub (found at
+        # its new address: images' gpuhub_activity/hub_dns.py; with c-ares' cache it asked the old
+        # one for minutes), then ada stops it and its GPU goes back
+        def answers() -> bool:
+            try:
+                return requests.get(f"{stack.url}/user/ada/api/status", timeout=10,
+                                    headers={"Authorization": f"token {token}"}).status_code == 200
+            except requests.RequestException:
+                return False
+        wait_for(answers, timeout=60, what="ada's server answering her through the new hub", interval=1)
         r = api(stack, token, "DELETE", "/users/ada/server")
         assert r.status_code in (202, 204), r.text
         wait_for(lambda: server(stack, token, "ada") is None, timeout=90, what="ada's server stopped")
         wait_for(lambda: not [le for le in ledger.leases() if le.user == "ada"], timeout=60,
                  what="ada's lease ended")
+        # The quick stop reached the adopted server (swarm/stopping.py), in the new hub's own log.
+        logs = subprocess.run(["docker", "logs", second], capture_output=True, text=True, timeout=60)
+        assert "ada's server exited" in logs.stdout + logs.stderr, (logs.stdout + logs.stderr)[-3000:]
     finally:
         ledger.close()

@@ -1,6 +1,7 @@
 """gpuhub_activity: a jupyter-server extension that counts a working kernel as activity,
-serves the in-lab GPU status (lab.py: GET gpuhub/status, POST gpuhub/keep), and tells the
-open tabs why the server stops when its lease was ended (notice.py).
+serves the in-lab GPU status (lab.py: GET gpuhub/status, POST gpuhub/keep), tells the
+open tabs why the server stops when its lease was ended (notice.py), and has JupyterHub's
+HTTP client find the hub at its current address (hub_dns.py).
 
 Installed and enabled in GPU JupyterHub's notebook images
 (etc/jupyter/jupyter_server_config.d/gpuhub.json), so the image's own start
@@ -221,8 +222,9 @@ class BusyKernelActivity(LoggingConfigurable):
 
 
 def _load_jupyter_server_extension(serverapp):
-    from . import lab
+    from . import hub_dns, lab
 
+    hub_dns.use_system_resolver(serverapp.log)  # the hub found at its current address (hub_dns.py)
     lab.load(serverapp)  # the in-lab status, whether busy kernels count or not
     activity = BusyKernelActivity(serverapp)
     if not activity.enabled:
