@@ -177,16 +177,7 @@ class LabAPI(APIHandler):
                 for j in rows[:MAX_JOBS]]
 
     async def profiles_part(self, gpus: list[dict]) -> list[dict]:
-        runner = self.settings.get("jobs")
-        try:
-            if runner is not None:
-                profiles = list(runner.profiles.values())
-            else:
-                page = self.settings.get("page")
-                profiles = load_profiles(page.profiles) if page is not None and page.profiles else []
-        except ProfileConfigError as exc:  # the hub checked them at start; said, not shown
-            log.warning("The profiles in the service's settings are not usable: %s", exc)
-            return []
+        profiles = self.settings.get("lab_profiles") or []
         inventory = getattr(self.pool, "inventory", None)
         if inventory is None or not inventory.multi_host or not any(p.node_labels for p in profiles):
             return free_per_profile(gpus, profiles)
@@ -195,6 +186,18 @@ class LabAPI(APIHandler):
         except Exception as exc:  # unreadable: the counts of every host
             log.warning("Free GPUs per profile without the node labels: %s", exc)
             return free_per_profile(gpus, profiles)
+
+
+def lab_profiles(runner, page) -> list:
+    """The GPU profiles the panel counts free GPUs for, read once: the jobs runner's, else those
+    the hub wrote into the service's settings (PoolPageSettings.profiles)."""
+    if runner is not None:
+        return list(runner.profiles.values())
+    try:
+        return load_profiles(page.profiles) if page.profiles else []
+    except ProfileConfigError as exc:  # the hub checked them at start; said, not shown
+        log.warning("The profiles in the service's settings are not usable: %s", exc)
+        return []
 
 
 def routes(prefix: str) -> list:
