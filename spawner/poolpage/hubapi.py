@@ -1,8 +1,10 @@
 """The hub's REST API as the gpu-pool service calls it, with the service's own token.
 
-The service's role (service.py) lets it list users and their running servers
-(with the spawner's state: profile and lease), see their activity, and stop a
-server; nothing else.
+The service's role (settings/pool_service.py) lets it list users and their running
+servers (with the spawner's state: profile and lease), see their activity, stop a
+server, and make (then delete) a short-lived token of one user for that user's own
+server, which is how an action script reaches a server (scripts.py); nothing else.
+Its own token never leaves the service: docs/how-it-works/security.md names each scope.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from ..pool.validation import iso_time
 # Scopes the service's role holds (read by service.py when it writes the role).
 SERVICE_SCOPES = ("list:users", "read:users:groups", "read:users:activity", "read:servers",
                   "admin:server_state", "delete:servers",
-                  # action scripts reach each server's Jupyter server (scripts.py), only for a
-                  # pool admin who holds custom:gpu-pool:exec
-                  "access:servers")
+                  # an action script (only for a pool admin who holds custom:gpu-pool:exec)
+                  # reaches a server with a token of the server's own user, scoped to that one
+                  # server, that the service makes for it and deletes after (scripts.py); the
+                  # service itself holds no access to anyone's server
+                  "tokens")
+# How long a token made for one script request lives, past the script's own timeout: the
+# request's connect and answer margins (scripts.py); it is deleted once the request ends.
+SERVER_TOKEN_MARGIN = 120
 
 
 class HubUnavailable(RuntimeError):
@@ -111,6 +118,21 @@ class HubAPI:
         if r.code == 404:
             return []
         return servers_of(json.loads(r.body))
+
+    async def server_token(self, user: str, server: str, note: str, expires_in: int) -> tuple[str, str]:
+        """(token, its id): a token owned by `user` whose one scope is access to their server
+        `server` ("" for the default), expiring in `expires_in` seconds (JupyterHub's
+        `POST users/<name>/tokens`, which checks the user holds that scope themselves)."""
+        body = {"note": note, "expires_in": int(expires_in),
+                "scopes": [f"access:servers!server={user}/{server}"]}
+        r = await self._call("POST", f"/users/{quote(user, safe='')}/tokens", ok=(201,), body=json.dumps(body))
+        model = json.loads(r.body)
+        return model["token"], model["id"]
+
+    async def drop_token(self, user: str, token_id: str) -> None:
+        """Delete a token `server_token` made (already gone is fine: it expired)."""
+        await self._call("DELETE", f"/users/{quote(user, safe='')}/tokens/{quote(token_id, safe='')}",
+                         ok=(204, 404))
 
     async def stop_server(self, user: str, server: str) -> bool:
         """Ask the hub to stop a server: True when it stopped, False while it stops (202)."""

@@ -1,7 +1,11 @@
 """Action scripts: an admin's shell script run in running notebook servers, as their own users.
 
 Each run is a request to the server's own Jupyter server, through the hub's proxy, with
-the service's token (`ServerRoute`): the gpuhub_scripts extension of the project's images
+a token the service makes for that one request (`ServerRoute`): owned by the server's user,
+its one scope access to that one server, expiring with the script's timeout and deleted
+once the request ends.  The server sees only a credential for itself, so a server that
+records its requests' headers gains nothing it did not have; the service's own token never
+leaves the service.  The gpuhub_scripts extension of the project's images
 runs it as the server's process user (never root), with exactly the server's rights, under
 `timeout`, and keeps only the first 16 KiB of its output.  The server already runs on the
 right host as the right user, so this is the same on one Docker host and on every Swarm
@@ -24,7 +28,7 @@ import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
-from .hubapi import Server
+from .hubapi import SERVER_TOKEN_MARGIN, HubAPI, HubUnavailable, Server
 
 MAX_SCRIPT_BYTES = 64 * 1024
 PARALLEL = 8  # servers a fan-out runs in at once, and the scripts' threads
@@ -140,11 +144,11 @@ def read_capped(chunks) -> tuple[bytes, bool]:
 @dataclass(frozen=True)
 class ServerRoute:
     """How the service reaches users' servers: through the hub's proxy (`proxy_url`, on this
-    machine), with the service's own token, to each server's `api/gpuhub/script` (the
-    gpuhub_scripts extension of the project's images)."""
+    machine), to each server's `api/gpuhub/script` (the gpuhub_scripts extension of the
+    project's images), with a token `hub` makes per request (HubAPI.server_token)."""
 
     proxy_url: str
-    token: str
+    hub: HubAPI
     validate_cert: bool = True
 
     def script_url(self, server: Server) -> str:
@@ -165,9 +169,15 @@ async def run_in_server(route: ServerRoute, server: Server, script: str, timeout
     """Run `script` in `server`, as its own user, through its Jupyter server (see ServerRoute)."""
     from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+    try:
+        token, token_id = await route.hub.server_token(
+            server.user, server.name, note="gpu-pool: one action script request (deleted after it)",
+            expires_in=timeout + SERVER_TOKEN_MARGIN)
+    except (HubUnavailable, KeyError, ValueError) as exc:
+        return Result(server.label, None, "", error=f"the hub made no token for its server: {exc}")
     request = HTTPRequest(route.script_url(server), method="POST", body=json.dumps({"script": script,
                                                                                     "timeout": timeout}),
-                          headers={"Authorization": f"token {route.token}", "Content-Type": "application/json"},
+                          headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
                           request_timeout=timeout + 30, connect_timeout=20, follow_redirects=False,
                           validate_cert=route.validate_cert)
     try:
@@ -175,6 +185,10 @@ async def run_in_server(route: ServerRoute, server: Server, script: str, timeout
         response = await AsyncHTTPClient(max_body_size=8 * OUTPUT_CAP + 4096).fetch(request, raise_error=False)
     except Exception as exc:  # refused, reset, timed out
         return Result(server.label, None, "", error=f"its server did not answer: {exc}")
+    finally:
+        # On every path, cancellation by the fan-out's deadline included; a token the hub
+        # could not delete now still expires with the script's timeout.
+        await asyncio.shield(drop_quietly(route.hub, server.user, token_id))
     if response.code != 200:
         why = SERVER_ERRORS.get(response.code, f"its server answered HTTP {response.code}")
         try:
@@ -191,6 +205,13 @@ async def run_in_server(route: ServerRoute, server: Server, script: str, timeout
     if len(output.encode()) > OUTPUT_CAP:
         output, truncated = cap(output.encode())[0], True
     return Result(server.label, code, output, truncated, timed_out=bool(body.get("timed_out")))
+
+
+async def drop_quietly(hub: HubAPI, user: str, token_id: str) -> None:
+    try:
+        await hub.drop_token(user, token_id)
+    except HubUnavailable:
+        pass  # it expires by itself within the script's timeout and SERVER_TOKEN_MARGIN
 
 
 _gate: asyncio.Semaphore | None = None

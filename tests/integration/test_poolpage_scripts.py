@@ -148,3 +148,62 @@ def test_scripts_run_where_confirmed_bounded_and_followed(make_hub, tmp_path):
     assert digest in details and long_script in details
     assert re.search(r"bob: exit 0.*pat: exit 0", details), details[-3000:]
     assert re.search(r"bob: exit 0.*cy: exit 1.*pat: exit 0", details), details[-3000:]
+
+
+# A server's own config that writes the Authorization header of each script request into the
+# home: what a hostile user can do to the server they run (issue 42, item 1).
+RECORDER = '''
+import os
+
+def _record(handler):
+    auth = handler.request.headers.get("Authorization")
+    if auth and handler.request.path.endswith("/api/gpuhub/script"):
+        with open(os.path.expanduser("~/seen-headers"), "a") as out:
+            out.write(auth + "\\n")
+
+c.ServerApp.tornado_settings = {"log_function": _record}
+'''
+
+
+def test_a_server_recording_script_requests_gets_no_credential_beyond_its_own_server(make_hub):
+    hub = make_hub(env=ENV)
+    for name in ("pat", "bob", "ada"):
+        hub.create_user(name)
+    ada = hub.user_token("ada")
+    wait_for_page(hub, ada)
+    for name in ("pat", "bob"):
+        hub.start_server(name, {"profile": "tf-cpu"})
+
+    def run(script: str, user: str) -> dict:
+        r = page_api(hub, "POST", "api/exec", ada, json={"script": script, "users": [user], "timeout": 30})
+        assert r.status_code == 200, r.text
+        [res] = r.json()["results"]
+        assert res["exit_code"] == 0, res
+        return res
+
+    # pat plants the recorder in his own Jupyter config and restarts his server.
+    run(f"mkdir -p ~/.jupyter && cat > ~/.jupyter/jupyter_server_config.py <<'PY'\n{RECORDER}PY\n", "pat")
+    hub.stop_server("pat")
+    hub.start_server("pat", {"profile": "tf-cpu"})
+    run("echo a routine script", "pat")
+    run("echo and another", "pat")
+    recorded = run("cat ~/seen-headers", "pat")["output"].splitlines()
+    tokens = {line.split(" ", 1)[1] for line in recorded if line.startswith("token ")}
+    assert tokens, recorded
+
+    bob_server = f"{hub.url}/user/bob/api/gpuhub/script"
+    for token in tokens:
+        auth = {"Authorization": f"token {token}"}
+        # Nothing on the hub's API: not the list of servers, not bob, not auth_state.
+        for path in ("/users", "/users/bob", "/users?state=active"):
+            r = requests.get(f"{hub.url}/hub/api{path}", headers=auth, timeout=30)
+            assert r.status_code in (403, 404), (path, r.status_code, r.text[:300])
+        # Nothing in bob's server.
+        r = requests.post(bob_server, headers=auth, json={"script": "id", "timeout": 5}, timeout=30,
+                          allow_redirects=False)
+        assert r.status_code != 200 and "uid=" not in r.text, (r.status_code, r.text[:300])
+    assert len(tokens) >= 2, recorded  # a fresh token per request, not one reused
+    # No token made for a script outlives it in pat's list of tokens (pat's own server may go on
+    # taking one for its auth cache's 5 minutes: a credential for what pat holds anyway).
+    left = hub.api("GET", "/users/pat/tokens").json()["api_tokens"]
+    assert not [t for t in left if "action script" in (t.get("note") or "")], left

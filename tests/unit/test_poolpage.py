@@ -124,6 +124,9 @@ def test_the_service_is_configured_with_its_roles(tmp_path):
     # the service's own token lists servers and stops one, and nothing more
     assert roles[SERVICE_ROLE]["services"] == ["gpu-pool"]
     assert "delete:servers" in roles[SERVICE_ROLE]["scopes"] and "admin:users" not in roles[SERVICE_ROLE]["scopes"]
+    # ...and may reach no one's server itself: an action script goes with a token made per server
+    assert not [s for s in roles[SERVICE_ROLE]["scopes"] if s.startswith("access:servers")]
+    assert "tokens" in roles[SERVICE_ROLE]["scopes"]
     assert roles["user"]["scopes"] == ["self", ACCESS_SCOPE]
     assert roles[ADMIN_ROLE]["users"] == ["ada"] and ADMIN_SCOPE in roles[ADMIN_ROLE]["scopes"]
     assert roles[ADMIN_ROLE]["groups"] == ["gpu-pool:admin"]  # only the directory login fills it

@@ -62,7 +62,7 @@ def _fake_servers(answers: dict):
         async def post(self, user):
             seen["now"] += 1
             seen["most"] = max(seen["most"], seen["now"])
-            seen["auth"].add(self.request.headers.get("Authorization"))
+            seen["auth"].add((user, self.request.headers.get("Authorization")))
             await asyncio.sleep(0.2)
             seen["now"] -= 1
             status, body = answers[user]
@@ -78,19 +78,43 @@ def _fake_servers(answers: dict):
     return server, sock.getsockname()[1], seen
 
 
-def test_scripts_go_to_each_servers_jupyter_server_with_the_services_token_bounded():
+class FakeTokens:
+    """The two calls ServerRoute makes of the hub's API: a token per request, then its deletion."""
+
+    def __init__(self, refuse: tuple[str, ...] = ()):
+        self.made: dict[str, tuple[str, str, int]] = {}  # token id -> (user, scope, expires_in)
+        self.live: set[str] = set()
+        self.refuse = refuse
+
+    async def server_token(self, user, server, note, expires_in):
+        from spawner.poolpage.hubapi import HubUnavailable
+
+        if user in self.refuse:
+            raise HubUnavailable("The hub's API answered POST with 403")
+        token_id = f"a{len(self.made)}"
+        self.made[token_id] = (user, f"access:servers!server={user}/{server}", expires_in)
+        self.live.add(token_id)
+        return f"token-of-{user}-{token_id}", token_id
+
+    async def drop_token(self, user, token_id):
+        assert self.made[token_id][0] == user
+        self.live.discard(token_id)
+
+
+def test_scripts_reach_each_server_with_a_token_of_its_own_user_deleted_after_bounded():
     result = {"exit_code": 0, "output": "ok\n", "truncated": False, "timed_out": False}
     users = [f"u{i}" for i in range(scripts.PARALLEL + 4)]
     answers = {u: (200, result) for u in users}
     answers["old"] = (404, {"message": "Not Found"})
     answers["root"] = (403, {"message": "This server runs as root: scripts run only as a server's own user"})
     answers["liar"] = (200, {"output": "x" * (scripts.OUTPUT_CAP + 1)})
+    hub = FakeTokens(refuse=("blocked",))
 
     async def main():
         server, port, seen = _fake_servers(answers)
-        route = scripts.ServerRoute(f"http://127.0.0.1:{port}", "service-token")
+        route = scripts.ServerRoute(f"http://127.0.0.1:{port}", hub)
         try:
-            servers = [Server(u, "", url=f"/user/{u}/") for u in [*users, "old", "root", "liar"]]
+            servers = [Server(u, "", url=f"/user/{u}/") for u in [*users, "old", "root", "liar", "blocked"]]
             return await scripts.run_everywhere(route, servers, "true", 5), seen
         finally:
             server.stop()
@@ -98,14 +122,25 @@ def test_scripts_go_to_each_servers_jupyter_server_with_the_services_token_bound
     results, seen = asyncio.run(main())
     by = {r.server: r for r in results}
     assert all(by[u].exit_code == 0 and by[u].output == "ok\n" for u in users)
-    assert seen["most"] == scripts.PARALLEL and seen["auth"] == {"token service-token"}
+    assert seen["most"] == scripts.PARALLEL
+    # Each server saw one credential, made for its own user and its own server only, that
+    # lives no longer than the script's timeout and a margin, and is deleted once used.
+    for user, header in seen["auth"]:
+        token_id = header.rsplit("-", 1)[1]
+        assert header == f"token token-of-{user}-{token_id}"
+        assert hub.made[token_id][:2] == (user, f"access:servers!server={user}/")
+        assert hub.made[token_id][2] <= 5 + 120
+    assert len(seen["auth"]) == len(users) + 3 and not hub.live
     assert by["old"].exit_code is None and "no gpuhub_scripts extension" in by["old"].error
     assert by["root"].exit_code is None and "runs as root" in by["root"].error
     assert by["liar"].exit_code is None and "not a script result" in by["liar"].error
-    # A server that does not answer at all is a result too, not an error of the run.
-    [gone] = asyncio.run(scripts.run_everywhere(scripts.ServerRoute("http://127.0.0.1:9", "t"),
+    # The hub made no token: nothing is sent there, and the admin reads why.
+    assert by["blocked"].exit_code is None and "made no token" in by["blocked"].error
+    assert "blocked" not in {user for user, _ in seen["auth"]}
+    # A server that does not answer at all is a result too, not an error of the run; its token is gone too.
+    [gone] = asyncio.run(scripts.run_everywhere(scripts.ServerRoute("http://127.0.0.1:9", hub),
                                                  [Server("gone", "", url="/user/gone/")], "true", 5))
-    assert gone.exit_code is None and "did not answer" in gone.error
+    assert gone.exit_code is None and "did not answer" in gone.error and not hub.live
 
 
 def test_runs_are_kept_bounded_and_say_what_is_done():

@@ -2,9 +2,10 @@
 
 Installed and enabled in GPU JupyterHub's notebook images (with gpuhub_activity).  The
 gpu-pool service sends `POST <server>/api/gpuhub/script` with {"script", "timeout"}
-through the hub's proxy, with its own token: JupyterHub's single-user auth lets it in
-only with `access:servers` on this server, which the service holds only when action
-scripts are on, and which it uses only for a pool admin holding `custom:gpu-pool:exec`.
+through the hub's proxy, for a pool admin holding `custom:gpu-pool:exec`, with a token
+it had the hub make for this request: owned by this server's user, scoped to this one
+server, deleted after the request (JupyterHub's single-user auth lets it in as it would
+the user).  The service's own token never comes here.
 
 The script runs as this server's own process user (never root: a server running as
 root refuses), with exactly the server's rights, under coreutils' `timeout` in a

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from urllib.parse import urlencode
 
 from jupyterhub.utils import url_path_join
@@ -58,7 +57,7 @@ def server_route(handler) -> scripts.ServerRoute:
     if "server_route" not in handler.settings:
         page = handler.settings.get("page") or PoolPageSettings()
         handler.settings["server_route"] = scripts.ServerRoute(
-            page.proxy_url, os.environ.get("JUPYTERHUB_API_TOKEN", ""), validate_cert=page.proxy_validate_cert)
+            page.proxy_url, hub_api(handler), validate_cert=page.proxy_validate_cert)
     return handler.settings["server_route"]
 
 
