@@ -1,15 +1,23 @@
 """Bookings: N GPUs of one host held for a user (or a group) over a time window, guaranteed by the ledger.
 
 A booking names its GPUs when it is made (the first that no other booking holds
-in that window).  During its window those GPUs are lent only to the booker, or
-to the members of the group it is for: every grant leaves them out for anyone
-else (`exclude`).  A server that got one of them before the window is told so at
-start (`soon`), shown it on the pool page, and stopped by the idle culler when
-the window starts, with reason `booking`.  A booking nobody uses within
-`grace` seconds of its start is released back to the pool (`release_no_shows`,
-run by every grant and by the culler).  Bookings live in the ledger, so they
-survive hub restarts.  Limits (`Limits`): the longest window, how far ahead,
-booked GPU-hours per user in a week, bookings a user may hold; a request that
+in that window, those nobody is using first).  During its window those GPUs are
+lent only to the booker, or to the members of the group it is for: every grant
+leaves them out for anyone else (`exclude`).  A server or job that got one of
+them before the window is told so at once, with how long it has (`soon`,
+`notice`: at its start, on the pool page, in JupyterLab's GPU panel, in the job's
+status), and stopped when the window starts, with reason `booking`.
+
+A booking is not an eviction button: a plain user's booking that would take GPUs
+someone is using now starts no sooner than `notice_s` from now (an hour by
+default), so their holders have that long; an admin's may start at once.  A
+booking is at most what its booker may hold (their GPU quota, `quota`; the pool
+service checks their profiles too).  Each GPU of a booking that nobody it is for
+has used `grace_s` after its start goes back to the pool (`release_no_shows`,
+per GPU).  Bookings live in the ledger, so they survive hub restarts.  Limits
+(`Limits`): the longest window, how far ahead, booked GPU-hours per user in a week
+(cancelled and released bookings count what they booked, so booking, cancelling
+and booking again does not reset it), bookings a user may hold; a request that
 overlaps is refused with the next free window named.
 """
 
@@ -17,13 +25,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
 
 from .models import InvalidRequest, PoolError, gpus_text, iso
+from .policy import limit_for
 from .schema import bookings_table as _b
 from .schema import gpus_table as _g
 from .schema import meta_table as _m
@@ -55,7 +64,15 @@ class Limits:
     max_days_ahead: float = 14.0  # how far ahead a window may start
     max_gpu_hours_per_week: float = 40.0  # a user's booked GPU-hours in any 7 days around a booking
     max_per_user: int = 10  # live bookings one user may hold
-    grace_s: float = 900.0  # unused this long after its start, a booking is released
+    grace_s: float = 900.0  # unused this long after its start, a booking's GPU is released
+    notice_s: float = 3600.0  # a plain user's booking of GPUs in use starts no sooner than this
+    # The lending hub's GPU quota (GPUPool.max_gpus_per_user, .group_gpu_limits): a user books
+    # no more GPUs than they may hold.
+    max_gpus_per_user: int | None = None
+    group_gpu_limits: dict = field(default_factory=dict)
+
+    def quota(self, groups: Iterable[str]) -> tuple[int | None, str]:
+        return limit_for(groups, self.group_gpu_limits, self.max_gpus_per_user)
 
 
 @dataclass(frozen=True)
@@ -163,31 +180,73 @@ def soon(host: str, uuids: Iterable[str], bookings: list[Booking], user: str, gr
     return min(later, key=lambda b: b.starts_at) if later else None
 
 
-def notice(b: Booking) -> str:
-    """What a server on a GPU booked later is told at start."""
-    return (f"This GPU is booked from {b.starts_at.strftime('%a %H:%M')} UTC; your server will be stopped then "
-            f"(reason: booking), or choose another profile")
+def time_left(b: Booking, now: datetime) -> str:
+    minutes = max(0, int((b.starts_at - now).total_seconds() // 60))
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def no_shows(conn, bookings: list[Booking], now: datetime, grace_s: float) -> list[int]:
-    """Ids of the bookings unused `grace_s` after their start (no lease of theirs on their GPUs since)."""
-    out = []
+def notice(b: Booking, now: datetime | None = None, what: str = "your server") -> str:
+    """What a server (or job) on a GPU booked later is told: when, and how long it has."""
+    left = f", in {time_left(b, now)}" if now is not None else ""
+    return (f"This GPU is booked from {b.starts_at.strftime('%a %H:%M')} UTC{left}; {what} will be stopped then "
+            f"(reason: booking): save your work before, or choose another profile")
+
+
+def _users_on(conn, b: Booking):
+    """(uuid, user, groups) of the leases on a booking's GPUs since its start (a minute's slack)."""
+    return conn.execute(select(_lg.c.uuid, _l.c.user_name, _l.c.groups).select_from(
+        _l.join(_lg, _lg.c.lease_id == _l.c.id)).where(
+        _lg.c.host == b.host, _lg.c.uuid.in_(b.gpu_uuids), _l.c.started_at >= b.starts_at - timedelta(minutes=1)))
+
+
+def unused_gpus(conn, bookings: list[Booking], now: datetime, grace_s: float) -> dict[int, set[str]]:
+    """{booking id: its GPUs nobody it is for has used} for the bookings `grace_s` past their start.
+    "Used" is per GPU: one lease on one GPU of a booking keeps that GPU, not the others."""
+    out: dict[int, set[str]] = {}
     for b in bookings:
         if b.starts_at + timedelta(seconds=grace_s) > now:
             continue
-        users = select(_l.c.user_name, _l.c.groups).select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id)).where(
-            _lg.c.host == b.host, _lg.c.uuid.in_(b.gpu_uuids), _l.c.started_at >= b.starts_at - timedelta(minutes=1))
-        if not any(b.for_(u, json.loads(g)) for u, g in conn.execute(users)):
-            out.append(b.id)
+        used = {u for u, user, groups in _users_on(conn, b) if b.for_(user, json.loads(groups))}
+        unused = set(b.gpu_uuids) - used
+        if unused:
+            out[b.id] = unused
     return out
+
+
+def without_unused(bookings: list[Booking], unused: dict[int, set[str]]) -> list[Booking]:
+    """The bookings as they hold GPUs once their unused ones are released (none left: gone)."""
+    out = []
+    for b in bookings:
+        gone = unused.get(b.id)
+        if not gone:
+            out.append(b)
+        elif len(gone) < len(b.gpu_uuids):
+            out.append(replace(b, gpu_uuids=tuple(u for u in b.gpu_uuids if u not in gone)))
+    return out
+
+
+def no_shows(conn, bookings: list[Booking], now: datetime, grace_s: float) -> list[int]:
+    """Ids of the bookings none of whose GPUs was used `grace_s` after their start."""
+    unused = unused_gpus(conn, bookings, now, grace_s)
+    return [b.id for b in bookings if len(unused.get(b.id, ())) == len(b.gpu_uuids)]
 
 
 def release_no_shows(conn, now: datetime, grace_s: float) -> list[int]:
-    """Release bookings unused `grace_s` after their start (see no_shows)."""
-    out = no_shows(conn, live(conn, now), now, grace_s)
-    for bid in out:
-        conn.execute(update(_b).where(_b.c.id == bid, _b.c.state == "booked").values(state="released", released_at=now))
-    return out
+    """Give back each GPU of a booking unused `grace_s` after its start (see unused_gpus): a
+    booking with none used is released, one with some used keeps those. The ids changed."""
+    found = live(conn, now)
+    unused = unused_gpus(conn, found, now, grace_s)
+    for b in found:
+        gone = unused.get(b.id)
+        if not gone:
+            continue
+        if len(gone) == len(b.gpu_uuids):
+            conn.execute(update(_b).where(_b.c.id == b.id, _b.c.state == "booked").values(
+                state="released", released_at=now))
+        else:
+            kept = [u for u in b.gpu_uuids if u not in gone]
+            conn.execute(update(_b).where(_b.c.id == b.id, _b.c.state == "booked").values(gpu_uuids=json.dumps(kept)))
+    return sorted(unused)
 
 
 def lease_booked_out(conn, lease_id: int, now: datetime) -> Booking | None:
@@ -208,11 +267,36 @@ def _window(b: Booking, start: datetime, end: datetime) -> bool:
     return b.starts_at < end and start < b.ends_at
 
 
+def booked_near(conn, user: str, starts_at: datetime) -> float:
+    """GPU-hours `user` booked with a start within a week of `starts_at`, whatever became of them
+    (live, cancelled, released, over): what they booked, not what is left of it."""
+    week = timedelta(days=7)
+    rows = conn.execute(select(_b.c.count, _b.c.starts_at, _b.c.ends_at).where(
+        _b.c.user_name == user, _b.c.starts_at > starts_at - week, _b.c.starts_at < starts_at + week))
+    return sum(r.count * (as_utc(r.ends_at) - as_utc(r.starts_at)).total_seconds() / 3600.0 for r in rows)
+
+
+def lent_to_others(conn, user: str) -> set[tuple[str, str]]:
+    """The GPUs ((host, uuid)) someone other than `user` holds now."""
+    rows = conn.execute(select(_lg.c.host, _lg.c.uuid).select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id)).where(
+        _l.c.ended_at.is_(None), _l.c.user_name != user))
+    return {(r.host, r.uuid) for r in rows}
+
+
 def make(conn, now: datetime, *, user: str, group: str | None, count: int, starts_at: datetime, ends_at: datetime,
-         host: str | None, created_by: str, limits: Limits) -> Booking:
-    """Check a booking against every limit and the others, choose its GPUs, write it."""
+         host: str | None, created_by: str, limits: Limits, admin: bool = True,
+         groups: Iterable[str] = ()) -> Booking:
+    """Check a booking against every limit and the others, choose its GPUs, write it.
+
+    `admin` False (a plain user booking for themself, in `groups`): at most their GPU quota,
+    and GPUs someone else uses now only from `limits.notice_s` ahead."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise InvalidRequest(f"count must be a whole number of GPUs >= 1, not {count!r}")
+    if not admin:
+        quota, source = limits.quota(groups)
+        if quota is not None and count > quota:
+            raise BookingRefused(f"You may hold {gpus_text(quota)} at once ({source}), so you may book at most "
+                                 f"that; you asked for {gpus_text(count)}")
     length = (ends_at - starts_at).total_seconds()
     if length <= 0:
         raise BookingRefused("The booking must end after it starts")
@@ -239,23 +323,35 @@ def make(conn, now: datetime, *, user: str, group: str | None, count: int, start
     if len(mine) >= limits.max_per_user:
         raise BookingRefused(f"You hold {len(mine)} bookings, the most one user may hold "
                              "(GPUPool.booking_max_per_user); cancel one first")
-    week = timedelta(days=7)
-    near = sum(b.gpu_hours for b in mine if abs(b.starts_at - starts_at) < week)
+    near = booked_near(conn, user, starts_at)
     asked = count * length / 3600.0
     if near + asked > limits.max_gpu_hours_per_week:
         raise BookingRefused(f"You have {near:.1f} GPU-hours booked within a week of this start; {asked:.1f} more "
                              f"would pass the {limits.max_gpu_hours_per_week:g} a user may book in a week "
                              "(GPUPool.booking_max_gpu_hours_per_week)")
 
-    def pick(start: datetime, end: datetime) -> tuple[str, list[str]] | None:
+    # GPUs someone uses now: taken by a booking only with notice (a plain user's), and the
+    # last chosen by anyone's (an admin's booking from now stops fewer people).
+    in_use = lent_to_others(conn, user)
+
+    def pick(start: datetime, end: datetime, avoid: frozenset[tuple[str, str]] = frozenset()) -> tuple[str, list[str]] | None:
         for h in hosts:
             taken = {u for b in existing if b.host == h and _window(b, start, end) for u in b.gpu_uuids}
-            free = [u for u in by_host.get(h, []) if u not in taken]
+            free = [u for u in by_host.get(h, []) if u not in taken and (h, u) not in avoid]
+            free.sort(key=lambda u: (h, u) in in_use)  # stable: unused first, in index order
             if len(free) >= count:
                 return h, free[:count]
         return None
 
-    chosen = pick(starts_at, ends_at)
+    noticed = now + timedelta(seconds=limits.notice_s)
+    short_notice = not admin and starts_at < noticed
+    chosen = pick(starts_at, ends_at, frozenset(in_use) if short_notice else frozenset())
+    if chosen is None and short_notice and pick(starts_at, ends_at) is not None:
+        raise BookingRefused(
+            f"{gpus_text(count)} free of other bookings from {starts_at.strftime('%a %H:%M')} UTC would mean "
+            f"stopping people who use them now: a booking of GPUs in use starts at least "
+            f"{limits.notice_s / 60:g} minutes ahead (GPUPool.booking_notice), so they have time to save "
+            f"their work. Book from {noticed.strftime('%a %H:%M')} UTC on, or ask a GPU pool admin")
     if chosen is None:
         span = ends_at - starts_at
         candidates = sorted({b.ends_at for b in existing if b.ends_at > starts_at})

@@ -33,6 +33,9 @@ class PoolFairUse(PoolPart):
     booking_max_gpu_hours_per_week: float
     booking_max_per_user: int
     booking_grace: float
+    booking_notice: float
+    max_gpus_per_user: int | None
+    group_gpu_limits: dict
     fairshare_shares: dict
     fairshare_group_shares: dict
     fifo_after: float
@@ -58,8 +61,11 @@ class PoolFairUse(PoolPart):
         return self._read(lambda conn: budget.standings(self._store, conn, user, groups, b, self._store.now(conn)))
 
     def _own_booking_limits(self) -> bookings.Limits:
-        return bookings.Limits(self.booking_max_hours, self.booking_max_days_ahead,
-                               self.booking_max_gpu_hours_per_week, self.booking_max_per_user, self.booking_grace)
+        return bookings.Limits(
+            max_hours=self.booking_max_hours, max_days_ahead=self.booking_max_days_ahead,
+            max_gpu_hours_per_week=self.booking_max_gpu_hours_per_week, max_per_user=self.booking_max_per_user,
+            grace_s=self.booking_grace, notice_s=self.booking_notice, max_gpus_per_user=self.max_gpus_per_user,
+            group_gpu_limits=dict(self.group_gpu_limits))
 
     def booking_limits(self) -> bookings.Limits:
         """The booking limits in force: this hub's (a lender), else those the lending hub wrote in
@@ -72,13 +78,16 @@ class PoolFairUse(PoolPart):
         return found
 
     def book(self, user: str, count: int, starts_at: datetime, ends_at: datetime, *, group: str | None = None,
-             host: str | None = None, by: str | None = None) -> Booking:
+             host: str | None = None, by: str | None = None, admin: bool = False,
+             groups: Iterable[str] = ()) -> Booking:
         """Book `count` GPUs of one host for `user` (or `group`'s members) over [starts_at, ends_at).
 
         Who may book for whom (a user for themself; an admin for anyone or a group) is
-        the caller's to check.  Raises BookingRefused (400, with the reason: past, too
-        long, too far ahead, too big, over the weekly limit, overlapping: with the next
-        free window) or InvalidRequest."""
+        the caller's to check; `admin` False (a plain user, in `groups`) books at most
+        their GPU quota, and GPUs in use only from `booking_notice` ahead.  Raises
+        BookingRefused (400, with the reason: past, too long, too far ahead, too big,
+        over the quota or the weekly limit, too short a notice, overlapping: with the
+        next free window) or InvalidRequest."""
         user = validation.name(user, "The user name")
         group = validation.name(group, "The group name") if group is not None else None
         host = validation.name(host, "The host name") if host is not None else None
@@ -90,13 +99,23 @@ class PoolFairUse(PoolPart):
         limits = self.booking_limits()
         made = self._write(lambda conn: bookings.make(
             conn, self._store.now(conn), user=user, group=group, count=count, starts_at=starts_at, ends_at=ends_at,
-            host=host, created_by=by, limits=limits))
+            host=host, created_by=by, limits=limits, admin=admin,
+            groups=tuple(validation.name(g, "A group name") for g in groups)))
         self.log.info("Booked %d GPU(s) on %s for %s from %s to %s (booking %d, by %s)", len(made.gpu_uuids),
                       made.host, f"group {group}" if group else user, made.starts_at, made.ends_at, made.id, by)
         return made
 
+    def booking_notice_for(self, host: str, uuids: Iterable[str], user: str, groups: Iterable[str] = (),
+                           what: str = "your server") -> str | None:
+        """What a lease on these GPUs is told when one is booked later for someone else (else None)."""
+        def read(conn):
+            now = self._store.now(conn)
+            later = bookings.soon(host, uuids, bookings.live(conn, now), user, tuple(groups), now)
+            return bookings.notice(later, now, what) if later is not None else None
+        return self._read(read)
+
     def bookings(self) -> list[Booking]:
-        """Bookings not yet over, by start (no-shows past their grace released first)."""
+        """Bookings not yet over, by start (booked GPUs unused past their grace released first)."""
         def write(conn):
             now = self._store.now(conn)
             bookings.release_no_shows(conn, now, self.booking_limits().grace_s)

@@ -305,6 +305,10 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
         config=True,
         help="""GPU-hours one user may book within any 7 days (counted around each booking's start).
 
+        What was booked counts whatever became of it: cancelled and released
+        bookings count their booked GPU-hours, so booking, cancelling and booking
+        again does not reset the limit.
+
         Admins booking for a group count against the group's booker, not this.
         """,
     )
@@ -318,10 +322,24 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     booking_grace = Float(
         900.0,
         config=True,
-        help="""Seconds after its start when a booking nobody has used is released back to the pool.
+        help="""Seconds after its start when each GPU of a booking that nobody has used is released back to the pool.
 
         Used means: a lease of the booker (or, for a group's booking, of a
-        member) on its GPUs since the window started.
+        member) on that GPU since the window started.  A booking with none of
+        its GPUs used is released; one with some used keeps those.
+        """,
+    )
+
+    booking_notice = Float(
+        3600.0,
+        config=True,
+        help="""Seconds of notice a plain user's booking gives the people using its GPUs now.
+
+        A booking that would take GPUs someone else holds starts no sooner than
+        this from when it is made; the holders are told at once, on the pool page,
+        in JupyterLab's GPU panel and in their job's status, how long they have.  A
+        GPU pool admin's booking may start at once.  Bookings of GPUs nobody uses
+        may start at once too.
         """,
     )
 
@@ -356,6 +374,12 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     def _check_positive_times(self, proposal):
         if not proposal.value > 0:
             raise TraitError(f"GPUPool.{proposal.trait.name} must be > 0 (seconds)")
+        return proposal.value
+
+    @validate("booking_notice")
+    def _check_notice(self, proposal):
+        if not proposal.value >= 0:
+            raise TraitError("GPUPool.booking_notice must be >= 0 (seconds; 0: no notice)")
         return proposal.value
 
     @validate("db_url")

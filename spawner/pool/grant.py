@@ -238,7 +238,7 @@ def attempt(
         )
         later = bookings.soon(host, uuids, booked, req.user, req.groups, now) if booked else None
         leases.append(Lease(lease_id, req.user, server_name, host, tuple(uuids), req.groups, now,
-                            notice=bookings.notice(later) if later else None))
+                            notice=bookings.notice(later, now) if later else None))
     if waiter_id is not None:
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
         queue_hours.close(store, conn, [{"wid": waiter_id, "now": now, "outcome": "served"}])
@@ -303,9 +303,8 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
     snap = snapshot(store, conn)
     booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
     if booked and rules is not None:
-        # A no-show past its grace holds nothing: the write that serves a waiter releases it.
-        gone = set(bookings.no_shows(conn, booked, now, rules.booking_grace))
-        booked = [b for b in booked if b.id not in gone]
+        # A booked GPU unused past its grace holds nothing: the write that serves a waiter releases it.
+        booked = bookings.without_unused(booked, bookings.unused_gpus(conn, booked, now, rules.booking_grace))
     # Each waiter's turn leaves out the GPUs booked now for others (a write decides the rest).
     booked_out = bookings.held_for_others(booked, now) if booked else None
     alive_since = now - timedelta(seconds=stale_after)

@@ -119,6 +119,11 @@ class HubAPI:
             return []
         return servers_of(json.loads(r.body))
 
+    async def groups_of(self, name: str) -> tuple[str, ...]:
+        """A user's hub groups (empty for an unknown user)."""
+        r = await self._call("GET", f"/users/{quote(name, safe='')}", ok=(200, 404))
+        return () if r.code == 404 else tuple(json.loads(r.body).get("groups") or ())
+
     async def server_token(self, user: str, server: str, note: str, expires_in: int) -> tuple[str, str]:
         """(token, its id): a token owned by `user` whose one scope is access to their server
         `server` ("" for the default), expiring in `expires_in` seconds (JupyterHub's

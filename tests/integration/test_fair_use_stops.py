@@ -54,9 +54,15 @@ def test_a_booked_gpu_stops_the_server_on_it_goes_to_the_booker_and_a_no_show_fr
     # alice starts before the window: she gets the GPU and is told when she loses it.
     hub.start_server("alice", {"profile": "tf-gpu-1"})
     (alice,) = leases_of(hub, "alice")
-    told = f"This GPU is booked from {starts.strftime('%a %H:%M')} UTC; your server will be stopped then"
-    assert told in hub.log_tail(300)  # the spawn's progress message, as the spawner logs it
+    told = f"This GPU is booked from {starts.strftime('%a %H:%M')} UTC, in "
+    log = hub.log_tail(300)  # the spawn's progress message, as the spawner logs it
+    assert told in log and "your server will be stopped then (reason: booking)" in log
     assert page_api(hub, "GET", "api/wait", tokens["alice"]).json()["booked"]["alice"].startswith(told)
+    # A plain user cannot book it out from under alice at short notice (issue 42, item 2): after
+    # bob's window, still within the hour's notice, is refused, saying from when it could start.
+    r = page_api(hub, "POST", "api/bookings", tokens["dee"], json={
+        "count": 1, "starts_at": iso(ends + timedelta(minutes=1)), "ends_at": iso(ends + timedelta(minutes=20))})
+    assert r.status_code == 400 and "at least 60 minutes ahead" in r.json()["message"], r.text
 
     # cy waits for it: her estimate says the booking, not alice, is what she waits for.
     r = hub.api("POST", "/users/cy/server", json={"profile": "tf-gpu-1"}, timeout=60)

@@ -42,13 +42,14 @@ def guarantee_warning_stop_and_no_show(url: str) -> None:
     early = pool.book("bob", 1, now + 2 * H, now + 4 * H)
     lease = pool.try_acquire("alice", "", 1)
     assert lease is not None and lease.notice.startswith(
-        f"This GPU is booked from {early.starts_at.strftime('%a %H:%M')} UTC; your server will be stopped then")
+        f"This GPU is booked from {early.starts_at.strftime('%a %H:%M')} UTC, in 1")  # 119 or 120 min
+    assert "; your server will be stopped then (reason: booking)" in lease.notice
     pool.release(lease.id)
     pool.cancel_booking(early.id, "bob")
 
     # A window that starts now: nobody else is lent the GPU, the booker is at once.
     held = pool.try_acquire("carol", "", 1)  # holds it from before the window
-    b = pool.book("bob", 1, now, now + 2 * H)
+    b = pool.book("bob", 1, now, now + 2 * H, admin=True)  # an admin's booking may start at once
     # The culler stops carol's server: it is booked by someone else now (reason booking).
     verdict = GPUCullPolicy(3600, 900, booked_out=LedgerBookings(pool)).decide(
         timedelta(seconds=1), {"name": "", "url": "/user/carol/", "state": {"gpu_lease_id": held.id,
@@ -87,7 +88,7 @@ def test_a_waiter_does_not_get_a_booked_gpu_but_the_booker_does(tmp_path):
     pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1)
     now = datetime.now(UTC)
     held = pool.try_acquire("carol", "", 1)
-    pool.book("bob", 1, now, now + H)
+    pool.book("bob", 1, now, now + H, admin=True)
 
     async def main():
         dave = asyncio.ensure_future(pool.acquire("dave", "", 1, timeout=60))
@@ -306,3 +307,117 @@ def test_gpu_pool_book_and_bookings(tmp_path, capsys):
     (b,) = json.loads(capsys.readouterr().out)
     assert b["user"] == "bob" and b["gpus"] == 2
     assert main(["--db-url", url, "unbook", str(b["id"])]) == 0
+
+
+# --- not an eviction button (issue 42, item 2) ----------------------------------------------
+
+
+def test_a_plain_users_booking_of_gpus_in_use_waits_the_notice_and_their_holders_are_told(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=2)
+    now = datetime.now(UTC)
+    carol = pool.try_acquire("carol", "", 1)
+    dan = pool.try_acquire("dan", "", 1)
+    # Both GPUs in use: from now, or within the hour, is refused, naming when it may start.
+    for start in (now, now + timedelta(minutes=30)):
+        with pytest.raises(BookingRefused) as refused:
+            pool.book("bob", 1, start, start + H, groups=["ml"])
+        assert "at least 60 minutes ahead (GPUPool.booking_notice)" in str(refused.value)
+        assert f"Book from {(now + H).strftime('%a %H:%M')} UTC on" in str(refused.value)
+    assert pool.bookings() == []
+    # With the notice, it is booked, and carol's server and dan's are told at once how long they have.
+    b = pool.book("bob", 1, now + H + timedelta(minutes=1), now + 2 * H)
+    holder = carol if b.gpu_uuids == carol.gpu_uuids else dan
+    told = pool.booking_notice_for(HOST, holder.gpu_uuids, holder.user)
+    assert told.startswith(f"This GPU is booked from {b.starts_at.strftime('%a %H:%M')} UTC, in 6")  # 60-61 min
+    assert "your server will be stopped then (reason: booking)" in told
+    assert "this job will be stopped" in pool.booking_notice_for(HOST, holder.gpu_uuids, holder.user, (), "this job")
+    assert pool.booking_notice_for(HOST, holder.gpu_uuids, "bob") is None  # the booker's own
+    # One GPU free: a booking from now takes that one, and stops nobody.
+    pool.release(dan.id)
+    now_b = pool.book("eve", 1, now, now + H)
+    assert now_b.gpu_uuids == dan.gpu_uuids
+    # A GPU pool admin's booking may start at once on GPUs in use (the culler stops them then).
+    pool.cancel_booking(now_b.id, "eve")
+    assert pool.book("ann", 2, now + 3 * H, now + 4 * H, admin=True).gpu_uuids
+    assert pool.book("ann", 1, now, now + timedelta(minutes=30), admin=True, by="ada").gpu_uuids
+    pool.close()
+
+
+def test_a_user_books_no_more_than_their_quota(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=2, max_gpus_per_user=1, group_gpu_limits={"big": 2})
+    now = datetime.now(UTC)
+    with pytest.raises(BookingRefused, match=r"You may hold 1 GPU at once .*you asked for 2 GPUs"):
+        pool.book("bob", 2, now + H, now + 2 * H, groups=["ml"])
+    assert pool.book("bob", 2, now + H, now + 2 * H, groups=["big"]).gpu_uuids
+    assert pool.book("ann", 2, now + 3 * H, now + 4 * H, admin=True).gpu_uuids  # an admin books for anyone
+    pool.close()
+
+
+def test_cancelled_and_released_bookings_count_in_the_weekly_cap(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", **LIMITS)  # 10 GPU-hours a week
+    now = datetime.now(UTC)
+    first = pool.book("ann", 2, now + H, now + 5 * H)  # 8 GPU-hours
+    pool.cancel_booking(first.id, "ann")
+    with pytest.raises(BookingRefused) as weekly:  # book, cancel, book again: the 8 still count
+        pool.book("ann", 2, now + H, now + 3 * H)
+    assert "You have 8.0 GPU-hours booked within a week" in str(weekly.value)
+    assert pool.book("ann", 1, now + H, now + 3 * H).gpu_uuids  # 8 + 2 = 10: just within
+    pool.close()
+
+
+def test_used_is_per_gpu_an_unused_gpu_of_a_booking_goes_back(tmp_path):
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=2, booking_grace=1.0)
+    now = datetime.now(UTC)
+    b = pool.book("dee", 2, now, now + H)
+    mine = pool.try_acquire("dee", "", 1)  # dee uses one of the two
+    assert mine is not None and pool.try_acquire("alice", "", 1) is None  # the other is still held
+    while datetime.now(UTC) < b.starts_at + timedelta(seconds=1.05):
+        asyncio.run(asyncio.sleep(0.05))  # the grace's own end
+    [kept] = pool.bookings()
+    assert kept.id == b.id and kept.gpu_uuids == mine.gpu_uuids
+    other = pool.try_acquire("alice", "", 1)
+    assert other is not None and other.gpu_uuids != mine.gpu_uuids
+    pool.close()
+
+
+def test_the_api_books_no_more_than_the_users_profiles_take(tmp_path):
+    from spawner.poolpage import app
+    from spawner.poolpage.handlers import base as handlers
+    from spawner.poolpage.service_config import PoolPageSettings
+
+    def current_user(self):
+        name = self.request.headers.get("X-User")
+        return {"name": name, "scopes": [], "kind": "user", "groups": self.request.headers.get("X-Groups", "").split()}
+
+    profiles = [{"slug": "gpu-1", "display_name": "1", "image": "i", "gpus": 1},
+                {"slug": "gpu-2", "display_name": "2", "image": "i", "gpus": 2, "groups": ["big"]}]
+    original = handlers.BaseHandler.get_current_user
+    handlers.BaseHandler.get_current_user = current_user
+    pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", **LIMITS)
+    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
+
+    def run():
+        asyncio.set_event_loop(loop)
+        app.make_app(pool, "/services/gpu-pool/", "/", False, page=PoolPageSettings(profiles=profiles)).listen(
+            port, "127.0.0.1")
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ready.wait(10)
+    url = f"http://127.0.0.1:{port}/services/gpu-pool/api/bookings"
+    now = datetime.now(UTC)
+    body = {"count": 2, "starts_at": (now + H).isoformat(), "ends_at": (now + 2 * H).isoformat()}
+    try:
+        r = requests.post(url, json=body, headers={"X-User": "bob"}, timeout=30)
+        assert r.status_code == 400 and "Your profiles (gpu-1) take at most 1 GPU(s) each" in r.json()["message"]
+        assert pool.bookings() == []
+        r = requests.post(url, json=body, headers={"X-User": "cy", "X-Groups": "big"}, timeout=30)
+        assert r.status_code == 201, r.text
+        assert requests.get(url, headers={"X-User": "cy"}, timeout=30).json()["limits"]["notice_s"] == 3600
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        handlers.BaseHandler.get_current_user = original
+        pool.close()

@@ -111,11 +111,12 @@ def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
     pool.sync_inventory()
     now = datetime.now(UTC)
     held = pool.try_acquire("ann", "", 1)
-    later = pool.book("bob", 1, now + 30 * M, now + 90 * M)  # (on ann's GPU: the other is dan's)
     # dan's job holds the other GPU, running, with a timeout of 20 min.
     jobs = JobLedger(pool)
     job = jobs.create("dan", [], "p", ["python"], "/home/dan", 1200, "node", 1000, 100)
     job_lease = pool.try_acquire("dan", job_server_name(job.id), 1)
+    # An admin's booking (a plain user's would need an hour's notice): on ann's GPU, the first.
+    later = pool.book("bob", 1, now + 30 * M, now + 90 * M, admin=True)
     assert job_lease is not None and job_lease.gpu_uuids != held.gpu_uuids and later.gpu_uuids == held.gpu_uuids
     job = jobs.update(job.id, None, "started_at", state=RUNNING, lease_id=job_lease.id)
     for user in ("cy", "dee"):  # their queue rows, as their waiting spawns write them

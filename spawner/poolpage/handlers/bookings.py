@@ -18,6 +18,7 @@ from tornado import web
 
 from ...pool.models import PoolError
 from .. import views
+from ..hubapi import HubUnavailable
 from .base import APIHandler, BaseHandler
 
 MAX_BODY = 4096
@@ -70,7 +71,8 @@ class BookingsAPI(APIHandler):
         self.write_json({"bookings": booking_rows(found, viewer),
                          "limits": {"max_hours": limits.max_hours, "max_days_ahead": limits.max_days_ahead,
                                     "max_gpu_hours_per_week": limits.max_gpu_hours_per_week,
-                                    "max_per_user": limits.max_per_user, "grace_s": limits.grace_s}})
+                                    "max_per_user": limits.max_per_user, "grace_s": limits.grace_s,
+                                    "notice_s": limits.notice_s}})
 
     async def post(self):
         viewer = self.require_viewer()
@@ -83,14 +85,46 @@ class BookingsAPI(APIHandler):
         self.write_json(booking_rows([booking], viewer)[0], status=201)
 
 
+async def viewer_groups(handler: BaseHandler, viewer: views.Viewer) -> tuple[str, ...]:
+    """The viewer's hub groups: from their identity when it has them, else from the hub."""
+    from .actions import hub_api
+
+    user = handler.current_user if isinstance(handler.current_user, dict) else {}
+    if "groups" in user:
+        return tuple(user.get("groups") or ())
+    try:
+        return await hub_api(handler).groups_of(viewer.name)
+    except HubUnavailable:
+        raise web.HTTPError(503, "The hub did not say which groups you are in; try again in a moment") from None
+
+
+def profile_most(handler: BaseHandler, groups: tuple[str, ...]) -> tuple[int, list[str]] | None:
+    """(the most GPUs one server or job of the user's profiles takes, those profiles' names), or
+    None when the service does not know the profiles."""
+    profiles = handler.settings.get("lab_profiles") or []
+    if not profiles:
+        return None
+    mine = [p for p in profiles if p.allows(groups)]
+    return max((p.gpus for p in mine), default=0), [p.slug for p in mine]
+
+
 async def book(handler: APIHandler, viewer: views.Viewer, asked: dict):
-    """Book as `viewer` may: for themself, or (a pool admin) for anyone or a group."""
+    """Book as `viewer` may: for themself, at most what their quota and profiles allow and with
+    notice to the people using the GPUs now; or (a pool admin) for anyone or a group, from now."""
     user = asked.get("user") or viewer.name
     if (user != viewer.name or asked.get("group")) and not viewer.admin:
         raise web.HTTPError(403, "Only a GPU pool admin books for another user or for a group")
+    groups: tuple[str, ...] = ()
+    if not viewer.admin:
+        groups = await viewer_groups(handler, viewer)
+        most = profile_most(handler, groups)
+        if most is not None and asked["count"] > most[0]:
+            raise web.HTTPError(400, f"Your profiles ({', '.join(most[1]) or 'none'}) take at most "
+                                     f"{most[0]} GPU(s) each, so you may book at most that many")
     try:
         return await handler.call(handler.pool.book, user, asked["count"], asked["starts_at"], asked["ends_at"],
-                                  group=asked.get("group"), host=asked.get("host"), by=viewer.name)
+                                  group=asked.get("group"), host=asked.get("host"), by=viewer.name,
+                                  admin=viewer.admin, groups=groups)
     except PoolError as exc:  # BookingRefused (400), NotYours (403): the reason as it is
         raise web.HTTPError(exc.status_code, str(exc)) from None
 
@@ -163,7 +197,7 @@ async def notices(handler: BaseHandler, viewer: views.Viewer, found=None) -> dic
     for lease in await handler.ledger(handler.pool.leases, viewer.name):
         later = ledger_bookings.soon(lease.host, lease.gpu_uuids, found, viewer.name, groups, now)
         if later is not None:
-            out[lease.server_name] = ledger_bookings.notice(later)
+            out[lease.server_name] = ledger_bookings.notice(later, now)
     return out
 
 

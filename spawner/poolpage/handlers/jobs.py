@@ -27,7 +27,7 @@ from ...jobs.engine import UnitGone
 from ...jobs import cluster
 from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
-from ...pool.jobs import QUEUED, STARTING, Job
+from ...pool.jobs import QUEUED, RUNNING, STARTING, Job
 from .. import ADMIN_SCOPE
 from .base import APIHandler, BaseHandler, log
 from ..limits import PoolServiceLimits
@@ -78,6 +78,11 @@ class JobsMixin:
     async def job_dict(self, job: Job) -> dict:
         data = job.to_dict()
         data["queue_position"] = await self.runner.position(job)
+        data["booking_notice"] = None
+        if job.state == RUNNING and job.host and job.gpu_uuids:
+            # One of its GPUs booked later for someone else: the job is stopped then (jobs/fair_use.py).
+            data["booking_notice"] = await self.call(self.runner.pool.booking_notice_for, job.host, job.gpu_uuids,
+                                                     job.user, job.groups, "this job")
         return data
 
     async def submit_body(self, name: str, body) -> Job:

@@ -100,15 +100,19 @@ class LabAPI(APIHandler):
         if lease is not None:
             await fill_readings(self, [g for g in gpus if g["lease_id"] == lease.id])
         ended = ending = None
+        booked = None
         if lease is not None:
             ending = await self.ending_part(lease.id)
+            # One of its GPUs booked later for someone else: when, and how long it has (pool/bookings.py).
+            booked = await self.call(self.pool.booking_notice_for, lease.host, lease.gpu_uuids, viewer.name,
+                                     lease.groups)
         else:
             ended = ended_part(await self.call(self.pool.history, viewer.name, now - ENDED_NOTICE), server, now)
         self.write_json({
             "user": viewer.name,
             "server": server,
             "now": iso(now),
-            "lease": lease_part(lease, gpus, now) if lease is not None else None,
+            "lease": dict(lease_part(lease, gpus, now), booked=booked) if lease is not None else None,
             "ended": ended,
             "ending": ending,
             "cull": await self.cull_part(viewer.name, server, s),

@@ -35,7 +35,7 @@ interface IStatus {
   user?: string;
   server?: string;
   now?: string;
-  lease?: { id: number; since: string; gpu_hours: number; gpus: IGPU[] } | null;
+  lease?: { id: number; since: string; gpu_hours: number; gpus: IGPU[]; booked?: string | null } | null;
   ended?: { id: number; ended_at: string; reason: string; by_admin: boolean } | null;
   ending?: { reason: string; by_admin: boolean } | null;
   cull?: {
@@ -204,6 +204,10 @@ class Panel extends Widget {
       node.appendChild(
         el('p', 'gpuhub-lease', `Lease ${lease.id} since ${since.toLocaleString()}: ${lease.gpu_hours.toFixed(2)} GPU-hours so far.`)
       );
+      if (lease.booked) {
+        // Booked later for someone else: when, and how long this server has (the pool's own words).
+        node.appendChild(el('p', 'gpuhub-booked', lease.booked));
+      }
       for (const g of lease.gpus) {
         const row = el('div', 'gpuhub-gpu');
         row.dataset.uuid = g.uuid;
@@ -282,6 +286,7 @@ class Warnings {
   private toast = '';
   private drainedSeen = new Set<string>();
   private endedSeen = new Set<number>();
+  private bookedSeen = '';
   private stoppingShown = false;
 
   constructor(private model: Model) {
@@ -321,6 +326,12 @@ class Warnings {
       }
     } else if (this.toast) {
       this.dismiss();
+    }
+    const booked = s.lease?.booked;
+    if (booked && booked.split(',')[0] !== this.bookedSeen) {
+      // Said once per booking (its start), not again as the minutes left count down.
+      this.bookedSeen = booked.split(',')[0];
+      Notification.warning(booked, { autoClose: false });
     }
     for (const g of s.lease?.gpus ?? []) {
       if (g.drained && !this.drainedSeen.has(g.uuid)) {
