@@ -51,11 +51,22 @@ class SSHGateway(Configurable):
         (logged in or still logging in).  One more is closed at once.""",
     )
 
+    max_unauthenticated = Int(
+        50,
+        config=True,
+        help="""Most connections, from all addresses together, that have not logged in yet;
+        below `max_connections`, so connections that never log in cannot take the places of
+        those that did.  When it is reached, a new connection takes the place of the oldest
+        one still logging in from the address (IPv6: the /64) that holds the most, if that
+        address holds more than the newcomer's; otherwise the newcomer is closed.""",
+    )
+
     max_unauthenticated_per_source = Int(
         10,
         config=True,
-        help="""Most connections from one address that have not logged in yet.  Bounds what
-        one guesser holds while the gateway slows their attempts down.""",
+        help="""Most connections from one address that have not logged in yet (IPv6
+        addresses counted by their /64, which one host can fill with fresh addresses).
+        Bounds what one guesser holds while the gateway slows their attempts down.""",
     )
 
     max_connections_per_user = Int(
@@ -118,8 +129,9 @@ class SSHGateway(Configurable):
     free_failures = Int(
         3,
         config=True,
-        help="""Failed logins from one address, or for one account, before the gateway starts
-        slowing down further attempts from it (or for it).""",
+        help="""Failed logins from one address (IPv6: one /64), or for one account (by the
+        authenticator's normalised name, without a domain), before the gateway starts slowing
+        down further attempts from it (or for it): the attempt after the third failure waits.""",
     )
 
     failure_delay = Float(
@@ -182,7 +194,7 @@ class SSHGateway(Configurable):
             raise TraitError("SSHGateway.port must be between 1 and 65535")
         return proposal.value
 
-    @validate("max_connections", "max_unauthenticated_per_source", "max_connections_per_user",
+    @validate("max_connections", "max_unauthenticated", "max_unauthenticated_per_source", "max_connections_per_user",
               "max_channels_per_connection", "max_auth_attempts", "tracked_failures", "max_keys_per_user",
               "max_key_bytes", "min_rsa_bits")
     def _check_count(self, proposal):
@@ -204,6 +216,10 @@ class SSHGateway(Configurable):
         return proposal.value
 
     def values(self) -> dict:
+        if self.max_unauthenticated >= self.max_connections:
+            raise TraitError(f"SSHGateway.max_unauthenticated ({self.max_unauthenticated}) must be below "
+                             f"SSHGateway.max_connections ({self.max_connections}): connections that have "
+                             "not logged in would otherwise fill every place")
         return {name: getattr(self, name) for name in self.trait_names(config=True)}
 
 
