@@ -32,6 +32,8 @@ class DirectorySettings:
     tls_server_name: str = ""
     bind_dn: str = ""
     bind_password: str = field(default="", repr=False)
+    # The file it was read from (GPUHUB_DIRECTORY_BIND_PASSWORD_FILE), absolute; "" when given inline.
+    bind_password_file: str = ""
     user_base: str = ""
     group_base: str = ""
     allowed_groups: tuple[str, ...] = ()
@@ -211,6 +213,8 @@ def load_directory_settings(env: Mapping[str, str]) -> DirectorySettings | None:
         tls_server_name=env.get("GPUHUB_DIRECTORY_TLS_SERVER_NAME", "").strip(),
         bind_dn=bind_dn,
         bind_password=bind_password,
+        bind_password_file=str(Path(path).resolve()) if (path := env.get(
+            "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE", "").strip()) else "",
         user_base=user_base,
         group_base=env.get("GPUHUB_DIRECTORY_GROUP_BASE", "").strip() or user_base,
         allowed_groups=allowed,

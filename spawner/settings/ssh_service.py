@@ -10,7 +10,7 @@ import sys
 from ..hub_service import without_named, write_when_config_loaded
 from ..ssh import SERVICE_NAME
 from ..ssh.hub_client import SERVICE_SCOPES
-from ..ssh.settings import FILE_ENV_NAME, render_hand_over
+from ..ssh.settings import FILE_ENV_NAME, INLINE_SECRET_ENV, render_hand_over
 
 SERVICE_ROLE = "gpu-ssh-service"
 ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
@@ -27,8 +27,14 @@ def configure_ssh(c, settings) -> None:
     if settings.ssh_address:
         c.SSHGateway.address = settings.ssh_address
     # Written from the hub's final config (options set after hub_config count); it holds the
-    # authenticator's settings, the directory's lookup password among them: only the hub's user reads it.
-    write_when_config_loaded(hand_over, lambda hub: render_hand_over(hub, state_dir), private=True)
+    # authenticator's settings but never the directory's lookup password: the path of the file
+    # it came from (GPUHUB_DIRECTORY_BIND_PASSWORD_FILE), or the name of the service's variable
+    # that carries it (GPUHUB_DIRECTORY_BIND_PASSWORD given inline), in its place.
+    directory = settings.directory
+    environment = {FILE_ENV_NAME: str(hand_over)}
+    if directory is not None and directory.bind_password and not directory.bind_password_file:
+        environment[INLINE_SECRET_ENV] = directory.bind_password
+    write_when_config_loaded(hand_over, lambda hub: render_hand_over(hub, state_dir, directory), private=True)
     c.GPUDockerSpawner.ssh_state_dir = str(state_dir)
     services = section.services if "services" in section else []
     section.services = without_named(services, SERVICE_NAME) + [{
@@ -37,7 +43,7 @@ def configure_ssh(c, settings) -> None:
         "oauth_no_confirm": True,
         "url": f"http://127.0.0.1:{settings.ssh_page_port}",
         "command": [sys.executable, "-m", "spawner.ssh"],
-        "environment": {FILE_ENV_NAME: str(hand_over)},
+        "environment": environment,
     }]
     roles = section.load_roles if "load_roles" in section else []
     roles = without_named(roles, SERVICE_ROLE) + [{

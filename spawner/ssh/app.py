@@ -16,7 +16,7 @@ from .hub_client import HubClient
 from .key_store import KeyStore
 from .keys_api import make_app
 from .logins import Logins, load_authenticator
-from .settings import read_hand_over
+from .settings import read_hand_over, read_secrets
 
 log = logging.getLogger("gpu-ssh")
 
@@ -26,8 +26,10 @@ async def serve() -> None:
     s = handed["gateway"]
     hub = HubClient(timeout=s["hub_timeout"])
     store = KeyStore(handed["state_dir"], s["max_keys_per_user"], s["max_key_bytes"], s["min_rsa_bits"])
-    authenticator = load_authenticator(handed["authenticator_class"], handed["authenticator_config"])
-    gateway = Gateway(s, handed["state_dir"], Logins(authenticator, hub, store, s["hub_timeout"]), hub)
+    authenticator = load_authenticator(handed["authenticator_class"], handed["authenticator_config"],
+                                       read_secrets(handed.get("authenticator_secrets") or {}))
+    logins = Logins(authenticator, hub, store, s["hub_timeout"], handed.get("server_access"))
+    gateway = Gateway(s, handed["state_dir"], logins, hub)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

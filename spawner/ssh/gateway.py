@@ -24,7 +24,7 @@ from .bridge import DownstreamSession
 from .hub_client import HubClient, HubUnavailable
 from .logins import Logins
 from .server_keys import ServerKeys
-from .throttle import FailureThrottle
+from .throttle import FailureThrottle, source_key
 
 log = logging.getLogger("gpu-ssh")
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
@@ -84,6 +84,7 @@ class Connection(asyncssh.SSHServer):
         self.gateway = gateway
         self.conn: asyncssh.SSHServerConnection | None = None
         self.source = "?"
+        self.source_group = "?"  # the source as the limits and the throttle count it (an IPv6 /64)
         self.name: str | None = None  # the hub name, once logged in
         self.failures = 0
         self.channels: set = set()
@@ -104,6 +105,7 @@ class Connection(asyncssh.SSHServer):
         self.conn = conn
         peer = conn.get_extra_info("peername") or ("?", 0)
         self.source = str(peer[0])
+        self.source_group = source_key(self.source)
         if not self.gateway.admit(self):
             conn.close()
 
@@ -123,7 +125,7 @@ class Connection(asyncssh.SSHServer):
         conn = self.conn
         assert conn is not None  # set in connection_made, before any login
         throttle = self.gateway.throttle
-        keys = (f"source:{self.source}", f"account:{username.lower()[:128]}")
+        keys = (f"source:{self.source_group}", f"account:{self.gateway.account_key(username)}")
         if counts:
             delay = throttle.wait_for(*keys)
             if delay:
@@ -167,27 +169,33 @@ class Connection(asyncssh.SSHServer):
         self.channels.discard(channel)
         self.touch()
 
-    def _check_channel_limit(self) -> None:
+    def _reserve_channel(self, holder) -> None:
+        """Count `holder` as an open channel now, in asyncssh's synchronous open callback:
+        the channel itself is made on a later turn of the loop, and a burst of opens arrives
+        in one read, so a count taken when the channels are made would let the whole burst in."""
         limit = self.settings["max_channels_per_connection"]
         if len(self.channels) >= limit:
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_RESOURCE_SHORTAGE,
                 f"{len(self.channels)} channels are open on this connection, the most one may hold "
                 f"(SSHGateway.max_channels_per_connection = {limit})")
+        self.channel_opened(holder)
 
     def session_requested(self):
-        self._check_channel_limit()
-        return DownstreamSession(self)
+        session = DownstreamSession(self)
+        self._reserve_channel(session)  # released by the session's connection_lost
+        return session
 
     def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
         if dest_host.lower() not in LOOPBACK:
             raise asyncssh.ChannelOpenError(
                 asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
                 f"Only ports of your own server can be forwarded (localhost:PORT), not {dest_host}")
-        self._check_channel_limit()
-        return self._forward(dest_host, dest_port)
+        slot = object()  # the forward's place until its forwarder holds it
+        self._reserve_channel(slot)
+        return self._forward(dest_host, dest_port, slot)
 
-    async def _forward(self, dest_host: str, dest_port: int):
+    async def _forward(self, dest_host: str, dest_port: int, slot: object):
         try:
             upstream = await self.upstream(None)
             _, peer = await upstream.create_connection(cast(Any, SSHForwarder), dest_host, dest_port)
@@ -196,6 +204,8 @@ class Connection(asyncssh.SSHServer):
         except Exception as exc:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED,
                                             getattr(exc, "user_message", "Your server is not reachable")) from None
+        finally:
+            self.channels.discard(slot)
         return CountedForwarder(peer, self)
 
     def server_requested(self, listen_host, listen_port):
@@ -291,18 +301,53 @@ class Gateway:
             await self._server.wait_closed()
 
     # -- bookkeeping
+    def account_key(self, username: str) -> str:
+        """The account a login attempt counts against: the name as the hub's authenticator
+        normalises it (" Alice", "alice " and "ALICE" are one account), without a domain
+        (alice@example.com, Active Directory's UPN form, is the account alice too)."""
+        name = username.strip()
+        try:
+            name = self.logins.authenticator.normalize_username(name)
+        except Exception:  # an authenticator's own rule that refuses the name: counted as given
+            pass
+        return name.lower().partition("@")[0].strip()[:128]
+
+    def _displaceable(self, newcomer: Connection) -> Connection | None:
+        """The connection still logging in that makes room for `newcomer` when the budget of
+        connections not logged in is spent: the oldest one of the source that holds the most,
+        if that source holds more than the newcomer's.  A few addresses holding idle
+        connections then cannot keep people from other addresses out."""
+        waiting = [c for c in self.connections if c.name is None or c not in self.by_user.get(c.name, ())]
+        if not waiting:
+            return None
+        most = max(self.unauthenticated[c.source_group] for c in waiting)
+        if most <= self.unauthenticated[newcomer.source_group]:
+            return None
+        return min((c for c in waiting if self.unauthenticated[c.source_group] == most), key=lambda c: c.opened)
+
     def admit(self, c: Connection) -> bool:
         s = self.settings
-        if len(self.connections) >= s["max_connections"]:
-            log.warning("Connection from %s closed: %d connections open (SSHGateway.max_connections)",
-                        c.source, len(self.connections))
+        if self.unauthenticated[c.source_group] >= s["max_unauthenticated_per_source"]:
+            log.warning("Connection from %s closed: %d connections from its network are still logging in "
+                        "(SSHGateway.max_unauthenticated_per_source)", c.source,
+                        self.unauthenticated[c.source_group])
             return False
-        if self.unauthenticated[c.source] >= s["max_unauthenticated_per_source"]:
-            log.warning("Connection from %s closed: %d of its connections are still logging in "
-                        "(SSHGateway.max_unauthenticated_per_source)", c.source, self.unauthenticated[c.source])
-            return False
+        waiting = sum(self.unauthenticated.values())
+        if waiting >= s["max_unauthenticated"] or len(self.connections) >= s["max_connections"]:
+            victim = self._displaceable(c) if waiting else None
+            if victim is None:
+                limit = ("max_unauthenticated" if waiting >= s["max_unauthenticated"] else "max_connections")
+                log.warning("Connection from %s closed: %d connections open, %d of them logging in "
+                            "(SSHGateway.%s)", c.source, len(self.connections), waiting, limit)
+                return False
+            log.warning("Connection from %s (still logging in) closed to make room for one from %s "
+                        "(SSHGateway.max_unauthenticated)", victim.source, c.source)
+            self.forget(victim)
+            if victim.conn is not None:
+                victim.conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS,
+                                       "Too many connections are logging in; connect again")
         self.connections.add(c)
-        self.unauthenticated[c.source] += 1
+        self.unauthenticated[c.source_group] += 1
         return True
 
     def user_limit_refusal(self, name: str) -> str | None:
@@ -319,10 +364,10 @@ class Gateway:
         self.by_user.setdefault(c.name, set()).add(c)
 
     def _unauth_done(self, c: Connection) -> None:
-        if c.source in self.unauthenticated:
-            self.unauthenticated[c.source] -= 1
-            if self.unauthenticated[c.source] <= 0:
-                del self.unauthenticated[c.source]
+        if c.source_group in self.unauthenticated:
+            self.unauthenticated[c.source_group] -= 1
+            if self.unauthenticated[c.source_group] <= 0:
+                del self.unauthenticated[c.source_group]
 
     def forget(self, c: Connection) -> None:
         if c not in self.connections:

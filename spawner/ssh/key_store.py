@@ -3,7 +3,9 @@
 Only the gpu-ssh service writes them (one process; writes are atomic renames).  A key is
 checked when registered: one OpenSSH public key line, a known type, RSA of at least
 `min_rsa_bits`, at most `max_key_bytes` long, not already registered by anyone (a key
-names one person).
+names one person).  A key registered already is refused with the same 409 whoever holds it:
+a public key is public, and the answer must not tell a stranger whether, or by whom, it is
+used here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import asyncssh
 ALLOWED_ALGORITHMS = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
                       "ssh-rsa", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
 MAX_COMMENT = 200
+MSG_KEY_TAKEN = ("This key is registered already (your keys are listed on this page); to use it for "
+                 "another account, make a key of its own (ssh-keygen -t ed25519)")
 
 
 class KeyRefused(ValueError):
@@ -115,11 +119,8 @@ class KeyStore:
         key, algorithm, comment = parse_key(line, self.max_bytes, self.min_rsa_bits)
         fingerprint = key.get_fingerprint("sha256")
         keys = self.keys(user)
-        if any(k.fingerprint == fingerprint for k in keys):
-            raise KeyRefused(f"You registered this key already ({fingerprint})", 409)
-        if self._owner_of(fingerprint) is not None:
-            raise KeyRefused("This key is registered by someone else: make a key of your own "
-                             "(ssh-keygen -t ed25519)", 409)
+        if any(k.fingerprint == fingerprint for k in keys) or self._owner_of(fingerprint) is not None:
+            raise KeyRefused(MSG_KEY_TAKEN, 409)
         if len(keys) >= self.max_keys:
             raise KeyRefused(f"You have {len(keys)} keys registered, the most one person may have "
                              f"(SSHGateway.max_keys_per_user = {self.max_keys}); remove one first", 409)

@@ -15,6 +15,12 @@ from traitlets import Float, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 FILE_ENV_NAME = "GPUHUB_SSH_SETTINGS_FILE"
+# The service's variable carrying the directory's lookup password when the hub got it inline
+# (GPUHUB_DIRECTORY_BIND_PASSWORD): the process's environment, never a file.
+INLINE_SECRET_ENV = "GPUHUB_SSH_DIRECTORY_BIND_PASSWORD"
+# The authenticator's options that hold a secret: never written into the hand-over file.
+SECRET_OPTIONS = ("lookup_dn_search_password",)
+SECRET_FILE_NAME = "directory-bind-password"
 
 
 class SSHGateway(Configurable):
@@ -51,11 +57,22 @@ class SSHGateway(Configurable):
         (logged in or still logging in).  One more is closed at once.""",
     )
 
+    max_unauthenticated = Int(
+        50,
+        config=True,
+        help="""Most connections, from all addresses together, that have not logged in yet;
+        below `max_connections`, so connections that never log in cannot take the places of
+        those that did.  When it is reached, a new connection takes the place of the oldest
+        one still logging in from the address (IPv6: the /64) that holds the most, if that
+        address holds more than the newcomer's; otherwise the newcomer is closed.""",
+    )
+
     max_unauthenticated_per_source = Int(
         10,
         config=True,
-        help="""Most connections from one address that have not logged in yet.  Bounds what
-        one guesser holds while the gateway slows their attempts down.""",
+        help="""Most connections from one address that have not logged in yet (IPv6
+        addresses counted by their /64, which one host can fill with fresh addresses).
+        Bounds what one guesser holds while the gateway slows their attempts down.""",
     )
 
     max_connections_per_user = Int(
@@ -118,8 +135,9 @@ class SSHGateway(Configurable):
     free_failures = Int(
         3,
         config=True,
-        help="""Failed logins from one address, or for one account, before the gateway starts
-        slowing down further attempts from it (or for it).""",
+        help="""Failed logins from one address (IPv6: one /64), or for one account (by the
+        authenticator's normalised name, without a domain), before the gateway starts slowing
+        down further attempts from it (or for it): the attempt after the third failure waits.""",
     )
 
     failure_delay = Float(
@@ -182,7 +200,7 @@ class SSHGateway(Configurable):
             raise TraitError("SSHGateway.port must be between 1 and 65535")
         return proposal.value
 
-    @validate("max_connections", "max_unauthenticated_per_source", "max_connections_per_user",
+    @validate("max_connections", "max_unauthenticated", "max_unauthenticated_per_source", "max_connections_per_user",
               "max_channels_per_connection", "max_auth_attempts", "tracked_failures", "max_keys_per_user",
               "max_key_bytes", "min_rsa_bits")
     def _check_count(self, proposal):
@@ -204,6 +222,10 @@ class SSHGateway(Configurable):
         return proposal.value
 
     def values(self) -> dict:
+        if self.max_unauthenticated >= self.max_connections:
+            raise TraitError(f"SSHGateway.max_unauthenticated ({self.max_unauthenticated}) must be below "
+                             f"SSHGateway.max_connections ({self.max_connections}): connections that have "
+                             "not logged in would otherwise fill every place")
         return {name: getattr(self, name) for name in self.trait_names(config=True)}
 
 
@@ -232,18 +254,69 @@ def authenticator_sections(hub) -> dict:
     return out
 
 
-def render_hand_over(hub, state_dir: Path) -> str:
-    """The file the service reads: the gateway's settings, the authenticator's class and settings."""
+def _secret_sources(hub, sections: dict, state_dir: Path, directory) -> dict:
+    """Take the secret options out of `sections`; {"Section.option": {"file": path} or
+    {"env": name}}: where the service reads each instead.  The directory's lookup password
+    given as GPUHUB_DIRECTORY_BIND_PASSWORD_FILE: that file; given inline: the service's own
+    variable (INLINE_SECRET_ENV); set in a config file: a file of its own next to the hand-over,
+    readable by the hub's user only (the hub's log says to use the _FILE setting instead)."""
+    sources: dict = {}
+    for section, options in sections.items():
+        for option in SECRET_OPTIONS:
+            value = options.pop(option, None)
+            if not value:
+                continue
+            key = f"{section}.{option}"
+            if directory is not None and value == directory.bind_password and directory.bind_password_file:
+                sources[key] = {"file": directory.bind_password_file}
+            elif directory is not None and value == directory.bind_password:
+                sources[key] = {"env": INLINE_SECRET_ENV}
+            else:
+                path = state_dir / f"{SECRET_FILE_NAME}.{section}"
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(str(value))
+                os.chmod(path, 0o600)
+                hub.log.warning("%s is set in a config file: the SSH gateway reads it from %s. Give it as "
+                                "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE instead to keep it out of the hub's data.",
+                                key, path)
+                sources[key] = {"file": str(path)}
+    return sources
+
+
+def render_hand_over(hub, state_dir: Path, directory=None) -> str:
+    """The file the service reads: the gateway's settings, the authenticator's class and
+    settings (its secrets only as where to read them: _secret_sources), the hub's roles as
+    far as they reach servers (server_access.rules_from_roles)."""
+    from .server_access import rules_from_roles
+
     cls = hub.authenticator_class  # the class only: the hub makes its instance later
     gateway = SSHGateway(config=hub.config).values()
     if not gateway["host_key_dir"]:
         gateway["host_key_dir"] = str(state_dir / "host_keys")
+    sections = authenticator_sections(hub)
+    secrets = _secret_sources(hub, sections, state_dir, directory)
     return json.dumps({
         "gateway": gateway,
         "state_dir": str(state_dir),
         "authenticator_class": f"{cls.__module__}.{cls.__qualname__}",
-        "authenticator_config": authenticator_sections(hub),
+        "authenticator_config": sections,
+        "authenticator_secrets": secrets,
+        "server_access": rules_from_roles(hub.load_roles),
     }, default=_jsonable)
+
+
+def read_secrets(sources: dict, environ=os.environ) -> dict:
+    """{section: {option: value}} of the secrets `sources` (_secret_sources) names, read now."""
+    out: dict = {}
+    for key, source in sources.items():
+        section, _, option = key.rpartition(".")
+        if "file" in source:
+            value = Path(source["file"]).read_text().removesuffix("\n").removesuffix("\r")
+        else:
+            value = environ.get(source["env"], "")
+        out.setdefault(section, {})[option] = value
+    return out
 
 
 def read_hand_over(environ=os.environ) -> dict:

@@ -7,6 +7,7 @@ real dockerd, the real idle culler.  `ssh`, `scp`, `sftp` and `ssh -L` are OpenS
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import statistics
 from datetime import datetime
@@ -236,3 +237,81 @@ def test_ssh_waits_in_the_gpu_queue_saying_so_and_limits_connections_per_user(ma
         held.wait(30)
     r = client.ssh("alice", "echo ok", password=DUMMY_PASSWORD)
     assert r.stdout.strip() == "ok", r.stderr
+
+
+# Given after a restart: alice blocked, and the user role (everyone's) cut down to no server
+# access, so only an admin's role still reaches a server; 4 channels per connection.
+BANS_AND_ROLES = """
+c.SSHGateway.max_channels_per_connection = 4
+c.Authenticator.blocked_users = {"alice"}
+for role in c.JupyterHub.load_roles:
+    if role["name"] == "user":
+        role["scopes"] = [s for s in role["scopes"] if s != "self"] + ["read:users!user"]
+"""
+
+
+def _register_key(hub, keys_api: str, name: str, tmp_path):
+    key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{name}@laptop")
+    key_file = tmp_path / f"id_{name}"
+    key.write_private_key(str(key_file))
+    key_file.chmod(0o600)
+    r = requests.post(keys_api, json={"key": key.export_public_key().decode()},
+                      headers={"Authorization": f"token {hub.user_token(name)}"}, timeout=30)
+    assert r.status_code == 201, r.text
+    return key_file
+
+
+def test_ssh_honours_bans_and_roles_for_keys_registered_before_and_keeps_the_bind_password_out_of_its_file(
+        make_hub, openldap, docker_client, tmp_path):
+    directory = openldap
+    password_file = tmp_path / "bind-password"
+    password_file.write_text(directory.bind_password + "\n")
+    password_file.chmod(0o600)
+    hub, port = ssh_hub(make_hub, "", JUPYTERHUB_CRYPT_KEY=secrets.token_hex(32),
+                        **directory.settings_env(password_file=str(password_file)))
+    # The hand-over names the password's file; the password is not in it.
+    hand_over = (hub.directory / "ssh" / "gateway.json").read_text()
+    assert directory.bind_password not in hand_over and str(password_file) in hand_over
+    users = {n: directory.users[n] for n in ("alice", "bob", "carol")}
+    for user in users.values():
+        assert form_login(hub, user.name, user.password).status_code == 302
+    keys_api = f"{hub.url}/services/gpu-ssh/api/keys"
+    key_files = {name: _register_key(hub, keys_api, name, tmp_path) for name in users}
+    client = SSHClient(port, tmp_path / "ssh")
+    # The keys work (the gateway read the lookup password from its file for the directory check).
+    r = client.ssh("alice", "whoami", key=key_files["alice"])
+    assert (r.returncode, r.stdout.strip()) == (0, "alice"), r.stderr + hub.log_tail(60)
+    hub.stop_server("alice")
+
+    hub.stop()
+    with open(hub.config_file, "a") as config:
+        config.write(BANS_AND_ROLES)
+    hub.start()
+    wait_for_gateway(port, hub)
+
+    # Alice's key, registered before the ban: refused, and nothing started for her.
+    r = client.ssh("alice", "echo ran", key=key_files["alice"])
+    assert r.returncode == 255 and "ran" not in r.stdout, r
+    assert "may not log in" in r.stderr, r.stderr
+    # Bob's roles no longer reach his server: his key and his password are refused, saying so.
+    for credentials in ({"key": key_files["bob"]}, {"password": users["bob"].password}):
+        r = client.ssh("bob", "echo ran", **credentials)
+        assert r.returncode == 255 and "ran" not in r.stdout, (credentials, r)
+        assert "no access to its own server" in r.stderr, (credentials, r.stderr)
+    for name in ("alice", "bob"):
+        assert hub.server_model(name) is None
+        assert not [c for c in hub.containers(docker_client, all=True) if c.name.endswith(f"-{name}")]
+    # Carol, an admin (her role reaches every server), still gets in.
+    r = client.ssh("carol", "whoami", key=key_files["carol"])
+    assert (r.returncode, r.stdout.strip()) == (0, "carol"), r.stderr + hub.log_tail(60)
+
+    # A burst of 8 channel opens on one connection (asyncssh as the client): 4 run, 4 are refused.
+    async def burst():
+        async with asyncssh.connect("127.0.0.1", port, username="carol", client_keys=[str(key_files["carol"])],
+                                    known_hosts=None, agent_path=None, config=[]) as conn:
+            return await asyncio.gather(*(conn.run("sleep 1; echo ok") for _ in range(8)), return_exceptions=True)
+    results = asyncio.run(burst())
+    refused = [r for r in results if isinstance(r, asyncssh.ChannelOpenError)]
+    ran = [r for r in results if not isinstance(r, BaseException) and r.stdout.strip() == "ok"]
+    assert (len(ran), len(refused)) == (4, 4), results
+    assert all("max_channels_per_connection = 4" in r.reason for r in refused)

@@ -61,9 +61,9 @@ def test_key_store_bounds_and_refusals(tmp_path):
     store = KeyStore(tmp_path, max_keys=2, max_bytes=4096, min_rsa_bits=2048)
     first = store.add("alice", _pub())
     assert first.comment == "me@laptop" and first.fingerprint.startswith("SHA256:")
-    with pytest.raises(KeyRefused, match="already"):
+    with pytest.raises(KeyRefused, match="registered already"):
         store.add("alice", store.keys("alice")[0].line)
-    with pytest.raises(KeyRefused, match="someone else"):
+    with pytest.raises(KeyRefused, match="registered already"):
         store.add("bob", store.keys("alice")[0].line)
     store.add("alice", _pub())
     with pytest.raises(KeyRefused, match="max_keys_per_user = 2"):
@@ -81,6 +81,21 @@ def test_key_store_bounds_and_refusals(tmp_path):
     assert store.accepts("alice", key) and not store.accepts("bob", key)
     assert store.remove("alice", first.fingerprint) and not store.accepts("alice", key)
     assert stat.S_IMODE((tmp_path / "keys" / "alice.json").stat().st_mode) == 0o600
+
+
+def test_a_key_registered_already_answers_the_same_409_whoever_holds_it(tmp_path):
+    # A public key is public: the answer must not tell bob that (or whether) alice uses it.
+    store = KeyStore(tmp_path, max_keys=5, max_bytes=4096, min_rsa_bits=2048)
+    line = store.add("alice", _pub()).line
+    answers = []
+    for who in ("alice", "bob"):
+        with pytest.raises(KeyRefused) as refused:
+            store.add(who, line)
+        answers.append((refused.value.status, str(refused.value)))
+    assert answers[0] == answers[1]
+    status, message = answers[1]
+    assert status == 409 and "alice" not in message and "someone else" not in message
+    assert store.keys("bob") == []
 
 
 def test_server_keys_are_made_once_private_and_handed_over(tmp_path):
@@ -150,3 +165,18 @@ def test_gateway_limits_refuse_nonsense():
     with pytest.raises(Exception, match="port"):
         SSHGateway(port=70000)
     assert json.dumps(SSHGateway().values())
+
+
+def test_asyncssh_is_pinned_past_the_terrapin_fix():
+    # 2.14.2 brought strict key exchange (CVE-2023-48795, "Terrapin"); older ones accept a
+    # prefix-truncation of the handshake.
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    (pin,) = [Requirement(r) for r in pyproject["project"]["dependencies"] if r.startswith("asyncssh")]
+    assert not pin.specifier.contains(Version("2.14.1")) and pin.specifier.contains(Version("2.14.2"))
+    assert Version(asyncssh.__version__) in pin.specifier
