@@ -112,10 +112,20 @@ def groups_of(groups: Any) -> tuple[str, ...]:
     return tuple(sorted({name(g, "A group name") for g in items}))
 
 
+# The largest id a row of the ledger can have (both databases' 64-bit integer keys).
+MAX_ID = 2**63 - 1
+
+
 def lease_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"A lease id is a whole number, not {value!r}")
     return value
+
+
+def storable_id(value: int) -> bool:
+    """Whether a row can have this id: one past 64 bits names nothing (and SQLite's driver
+    raises OverflowError on it rather than finding nothing)."""
+    return 0 <= value <= MAX_ID
 
 
 def reason(value: EndReason | str) -> str:

@@ -29,7 +29,7 @@ from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
 from ...pool.jobs import QUEUED, STARTING, Job
 from .. import ADMIN_SCOPE
-from .base import APIHandler, BaseHandler, log
+from .base import APIHandler, BaseHandler, log, path_id
 from ..limits import PoolServiceLimits
 from .log_streams import Followers, LogFollow, MergedFollow, TooMany
 
@@ -69,7 +69,7 @@ class JobsMixin:
 
     async def owned_job(self, job_id: str) -> tuple[Job, str, bool]:
         name, admin = self.job_user()
-        job = await self.call(self.runner.ledger.get, int(job_id))
+        job = await self.call(self.runner.ledger.get, path_id(job_id, f"No job {job_id[:40]} of yours"))
         # Someone else's job is "not found", not "forbidden": ids reveal nothing.
         if job is None or (job.user != name and not admin):
             raise web.HTTPError(404, f"No job {job_id} of yours")
