@@ -189,3 +189,56 @@ def test_a_no_show_is_left_out_of_the_list_before_any_write_releases_it(tmp_path
         assert pool.try_acquire("gina", "", 2) is not None  # and the grant releases it
     finally:
         pool.close()
+
+
+EDGES = ["0001-01-01T00:00+01:00",  # before year 1 in UTC
+         "9999-12-31T23:59-01:00",  # after 9999 in UTC
+         "0001-01-01", "9999-12-31T23:59:59Z"]  # inside the calendar, but a period from them is not
+
+
+def test_times_at_the_calendars_edge_are_a_400_with_a_message(tmp_path, errors):
+    pool = make_pool(tmp_path)
+    bob = {"X-User": "bob"}
+    try:
+        with serving(pool, hub=Hub()) as url:
+            for edge in EDGES:
+                for path in (f"api/usage?since={edge}", f"api/usage?until={edge}", f"api/usage.csv?since={edge}",
+                             f"api/occupancy?since={edge}", f"api/occupancy?until={edge}",
+                             f"api/occupancy.csv?until={edge}"):
+                    r = requests.get(url + path.replace("+", "%2B"), headers=bob, timeout=30)
+                    assert r.status_code == 400, (path, r.status_code, r.text[:300])
+                    assert "outside the times the pool answers for" in r.json()["message"], (path, r.text)
+                r = requests.post(url + "api/bookings", headers=bob, timeout=30,
+                                  json={"count": 1, "starts_at": edge, "ends_at": edge})
+                assert r.status_code == 400 and "outside the times" in r.json()["message"], (edge, r.text)
+                page = requests.get(url + f"?since={edge.replace('+', '%2B')}", headers=bob, timeout=30)
+                assert page.status_code == 400 and "outside the times" in page.text, (edge, page.status_code)
+            # Inside the range, as before: a period from 1900 is everything the ledger holds.
+            r = requests.get(url + "api/usage?since=1900-01-01&until=8999-12-31T23:00%2B05:00", headers=bob,
+                             timeout=30)
+            assert r.status_code == 200, r.text
+        assert errors() == []
+    finally:
+        pool.close()
+
+
+def test_api_occupancy_covers_a_bounded_period(tmp_path, errors):
+    from spawner.poolpage.limits import PoolServiceLimits
+
+    pool = make_pool(tmp_path)
+    bob = {"X-User": "bob"}
+    try:
+        with serving(pool, hub=Hub(), limits=PoolServiceLimits(occupancy_max_days=30)) as url:
+            for query in ("since=1900-01-01", "since=2026-01-01&until=2026-03-01"):
+                r = requests.get(f"{url}api/occupancy?{query}", headers=bob, timeout=30)
+                assert r.status_code == 400, (query, r.text)
+                assert r.json()["message"] == ("api/occupancy covers at most 30 days from since to until "
+                                               "(PoolServiceLimits.occupancy_max_days); ask for a shorter period")
+            r = requests.get(f"{url}api/occupancy?since=2026-01-01&until=2026-01-31", headers=bob, timeout=30)
+            assert r.status_code == 200, r.text
+            assert requests.get(f"{url}api/occupancy?period=30d", headers=bob, timeout=30).status_code == 200
+        # The default: a year and a day.
+        assert PoolServiceLimits().occupancy_max_days == 366
+        assert errors() == []
+    finally:
+        pool.close()
