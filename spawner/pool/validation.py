@@ -166,10 +166,10 @@ def iso_time(text: str) -> datetime:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     try:
-        value = value.astimezone(UTC)  # an offset at the calendar's edge leaves it here
+        utc = value.astimezone(UTC)  # an offset at the calendar's edge leaves it here
     except OverflowError:
         raise TimeOutOfRange(text) from None
-    if not FIRST_TIME <= value < LAST_TIME:
+    if not FIRST_TIME <= utc < LAST_TIME:
         raise TimeOutOfRange(text)
     return value
 

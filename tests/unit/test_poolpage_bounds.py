@@ -242,3 +242,38 @@ def test_api_occupancy_covers_a_bounded_period(tmp_path, errors):
         assert errors() == []
     finally:
         pool.close()
+
+
+def test_api_wait_asks_the_hub_only_for_the_servers_its_answer_needs(tmp_path, monkeypatch):
+    """A hub with 500 other active users: api/wait never lists them.  With nobody waiting it
+    reads the caller's own servers (their cull deadlines); with a queue, also the servers of
+    the users holding GPUs (the estimate's idle deadlines); each user's answer is kept a few
+    seconds, so callers in a burst share it."""
+    from datetime import UTC, datetime
+
+    from spawner.poolpage.handlers import wait
+    from spawner.poolpage.hubapi import Server
+
+    monkeypatch.setattr(wait, "HUB_READ_MAX_AGE", 60.0)  # however slow this machine is today
+    pool = make_pool(tmp_path)
+    now = datetime.now(UTC)
+    ann = pool.try_acquire("ann", "", 1)
+    bob = pool.try_acquire("bob", "", 1)
+    crowd = [Server(f"user{i}", "", ready=True, last_activity=now, started=now) for i in range(500)]
+    held = [Server(u, "", lease_id=lease.id, host=HOST, gpu_uuids=lease.gpu_uuids, ready=True, last_activity=now,
+                   started=now) for u, lease in (("ann", ann), ("bob", bob))]
+    hub = Hub(crowd + held)
+    try:
+        with serving(pool, hub=hub) as url:
+            r = requests.get(url + "api/wait", headers={"X-User": "ann"}, timeout=30)
+            assert r.status_code == 200, r.text
+            assert hub.listed == 0 and hub.asked == ["ann"]
+            # cy waits: the estimate needs the holders' servers, and only theirs.
+            waiting = pool._write(pool._attempt, pool._make_request("cy", "", 1, [], None), None, True)
+            assert waiting.waiter_id is not None
+            got = [requests.get(url + "api/wait", headers={"X-User": u}, timeout=30) for u in ("cy", "dee", "cy")]
+            assert all(g.status_code == 200 for g in got) and got[0].json()["queue"][0]["yours"]
+            assert hub.listed == 0
+            assert sorted(hub.asked) == ["ann", "bob", "cy", "dee"]  # each once: kept for the next callers
+    finally:
+        pool.close()
