@@ -277,3 +277,24 @@ def test_api_wait_asks_the_hub_only_for_the_servers_its_answer_needs(tmp_path, m
             assert sorted(hub.asked) == ["ann", "bob", "cy", "dee"]  # each once: kept for the next callers
     finally:
         pool.close()
+
+
+def test_numbers_too_long_for_a_number_in_a_jobs_query_or_form_are_a_400(tmp_path, errors):
+    from spawner.jobs.request import BadJob
+    from spawner.poolpage.handlers.jobs import form_body
+
+    with pytest.raises(BadJob, match="'timeout' must be a whole number"):
+        form_body(lambda key: {"command": "python x.py", "timeout": "9" * 5000}.get(key))
+    pool = make_pool(tmp_path)
+    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=HOST))
+    cluster = runner.ledger.create("pat", [], "tf-gpu-1", ["true"], "", 60, HOST, 1000, 100, workers=2)
+    try:
+        with serving(pool, jobs=runner) as url:
+            for worker in ("9" * 5000, "9" * 25, "2"):
+                r = requests.get(f"{url}api/jobs/{cluster.id}/logs?worker={worker}", headers={"X-User": "pat"},
+                                 timeout=30)
+                assert r.status_code == 400, (worker[:30], r.status_code, r.text[:200])
+                assert f"'worker' must be a worker of job {cluster.id}: 0 to 1" in r.json()["message"]
+        assert errors() == []
+    finally:
+        pool.close()

@@ -142,7 +142,7 @@ def form_body(get) -> dict:
     for key in ("workers", "timeout"):
         raw = (get(key) or "").strip()
         if raw:
-            if not raw.isdigit():
+            if not raw.isdigit() or len(raw) > 18:  # (more digits than any limit: never one for int())
                 raise BadJob(f"'{key}' must be a whole number, not {raw[:20]!r}")
             body[key] = int(raw)
     return body
@@ -236,7 +236,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
             return None
         if not job.is_cluster:
             raise web.HTTPError(400, f"Job {job.id} is not a cluster; it has no workers to choose from")
-        if not raw.isdigit() or not int(raw) < job.workers:
+        if not raw.isdigit() or len(raw) > len(str(job.workers)) or not int(raw) < job.workers:
             raise web.HTTPError(400, f"'worker' must be a worker of job {job.id}: 0 to {job.workers - 1}")
         return int(raw)
 
