@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from typing import Iterable
 
 from traitlets import Int, TraitError, Unicode, validate
@@ -177,3 +178,16 @@ def runtime_env(cpu_limit, gpu_uuids: Iterable[str]) -> dict[str, str]:
     else:
         env["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utility"
     return env
+
+
+def job_unit_name(prefix: str, job_id: int) -> str:
+    """A batch job's container (service) name; a cluster's workers add `-w<index>`."""
+    return f"{prefix}-job-{job_id}"
+
+
+def is_job_unit_name(name: str, prefix: str) -> bool:
+    """Whether `name` is one a job's unit takes (container_name, a cluster's worker_name), under
+    the hub's container `prefix`: no server may have it (a user name written into a server's
+    name by DockerSpawner's escape can spell one: 'job-5' as it is under escape = 'legacy',
+    'job%' as 'job-25' under the default)."""
+    return re.fullmatch(rf"{re.escape(prefix)}-job-[0-9]+(?:-w[0-9]+)?", name) is not None

@@ -36,7 +36,7 @@ from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
 from ..pool import ENV_DB_URL, ENV_DB_URL_FILE, EndReason, ledger_env, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
-from ..pool.validation import iso_time
+from ..pool.validation import FIRST_TIME, LAST_TIME, TimeOutOfRange, iso_time
 
 
 
@@ -290,6 +290,9 @@ def _parse_time(value: str | None, what: str) -> datetime | None:
         return None
     try:
         return iso_time(value)
+    except TimeOutOfRange:
+        raise CLIError(f"--{what} {value!r} is outside the times the pool answers for ({FIRST_TIME:%Y-%m-%d} to "
+                       f"{LAST_TIME:%Y-%m-%d} UTC)") from None
     except ValueError:
         raise CLIError(f"--{what} {value!r} is not an ISO date or datetime (like 2024-05-01 or 2024-05-01T08:00)") \
             from None

@@ -9,7 +9,7 @@ network unless its profile allows the hub's.  The engines add the lock-down
 
 from __future__ import annotations
 
-from ..containers import config_digest, lease_labels, runtime_env
+from ..containers import config_digest, job_unit_name, lease_labels, runtime_env
 from ..labels import LABEL_JOB
 from ..pool.jobs import Job, job_server_name
 from ..profiles import Profile
@@ -23,7 +23,7 @@ WORKDIR_WRAPPER = ('cd -- "$0" 2>/dev/null || { echo "gpu-job: there is no direc
 
 
 def container_name(settings: JobSettings, job_id: int) -> str:
-    return f"{settings.prefix}-job-{job_id}"
+    return job_unit_name(settings.prefix, job_id)
 
 
 def workdir_path(settings: JobSettings, workdir: str) -> str:

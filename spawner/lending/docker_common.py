@@ -23,7 +23,7 @@ from dockerspawner import DockerSpawner
 from tornado import web
 from traitlets import Float, Unicode, default
 
-from ..containers import ContainerLimits, config_digest
+from ..containers import ContainerLimits, config_digest, is_job_unit_name
 from ..inventory.machine import image_cuda_version
 from ..labels import LABEL_CUDA, LABEL_LEASE, LABEL_POOL, pool_identity
 from ..pool.models import PoolError
@@ -123,6 +123,18 @@ class GPUContainerSpawner(SSHAccess, GPULendingSpawner, DockerSpawner):
         if any("docker.sock" in v for v in configured):
             raise ValueError("GPUDockerSpawner.volumes must not mount the Docker socket")
 
+    def check_object_name(self) -> None:
+        """Refuse a server whose container (service) name is a batch job's: DockerSpawner would
+        remove a leftover unit of its name at start and stop it at stop, another user's job."""
+        name = self._object_name_default()  # the name start() gives it
+        if is_job_unit_name(name, self.prefix):
+            raise web.HTTPError(
+                409,
+                f"Your server's container would be named {name}, the name of a batch job's container "
+                f"on this hub (DockerSpawner.escape writes your user name into it); ask an administrator "
+                f"to set DockerSpawner.name_template so that servers are never named {self.prefix}-job-<id>",
+            )
+
     async def check_allowed(self, image):
         # DockerSpawner would let user_options["image"] pick an image; here the
         # profile alone decides (validation already rejects the key).
@@ -163,7 +175,11 @@ class GPUContainerSpawner(SSHAccess, GPULendingSpawner, DockerSpawner):
         """The container (a service, on Swarm), or None only when Docker says it does not exist (404).
 
         DockerSpawner reads an inspect that answers 500 as "gone"; then poll
-        says a running server died and its GPUs are lent again."""
+        says a running server died and its GPUs are lent again.  A name that is a batch job's
+        (check_object_name) has no server's container: its stop and poll never reach the job's."""
+        if is_job_unit_name(self.object_name, self.prefix):
+            self.object_id = ""
+            return None
         try:
             obj = await self.docker(f"inspect_{self.object_type}", self.object_name)
         except docker.errors.NotFound:

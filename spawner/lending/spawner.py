@@ -478,6 +478,7 @@ class GPULendingSpawner(Spawner):
         self._progress_events = []
         self._end_reason = None
         self.container_identity()  # refuses a root identity before any lease
+        self.check_object_name()  # ...and a server named like another's unit
         admission.admit(id(self), self.concurrent_start_limit)  # or 429
         try:
             self._emit(5, f"Starting {profile.display_name}")
@@ -512,6 +513,10 @@ class GPULendingSpawner(Spawner):
     def lease_hosts(self, profile: Profile) -> list[str] | None:
         """The hosts a lease for `profile` may come from; None: the pool's default (engines may narrow)."""
         return None
+
+    def check_object_name(self) -> None:
+        """Engines refuse, before any lease or engine call, a server whose unit would take the
+        name of another unit of the hub's (a batch job's container)."""
 
     async def check_image_fits(self, profile: Profile) -> None:
         """Engines refuse, before any lease, an image this host cannot run (CUDA too new)."""

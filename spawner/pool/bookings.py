@@ -52,6 +52,12 @@ class BookingRefused(PoolError):
     status_code = 400
 
 
+class UnknownBooking(PoolError):
+    """No live booking has this id (HTTP 404)."""
+
+    status_code = 404
+
+
 class NotYours(PoolError):
     """Booking for another user, or a group one is not in, without being an admin."""
 
@@ -372,7 +378,7 @@ def make(conn, now: datetime, *, user: str, group: str | None, count: int, start
 def cancel(conn, booking_id: int, by: str, admin: bool, now: datetime) -> Booking:
     r = conn.execute(select(_b).where(_b.c.id == booking_id)).first()
     if r is None or r.state != "booked":
-        raise InvalidRequest(f"No live booking {booking_id}")
+        raise UnknownBooking(f"No live booking {booking_id}")
     b = _row(r)
     if not admin and b.user != by:
         raise NotYours("Only its booker or an admin may cancel a booking")

@@ -30,10 +30,14 @@ from .store import as_utc
 USER_HOURS = (select(_h.c.hour, func.sum(_h.c.gpu_seconds))
               .where(_h.c.user_name == bindparam("user"), _h.c.hour >= bindparam("first"))
               .group_by(_h.c.hour).order_by(_h.c.hour))
-# A group's rows: the JSON list holds the name in quotes (names are checked, no quotes in them).
-GROUP_HOURS = (select(_h.c.hour, func.sum(_h.c.gpu_seconds))
-               .where(_h.c.groups.like(bindparam("pattern")), _h.c.hour >= bindparam("first"))
-               .group_by(_h.c.hour).order_by(_h.c.hour))
+# A group's rows, coarsely: those whose JSON list holds the name's JSON text (a LIKE with every
+# wildcard and the escape character escaped, so it matches literally on both databases; SQLite's
+# LIKE still ignores ASCII case), summed per hour and list.  group_hours() then keeps the rows
+# whose list names the group exactly.
+LIKE_ESCAPE = "!"
+GROUP_HOURS = (select(_h.c.hour, _h.c.groups, func.sum(_h.c.gpu_seconds))
+               .where(_h.c.groups.like(bindparam("pattern"), escape=LIKE_ESCAPE), _h.c.hour >= bindparam("first"))
+               .group_by(_h.c.hour, _h.c.groups).order_by(_h.c.hour))
 ACTIVE = (select(_l.c.id, _l.c.user_name, _l.c.groups, _l.c.started_at, func.count(_lg.c.uuid))
           .select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id))
           .where(_l.c.ended_at.is_(None))
@@ -91,6 +95,29 @@ def _hours_rows(store, conn, stmt, params) -> list[tuple[datetime, float]]:
     return [(as_utc(h), s) for h, s in store.rows(conn, stmt, params)]
 
 
+def like_pattern(group: str) -> str:
+    """A LIKE pattern (ESCAPE LIKE_ESCAPE) matching the group's JSON text anywhere in a JSON list."""
+    literal = json.dumps(group)
+    for ch in (LIKE_ESCAPE, "%", "_"):
+        literal = literal.replace(ch, LIKE_ESCAPE + ch)
+    return f"%{literal}%"
+
+
+def group_hours(store, conn, group: str, first: datetime) -> list[tuple[datetime, float]]:
+    """The group's ended GPU-seconds per hour from `first`: the rows of leases whose groups hold
+    exactly `group` (the SQL's match is coarse; membership is decided here)."""
+    sums: dict[datetime, float] = {}
+    member: dict[str, bool] = {}
+    for hour, groups_json, seconds in store.rows(conn, GROUP_HOURS, {"pattern": like_pattern(group), "first": first}):
+        found = member.get(groups_json)
+        if found is None:
+            found = member[groups_json] = group in json.loads(groups_json)
+        if found:
+            at = as_utc(hour)
+            sums[at] = sums.get(at, 0.0) + seconds
+    return sorted(sums.items())
+
+
 def _standing(who: str, hour_rows: list[tuple[datetime, float]], active: list[tuple], since: datetime,
               now: datetime, limit: float, period_s: float) -> Standing:
     """From the period's ended hours and the active leases (started, GPUs)."""
@@ -135,7 +162,7 @@ def standings(store, conn, user: str, groups: Iterable[str], budgets: Budgets, n
         out.append(_standing("you", rows, [(s, n) for _, u, _, s, n in active if u == user], since, now,
                              budgets.user, budgets.period_s))
     for group in sorted(set(groups) & set(budgets.groups)):
-        rows = _hours_rows(store, conn, GROUP_HOURS, {"pattern": f'%{json.dumps(group)}%', "first": first})
+        rows = group_hours(store, conn, group, first)
         out.append(_standing(f"group '{group}'", rows, [(s, n) for _, _, g, s, n in active if group in g], since,
                              now, float(budgets.groups[group]), budgets.period_s))
     return out

@@ -115,17 +115,24 @@ class PoolFairUse(PoolPart):
         return self._read(read)
 
     def bookings(self) -> list[Booking]:
-        """Bookings not yet over, by start (booked GPUs unused past their grace released first)."""
-        def write(conn):
+        """Bookings not yet over, by start; booked GPUs unused past their grace left out.
+
+        A read, never the write lock (the pool page and `GET api/bookings` call it on every
+        view): an unused GPU is only left out here, and given back by the next grant's write."""
+        grace = self.booking_limits().grace_s
+
+        def read(conn):
             now = self._store.now(conn)
-            bookings.release_no_shows(conn, now, self.booking_limits().grace_s)
-            return bookings.live(conn, now)
-        return self._write(write, durable=False)
+            found = bookings.live(conn, now)
+            return bookings.without_unused(found, bookings.unused_gpus(conn, found, now, grace))
+        return self._read(read)
 
     def cancel_booking(self, booking_id: int, by: str, admin: bool = False) -> Booking:
         """Cancel a live booking (its booker, or an admin)."""
         booking_id = validation.lease_id(booking_id)
         by = validation.name(by, "The user name")
+        if not validation.storable_id(booking_id):
+            raise bookings.UnknownBooking(f"No live booking {booking_id}")
         done = self._write(lambda conn: bookings.cancel(conn, booking_id, by, admin, self._store.now(conn)))
         self._notify()  # its GPUs may be lent now
         return done
@@ -133,6 +140,8 @@ class PoolFairUse(PoolPart):
     def lease_booked_out(self, lease_id: int) -> Booking | None:
         """For the culler: the booking for someone else that holds this active lease's GPU now."""
         lease_id = validation.lease_id(lease_id)
+        if not validation.storable_id(lease_id):
+            return None
         return self._read(lambda conn: bookings.lease_booked_out(conn, lease_id, self._store.now(conn)))
 
     def lease_over_budget(self, lease_id: int) -> budget.Standing | None:
@@ -142,7 +151,7 @@ class PoolFairUse(PoolPart):
         and the lease's end says so."""
         lease_id = validation.lease_id(lease_id)
         b = self.budgets()
-        if not b.any:
+        if not b.any or not validation.storable_id(lease_id):
             return None
         return self._read(lambda conn: budget.lease_over_budget(self._store, conn, lease_id, b,
                                                                 self._store.now(conn)))

@@ -19,6 +19,7 @@ from sqlalchemy import insert, select, update
 
 from .models import EndReason, iso
 from .schema import jobs_table
+from .validation import storable_id
 
 JOB_SERVER_PREFIX = "job/"
 # Seconds a job's containers may take to start after its GPUs are leased (image pull, create),
@@ -160,6 +161,8 @@ class JobLedger:
         return _job(rows[0]) if rows else None
 
     def get(self, job_id: int) -> Job | None:
+        if not storable_id(job_id):
+            return None  # an id past 64 bits names no job
         return self._store.read(lambda conn: self._get(conn, job_id))
 
     def jobs(self, user: str | None = None, active_only: bool = False, limit: int = 200) -> list[Job]:
@@ -192,5 +195,7 @@ class JobLedger:
         return self._store.write(write)
 
     def log(self, job_id: int) -> str | None:
+        if not storable_id(job_id):
+            return None
         stmt = select(jobs_table.c.log).where(jobs_table.c.id == job_id)
         return self._store.read(lambda conn: conn.execute(stmt).scalar())

@@ -182,6 +182,8 @@ class PoolLeasing(PoolPart):
         """End a lease.  Idempotent: False if it had already ended (or never existed)."""
         lease_id = validation.lease_id(lease_id)
         reason = validation.reason(reason)
+        if not validation.storable_id(lease_id):
+            return False
         ended = self._write(lambda conn: release.release(self._store, conn, lease_id, reason), durable=False)
         if ended:
             self._notify()
@@ -189,8 +191,10 @@ class PoolLeasing(PoolPart):
 
     def release_all(self, lease_ids: Iterable[int], reason: EndReason | str = EndReason.STOPPED) -> list[int]:
         """End several leases (a cluster's) in one transaction; the ids that were still active."""
-        ids = [validation.lease_id(i) for i in lease_ids]
+        ids = [i for i in (validation.lease_id(i) for i in lease_ids) if validation.storable_id(i)]
         reason = validation.reason(reason)
+        if not ids:
+            return []
         ended = self._write(lambda conn: [i for i in ids if release.release(self._store, conn, i, reason)],
                             durable=False)
         if ended:
@@ -202,4 +206,6 @@ class PoolLeasing(PoolPart):
         not stop); `gpu-pool status` shows it.  False if the lease is not active."""
         lease_id = validation.lease_id(lease_id)
         problem = str(problem)[:500]
+        if not validation.storable_id(lease_id):
+            return False
         return self._write(lambda conn: release.set_problem(conn, lease_id, problem), durable=False)

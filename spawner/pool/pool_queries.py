@@ -35,6 +35,8 @@ class PoolQueries(PoolPart):
     def lease(self, lease_id: int) -> Lease | None:
         """The lease with this id (active or ended), or None."""
         lease_id = validation.lease_id(lease_id)
+        if not validation.storable_id(lease_id):
+            return None
         found = self._read(lambda conn: queries.load_leases(conn, leases_table.c.id == lease_id))
         return found[0] if found else None
 

@@ -112,10 +112,20 @@ def groups_of(groups: Any) -> tuple[str, ...]:
     return tuple(sorted({name(g, "A group name") for g in items}))
 
 
+# The largest id a row of the ledger can have (both databases' 64-bit integer keys).
+MAX_ID = 2**63 - 1
+
+
 def lease_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"A lease id is a whole number, not {value!r}")
     return value
+
+
+def storable_id(value: int) -> bool:
+    """Whether a row can have this id: one past 64 bits names nothing (and SQLite's driver
+    raises OverflowError on it rather than finding nothing)."""
+    return 0 <= value <= MAX_ID
 
 
 def reason(value: EndReason | str) -> str:
@@ -139,10 +149,29 @@ def aware(value: datetime | None, what: str) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+# The times a caller may name (a period's ends, a booking's window): far inside the calendar, so
+# that no period, default or hour drawn from them leaves it (a 500 with OverflowError before).
+FIRST_TIME = datetime(1900, 1, 1, tzinfo=UTC)
+LAST_TIME = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+class TimeOutOfRange(ValueError):
+    """An ISO 8601 time that parses but lies outside [FIRST_TIME, LAST_TIME)."""
+
+
 def iso_time(text: str) -> datetime:
-    """An ISO 8601 date or date-and-time, UTC unless it names a zone; ValueError when it is not one."""
+    """An ISO 8601 date or date-and-time, UTC unless it names a zone; ValueError when it is not
+    one, TimeOutOfRange (a ValueError) when it lies outside [FIRST_TIME, LAST_TIME)."""
     value = datetime.fromisoformat(text.strip())
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        utc = value.astimezone(UTC)  # an offset at the calendar's edge leaves it here
+    except OverflowError:
+        raise TimeOutOfRange(text) from None
+    if not FIRST_TIME <= utc < LAST_TIME:
+        raise TimeOutOfRange(text)
+    return value
 
 
 def holds_for(value) -> float | None:

@@ -9,8 +9,11 @@ Its own token never leaves the service: docs/how-it-works/security.md names each
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import quote
@@ -144,3 +147,42 @@ class HubAPI:
         path = f"/users/{quote(user, safe='')}/" + (f"servers/{quote(server, safe='')}" if server else "server")
         r = await self._call("DELETE", path, ok=(202, 204))
         return r.code == 204
+
+
+class ServerReads:
+    """Named users' servers, read from the hub one user at a time (`GET /users/<name>`), never
+    by listing every active user: each user's answer is kept `max_age` seconds and shared by the
+    requests that ask meanwhile (one read in flight per user), at most `parallel` reads at once."""
+
+    def __init__(self, api, max_age: float, parallel: int = 8, clock: Callable[[], float] = time.monotonic):
+        self.api, self.max_age, self.clock = api, max_age, clock
+        self._kept: dict[str, tuple[float, list[Server]]] = {}
+        self._reading: dict[str, asyncio.Future] = {}
+        self._parallel = asyncio.Semaphore(parallel)
+
+    async def of(self, names: Iterable[str]) -> list[Server]:
+        """The servers of `names` (HubUnavailable when the hub fails for any of them)."""
+        found = await asyncio.gather(*(self._one(n) for n in dict.fromkeys(names)), return_exceptions=True)
+        for f in found:
+            if isinstance(f, BaseException):
+                raise f
+        return [s for servers in found if not isinstance(servers, BaseException) for s in servers]
+
+    async def _one(self, name: str) -> list[Server]:
+        kept = self._kept.get(name)
+        if kept is not None and self.clock() - kept[0] < self.max_age:
+            return kept[1]
+        reading = self._reading.get(name)
+        if reading is None:
+            reading = self._reading[name] = asyncio.ensure_future(self._read(name))
+            reading.add_done_callback(lambda _: self._reading.pop(name, None))
+        return await asyncio.shield(reading)
+
+    async def _read(self, name: str) -> list[Server]:
+        async with self._parallel:
+            servers = await self.api.servers_of_user(name)
+        now = self.clock()
+        if len(self._kept) > 1000:  # keep only fresh answers: memory bounded by the callers of a few seconds
+            self._kept = {n: k for n, k in self._kept.items() if now - k[0] < self.max_age}
+        self._kept[name] = (now, servers)
+        return servers

@@ -82,7 +82,20 @@ class PoolServiceLimits(Configurable):
         """,
     )
 
-    @validate("log_followers_per_job", "log_followers_per_user", "log_followers_total", "log_buffer_chunks")
+    occupancy_max_days = Int(
+        366,
+        config=True,
+        help="""Longest period, in days from `since` to `until`, that `api/occupancy` (and its CSV,
+        and the page's usage charts) covers.
+
+        A chart reads the ledger's hours and intervals over its whole period: a longer one is
+        refused with 400 naming this limit, so no request reads the ledger's whole history.
+        GPU-hours over any period stay in `api/usage` and `gpu-pool history`.
+        """,
+    )
+
+    @validate("log_followers_per_job", "log_followers_per_user", "log_followers_total", "log_buffer_chunks",
+              "occupancy_max_days")
     def _check_count(self, proposal):
         if proposal.value < 1:
             raise TraitError(f"PoolServiceLimits.{proposal.trait.name} must be >= 1")

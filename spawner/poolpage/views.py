@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ..pool.models import GPUStatus, Lease, Waiter, iso
-from ..pool.validation import iso_time
+from ..pool.validation import FIRST_TIME, LAST_TIME, TimeOutOfRange, iso_time
 
 HIDDEN = "(another user)"
 
@@ -104,6 +104,9 @@ def parse_time(raw: str | None, name: str) -> datetime | None:
         return None
     try:
         return iso_time(raw)
+    except TimeOutOfRange:
+        raise BadInput(f"{name}={raw!r} is outside the times the pool answers for ({FIRST_TIME:%Y-%m-%d} to "
+                       f"{LAST_TIME:%Y-%m-%d} UTC)") from None
     except ValueError:
         raise BadInput(f"{name}={raw!r} is not an ISO 8601 date or time (e.g. 2026-01-31 or "
                        "2026-01-31T12:00:00Z)") from None

@@ -443,3 +443,25 @@ def test_a_job_whose_container_will_not_stop_keeps_its_gpu_until_it_is_gone(make
     wait_for(lambda: not lease_of(hub, running["lease_id"]).active, timeout=30, hub=hub, what="the lease to end")
     assert lease_of(hub, running["lease_id"]).end_reason == "job-cancelled"
     assert not job_containers(hub, docker_client, j["id"])
+
+
+def test_a_user_named_like_a_jobs_container_cannot_end_that_job(make_hub, docker_client):
+    """With DockerSpawner.escape = "legacy" a user `job-<id>` would have a server named
+    `<prefix>-job-<id>`, which is job <id>'s container: DockerSpawner removes a leftover
+    container of its server's name when it starts one.  The start is refused, naming why, and
+    pat's job runs on untouched."""
+    hub, tokens = job_hub(make_hub, extra_config='c.DockerSpawner.escape = "legacy"\n')
+    pat = tokens["pat"]
+    j = submit(hub, pat, {"profile": "tf-cpu", "command": ["sh", "-c", "sleep 600"]})
+    wait_state(hub, pat, j["id"], "running")
+    [container] = wait_for(lambda: job_containers(hub, docker_client, j["id"]), what="the job's container", hub=hub)
+    assert container.name == f"{hub.prefix}-job-{j['id']}"
+    hub.create_user(f"job-{j['id']}")
+    code, message = hub.refused_spawn(f"job-{j['id']}", {"profile": "tf-cpu"})
+    # (The old spawner removed it: "Job 1 of pat failed: its container was removed from outside".)
+    assert [c.status for c in job_containers(hub, docker_client, j["id"])] == ["running"]
+    assert job(hub, pat, j["id"])["state"] == "running"
+    assert f"Your server's container would be named {container.name}, the name of a batch job's" in message, \
+        (code, message[-2000:])
+    assert code in (0, 409), code
+    assert jobs_api(hub, "DELETE", f"/{j['id']}", pat).status_code == 200

@@ -29,3 +29,9 @@ def test_postgres_booking_holds_warns_stops_and_frees_on_no_show(postgres_databa
     from tests.unit.test_pool_bookings import guarantee_warning_stop_and_no_show
 
     guarantee_warning_stop_and_no_show(postgres_database)
+
+
+def test_postgres_group_budgets_count_the_hours_of_exactly_their_group(postgres_database):
+    from tests.unit.test_pool_fairshare import group_budgets_match_groups_exactly
+
+    group_budgets_match_groups_exactly(postgres_database)

@@ -112,3 +112,46 @@ def test_a_config_set_after_the_spawner_was_made_still_reaches_it(config):
     changed.GPUDockerSpawner.home_mount_point = "/home/user"
     spawner.config = changed
     assert spawner.home_mount_point == "/home/user"
+
+
+@pytest.mark.parametrize("engine", [GPUDockerSpawner, GPUSwarmSpawner])
+@pytest.mark.parametrize("escape, name, job_unit", [
+    ("legacy", "job-5", "gpuhub-job-5"),  # legacy escaping keeps '-': job 5's container
+    ("legacy", "job-5-w0", "gpuhub-job-5-w0"),  # a cluster's worker
+    ("default", "job%", "gpuhub-job-25"),  # the default escape writes '%' as '-25'
+])
+def test_a_user_whose_server_would_take_a_jobs_container_name_is_refused_before_anything(
+        config, engine, escape, name, job_unit):
+    """Such a server would find job 5's container under its own name: DockerSpawner removes a
+    leftover container of its name at start (and stops the container of its name at stop), so
+    another user's job would be ended.  The start is refused first: no lease, no Docker call,
+    and the spawner sees no container of that name."""
+    import asyncio
+
+    from tornado import web
+
+    if escape == "legacy":
+        config.GPUDockerSpawner.escape = escape
+    config.GPUDockerSpawner.prefix = "gpuhub"
+    spawner = engine(user=_user(name), config=config, orm_spawner=types.SimpleNamespace(name="", server=None))
+
+    async def docker(*args, **kwargs):
+        raise AssertionError(f"Docker was called: {args}")
+    spawner.docker = docker
+    with pytest.raises(web.HTTPError) as refused:
+        asyncio.run(spawner.start())
+    assert refused.value.status_code == 409
+    assert refused.value.log_message.startswith(f"Your server's container would be named {job_unit}, ")
+    assert "DockerSpawner.escape" in refused.value.log_message
+    assert asyncio.run(spawner.get_object()) is None  # stop and poll never reach the job's unit
+
+
+@pytest.mark.parametrize("escape, name", [("legacy", "job-x"), ("legacy", "jobs-5"), ("legacy", "JOB-5"),
+                                          ("legacy", "job-5-net"), ("default", "job-5"), ("legacy", "ann"),
+                                          ("default", "job")])
+def test_other_names_are_not_the_jobs(config, escape, name):
+    if escape == "legacy":
+        config.GPUDockerSpawner.escape = escape
+    config.GPUDockerSpawner.prefix = "gpuhub"
+    spawner = GPUDockerSpawner(user=_user(name), config=config, orm_spawner=types.SimpleNamespace(name="", server=None))
+    spawner.check_object_name()  # nothing raised

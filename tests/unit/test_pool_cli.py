@@ -106,6 +106,10 @@ def test_drain_undrain_release_change_the_ledger(ledger):
         (["drain", "GPU-nope"], 2, "No GPU GPU-nope"),
         (["release", "4242"], 2, "No lease 4242"),
         (["release", "abc"], 2, "invalid int value"),
+        # Ids past 64 bits name nothing (no OverflowError from the database driver).
+        (["release", "9" * 23], 2, f"No lease {'9' * 23}"),
+        (["unbook", "1" * 23], 2, f"No live booking {'1' * 23}"),
+        (["unbook", "4242"], 2, "No live booking 4242"),
         (["history", "--since", "yesterday"], 2, "not an ISO date"),
         (["release", "1", "--reason", "bored"], 2, "invalid choice"),
         (["frobnicate"], 2, "invalid choice"),

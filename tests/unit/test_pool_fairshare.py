@@ -287,6 +287,33 @@ def budget_refuses_and_ends(url: str) -> None:
     pool.close()
 
 
+# Group names that a LIKE pattern misreads: a non-ASCII letter and a quote or backslash (JSON
+# escapes them, and PostgreSQL's LIKE takes a backslash as its escape), LIKE's own wildcard `_`,
+# and a case that SQLite's LIKE ignores; beside lookalikes that must not count for them.
+GROUP_HOURS = {"équipe-ml": 1, "ml_team": 2, "mlXteam": 4, "ML": 8, "ml": 16, 'a"b': 32, "a\\b": 64}
+
+
+def group_budgets_match_groups_exactly(url: str) -> None:
+    budgets = {g: 1000.0 for g in GROUP_HOURS}
+    pool = make_pool(url, gpus=1, group_gpu_hour_budgets=budgets)
+    now = datetime.now(UTC)
+    start = now - timedelta(days=6)
+    for i, (group, hours) in enumerate(GROUP_HOURS.items()):
+        past_lease(pool, f"u{i}", start, start + hours * H, groups=(group,))
+    # A lease of two groups counts for each of them, once.
+    past_lease(pool, "two", start, start + 128 * H, groups=("x", "ml_team"))
+    used = {}
+    for group in GROUP_HOURS:
+        (standing,) = pool.budget_standings("someone", [group])
+        used[group] = round(standing.used, 3)
+    assert used == {**GROUP_HOURS, "ml_team": 2 + 128}
+    pool.close()
+
+
+def test_group_budgets_count_the_hours_of_exactly_their_group(tmp_path):
+    group_budgets_match_groups_exactly(sqlite_url(tmp_path))
+
+
 def test_a_budget_with_some_left_never_reads_as_used_up():
     from spawner.pool.budget import Standing
 

@@ -154,8 +154,8 @@ def serving(pool, servers: list):
     from tests.fixtures.services import free_port
 
     class Hub:
-        async def active_servers(self):
-            return servers
+        async def servers_of_user(self, name):
+            return [s for s in servers if s.user == name]
 
     original = handlers.BaseHandler.get_current_user
     handlers.BaseHandler.get_current_user = lambda self: {"name": self.request.headers["X-User"], "scopes": [],

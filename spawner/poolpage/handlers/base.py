@@ -15,6 +15,7 @@ from ...ledger_io import ledger_call
 from ...service_auth import AsksTheHubFirst
 from ...pool import GPUPool
 from ...pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
+from ...pool.validation import MAX_ID
 from .. import ADMIN_SCOPE
 from .. import EXEC_SCOPE
 from .. import views
@@ -25,6 +26,14 @@ NO_EXEC = (f"Running action scripts in other people's servers needs the {EXEC_SC
            "or to a group of GPUHUB_DIRECTORY_EXEC_GROUPS")
 # Seconds a ledger call may take before the page answers 503 (as the hub does).
 LEDGER_TIMEOUT = 10.0
+
+
+def path_id(raw: str, not_found: str) -> int:
+    """The id in a route's `(\\d+)`: one past 64 bits (or too long for int()) names no row, so
+    it is a 404 saying `not_found`, never a database error."""
+    if len(raw) > len(str(MAX_ID)) or int(raw) > MAX_ID:
+        raise web.HTTPError(404, not_found)
+    return int(raw)
 
 
 if TYPE_CHECKING:

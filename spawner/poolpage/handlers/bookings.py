@@ -19,7 +19,7 @@ from tornado import web
 from ...pool.models import PoolError
 from .. import views
 from ..hubapi import HubUnavailable
-from .base import APIHandler, BaseHandler
+from .base import APIHandler, BaseHandler, path_id
 
 MAX_BODY = 4096
 KEYS = {"count", "starts_at", "ends_at", "host", "group", "user"}
@@ -133,7 +133,8 @@ class BookingAPI(APIHandler):
     async def delete(self, booking_id: str):
         viewer = self.require_viewer()
         try:
-            done = await self.call(self.pool.cancel_booking, int(booking_id), viewer.name, viewer.admin)
+            done = await self.call(self.pool.cancel_booking, path_id(booking_id, f"No live booking {booking_id[:40]}"),
+                                   viewer.name, viewer.admin)
         except PoolError as exc:
             raise web.HTTPError(exc.status_code, str(exc)) from None
         self.write_json(booking_rows([done], viewer)[0])

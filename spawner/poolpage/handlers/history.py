@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from jupyterhub.utils import url_path_join
 from tornado import web
@@ -33,6 +33,10 @@ def chosen_period(handler: BaseHandler, now: datetime) -> tuple[datetime, dateti
         since = since or until - occupancy.PERIODS[occupancy.DEFAULT_PERIOD]
         if since >= until:
             raise views.BadInput("since must be before until (and before now)")
+        most = handler.settings["limits"].occupancy_max_days
+        if until - since > timedelta(days=most):
+            raise views.BadInput(f"api/occupancy covers at most {most} days from since to until "
+                                 "(PoolServiceLimits.occupancy_max_days); ask for a shorter period")
         return since, until, "custom"
     raw = raw or occupancy.DEFAULT_PERIOD
     if raw not in occupancy.PERIODS:

@@ -29,7 +29,7 @@ from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
 from ...pool.jobs import QUEUED, RUNNING, STARTING, Job
 from .. import ADMIN_SCOPE
-from .base import APIHandler, BaseHandler, log
+from .base import APIHandler, BaseHandler, log, path_id
 from ..limits import PoolServiceLimits
 from .log_streams import Followers, LogFollow, MergedFollow, TooMany
 
@@ -69,7 +69,7 @@ class JobsMixin:
 
     async def owned_job(self, job_id: str) -> tuple[Job, str, bool]:
         name, admin = self.job_user()
-        job = await self.call(self.runner.ledger.get, int(job_id))
+        job = await self.call(self.runner.ledger.get, path_id(job_id, f"No job {job_id[:40]} of yours"))
         # Someone else's job is "not found", not "forbidden": ids reveal nothing.
         if job is None or (job.user != name and not admin):
             raise web.HTTPError(404, f"No job {job_id} of yours")
@@ -147,7 +147,7 @@ def form_body(get) -> dict:
     for key in ("workers", "timeout"):
         raw = (get(key) or "").strip()
         if raw:
-            if not raw.isdigit():
+            if not raw.isdigit() or len(raw) > 18:  # (more digits than any limit: never one for int())
                 raise BadJob(f"'{key}' must be a whole number, not {raw[:20]!r}")
             body[key] = int(raw)
     return body
@@ -241,7 +241,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
             return None
         if not job.is_cluster:
             raise web.HTTPError(400, f"Job {job.id} is not a cluster; it has no workers to choose from")
-        if not raw.isdigit() or not int(raw) < job.workers:
+        if not raw.isdigit() or len(raw) > len(str(job.workers)) or not int(raw) < job.workers:
             raise web.HTTPError(400, f"'worker' must be a worker of job {job.id}: 0 to {job.workers - 1}")
         return int(raw)
 

@@ -25,10 +25,13 @@ from ..service_config import PoolPageSettings
 from .. import views
 from .actions import hub_api
 from .base import APIHandler
-from ..hubapi import HubUnavailable
+from ..hubapi import HubUnavailable, ServerReads
 
 log = logging.getLogger("gpu-pool-page")
 LENGTHS = 500  # past leases an estimate looks at
+# Seconds one user's servers, as the hub answered, serve the next callers (cull deadlines move
+# with activity, and the page says any activity moves them on).
+HUB_READ_MAX_AGE = 5.0
 
 
 class Settings:
@@ -97,9 +100,13 @@ async def fill_readings(handler, gpus: list[dict]) -> None:
         g["utilization"], g["memory_used_mib"] = utilization, memory
 
 
-async def servers(handler) -> list | None:
+async def servers(handler, names) -> list | None:
+    """The servers of `names` as the hub has them (ServerReads: per user, kept a few seconds);
+    None when the hub does not answer."""
+    if "hub_server_reads" not in handler.settings:
+        handler.settings["hub_server_reads"] = ServerReads(hub_api(handler), HUB_READ_MAX_AGE)
     try:
-        return await hub_api(handler).active_servers()
+        return await handler.settings["hub_server_reads"].of(names)
     except HubUnavailable as exc:
         log.warning("No cull deadlines or wait estimates: %s", exc)
         return None
@@ -107,11 +114,23 @@ async def servers(handler) -> list | None:
 
 async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewer) -> dict:
     """Fills gpus' "utilization" and "memory_used_mib" and queue rows' "estimate"/"estimate_s"; returns the viewer's
-    servers' cull deadlines {(user, server): datetime} and whether estimates were made."""
+    servers' cull deadlines {(user, server): datetime} and whether estimates were made.
+
+    The hub is asked for the servers the answer needs, never for every user's: the viewer's
+    own (their cull deadlines) and, when someone waits, those of the users holding GPUs (the
+    estimate's idle deadlines): at most one user per lease."""
     s = settings_of(handler)
     now = datetime.now(UTC)
     await fill_readings(handler, gpus)
-    running = await servers(handler)
+    leases: list = []
+    if queue:
+        try:
+            leases = await handler.ledger(handler.pool.leases)
+        except PoolError as exc:
+            log.warning("No wait estimates: %s", exc)
+            queue = []
+    holders = sorted({lease.user for lease in leases if not is_job_server(lease.server_name)})
+    running = await servers(handler, [viewer.name, *holders])
     if running is None:
         return {"cull": {}, "why": {}, "estimated": False}
     cull, why = {}, {}
@@ -131,7 +150,6 @@ async def live(handler, gpus: list[dict], queue: list[dict], viewer: views.Viewe
     if queue:
         try:
             lengths = await handler.ledger(handler.pool.lease_lengths, LENGTHS)
-            leases = await handler.ledger(handler.pool.leases)
             booked = await handler.ledger(handler.pool.bookings)
             waiters = await handler.ledger(handler.pool.queue)
             jobs = await handler.ledger(JobLedger(handler.pool).jobs, None, True) if any(
