@@ -153,7 +153,6 @@ class SwarmJobEngine(DockerJobEngine):
         constraints += [f"node.id!={node}" for node in sorted(refused or {})]
         networks = [NetworkAttachmentConfig(spec.network or isolated_network(spec.name),
                                             aliases=list(spec.aliases) or None)]
-        networks += [NetworkAttachmentConfig(extra) for extra in spec.extra_networks]
         task = TaskTemplate(
             container_spec=container, resources=resources, restart_policy=RestartPolicy(condition="none"),
             placement=Placement(constraints=constraints or None), networks=networks,
@@ -373,13 +372,13 @@ class SwarmJobEngine(DockerJobEngine):
     async def units(self, pool_id: str) -> list[UnitState]:
         return await self._on_thread(self._units, pool_id)
 
-    async def create_network(self, name: str, labels: Mapping[str, str]) -> None:
+    async def create_network(self, name: str, labels: Mapping[str, str], outbound: bool = False) -> None:
         import docker.errors
 
         try:
             await self.docker("inspect_network", name)
         except docker.errors.NotFound:
-            await self.docker("create_network", name, driver="overlay", attachable=True, internal=True,
+            await self.docker("create_network", name, driver="overlay", attachable=True, internal=not outbound,
                               labels=dict(labels))
 
     async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
