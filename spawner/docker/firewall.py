@@ -194,6 +194,20 @@ def hub_ports(hub_port: int, pool_page_port: int | None, public_port: int | None
     return sorted({p for p in (hub_port, pool_page_port, public_port, *more) if p})
 
 
+def config_ports(config) -> list[int]:
+    """hub_ports() as a hub config (traitlets) says them: the hub's port, the gpu-pool service's
+    (its `url`), the proxy's public port (`bind_url`)."""
+    from urllib.parse import urlparse
+
+    hub = config.JupyterHub
+    hub_port = int(hub.get("hub_port", 8081))
+    service = next((s for s in (hub.get("services", None) or []) if s.get("name") == "gpu-pool"), None)
+    pool = urlparse(service["url"]).port if service and service.get("url") else None
+    bound = urlparse(str(hub.get("bind_url", "http://:8000")))
+    public = bound.port or (443 if bound.scheme == "https" else 80)
+    return hub_ports(hub_port, pool, public)
+
+
 def install_for_network(network_attrs: dict, ports: Iterable[int], outbound: bool) -> int:
     """install() for the hub's bridge as Docker describes it; the number of rules added."""
     gateway = network_attrs["IPAM"]["Config"][0]["Gateway"]

@@ -167,6 +167,14 @@ c.GPUDockerSpawner.profiles = [dict(p, job_network=True) if p["slug"] == "tf-gpu
     assert all(seen[t] != "open" for t in seen if t != f"{in1.name}:2222"), \
         f"an internal cluster reached the host: {seen}"
 
+    # The doctor finds every rule in place, as the hub installed them.
+    from spawner.cli.doctor import OK, Doctor, target_from_env
+
+    doctor = Doctor(target_from_env("root", env=hub.env))
+    doctor.docker = docker_client
+    doctor.check_host_rules()
+    assert [(r.check, r.status) for r in doctor.results] == [("host rules", OK)], doctor.results
+
     # The servers still work through the hub (its proxy reaches them).
     r = hub.api("GET", "/users/alice", token=tokens["alice"])
     assert r.status_code == 200 and r.json()["servers"][""]["ready"]
