@@ -52,6 +52,13 @@ MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
 LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
 
 
+def overlay_options(servers_overlay: Mapping) -> dict[str, str]:
+    """The driver options of a job's own overlay: encrypted (IPsec between nodes) when the
+    servers' overlay (`docker network inspect`) is."""
+    options = servers_overlay.get("Options") or {}
+    return {"encrypted": ""} if "encrypted" in options else {}
+
+
 def isolated_network(unit: str) -> str:
     return f"{unit}-isolated"
 
@@ -378,8 +385,15 @@ class SwarmJobEngine(DockerJobEngine):
         try:
             await self.docker("inspect_network", name)
         except docker.errors.NotFound:
+            # Encrypted as the servers' overlay is (its nodes then carry IPsec between them).
+            servers = {}
+            if self.settings.network:
+                try:
+                    servers = await self.docker("inspect_network", self.settings.network)
+                except docker.errors.NotFound:
+                    pass
             await self.docker("create_network", name, driver="overlay", attachable=True, internal=not outbound,
-                              labels=dict(labels))
+                              labels=dict(labels), options=overlay_options(servers))
 
     async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         """The nodes carrying every label of `node_labels` (None: any node), less those whose

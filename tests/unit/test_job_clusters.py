@@ -150,3 +150,10 @@ def test_a_node_quiet_for_less_than_the_grace_lets_the_cluster_carry_on():
     # Quiet for two turns only, with a grace far longer than the whole watch: it times out instead.
     state, _, why = _watch(quiet_turns={3, 4}, grace=60.0, turns=30)
     assert state == "timed-out", why
+
+
+def test_a_jobs_own_overlay_is_encrypted_when_the_servers_overlay_is():
+    from spawner.swarm.jobs import overlay_options
+
+    assert overlay_options({"Options": {"encrypted": ""}}) == {"encrypted": ""}
+    assert overlay_options({"Options": {}}) == {} and overlay_options({}) == {}
