@@ -30,7 +30,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 
-from traitlets import Bool, List, default
+from traitlets import Bool, List, TraitError, default, validate
 from traitlets import Int as IntTrait
 from traitlets.config import Configurable
 
@@ -78,6 +78,13 @@ class HostFirewall(Configurable):
     @default("allowed_ports")
     def _no_more_ports(self) -> list[int]:
         return []
+
+    @validate("allowed_ports")
+    def _ports_are_ports(self, proposal) -> list[int]:
+        bad = [p for p in proposal["value"] if not 1 <= p <= 65535]
+        if bad:
+            raise TraitError(f"c.HostFirewall.allowed_ports: {bad} are not TCP ports (1 to 65535)")
+        return proposal["value"]
 
 
 def job_bridge_name(network: str, outbound: bool) -> str:
@@ -249,3 +256,32 @@ def _install_in_hub(network: str, ports: list[int]) -> None:
     JupyterHub.instance().log.info("Host rules for the bridge %s: %s added; containers reach ports %s of %s",
                                    network, added, ", ".join(map(str, sorted({*ports, *firewall.allowed_ports}))),
                                    attrs["IPAM"]["Config"][0]["Gateway"])
+
+
+def _listed(chain: str) -> list[list[str]]:
+    """The rules of `chain` as argument lists (without `-A chain`); [] if it is not there."""
+    done = _run(["-S", chain])
+    return [line.split()[2:] for line in done.stdout.splitlines() if line.startswith("-A ")] \
+        if done.returncode == 0 else []
+
+
+def _value(rule: list[str], flag: str) -> str | None:
+    return rule[rule.index(flag) + 1] if flag in rule else None
+
+
+def withdraw(bridge: str, gateway: str, ports: Iterable[int]) -> int:
+    """Delete the openings of a hub gone for good (the tests' hubs: many on one bridge, each
+    with its own ports), and the bridge's other rules once no hub's opening is left on it;
+    the number deleted.  The cluster bridges' refusals stay."""
+    wanted = {str(p) for p in ports}
+    deleted = 0
+    for rule in _listed(INPUT_CHAIN):
+        if _value(rule, "--dport") in wanted and _value(rule, "-d") == f"{gateway}/32":
+            deleted += _run(["-D", INPUT_CHAIN, *rule]).returncode == 0
+    if any(_value(r, "-i") == bridge and "--dport" in r for r in _listed(INPUT_CHAIN)):
+        return deleted
+    for chain in (INPUT_CHAIN, FORWARD_CHAIN):
+        for rule in _listed(chain):
+            if _value(rule, "-i") == bridge:
+                deleted += _run(["-D", chain, *rule]).returncode == 0
+    return deleted

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import secrets
 import socket
-import subprocess
 
 import pytest
 
@@ -69,25 +68,14 @@ def address(container, network: str) -> str:
 
 @pytest.fixture
 def own_network(docker_client):
-    """The name of a bridge this test's hub makes (and it is removed afterwards, with the
-    host's rules that name it)."""
+    """The name of a bridge this test's hub makes; removed afterwards (its hub's cleanup
+    withdrew its host rules)."""
     name = f"gpuhub-iso-{secrets.token_hex(3)}"
     yield name
     try:
-        network = docker_client.networks.get(name)
+        docker_client.networks.get(name).remove()
     except Exception:
-        return
-    from spawner.docker.firewall import FORWARD_CHAIN, INPUT_CHAIN, bridge_of
-
-    bridge = bridge_of(network.attrs)
-    gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
-    network.remove()
-    for chain in (INPUT_CHAIN, FORWARD_CHAIN):
-        listed = subprocess.run(["iptables", "-w", "-S", chain], capture_output=True, text=True).stdout
-        for line in listed.splitlines():
-            ours = f"-i {bridge} " in line + " " or f"-d {gateway}/32 " in line
-            if ours and line.startswith("-A "):
-                subprocess.run(["iptables", "-w", "-D", *line.split()[1:]], capture_output=True)
+        pass
 
 
 @pytest.fixture

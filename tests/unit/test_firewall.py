@@ -47,3 +47,17 @@ def test_the_doctors_verdict_on_the_host_rules():
     assert host_rules_result("net", [], False, None, [8081]).status == WARN  # made before enable_icc=false
     assert host_rules_result("net", None, False, None).status == WARN  # not made yet
     assert "root" in host_rules_result("net", None, False, "Permission denied").fix
+
+
+def test_an_opening_that_is_not_a_port_is_refused_when_the_config_is_read():
+    import pytest
+    from traitlets import TraitError
+    from traitlets.config import Config
+
+    from spawner.docker.firewall import HostFirewall
+
+    config = Config()
+    config.HostFirewall.allowed_ports = [3142, 70000]
+    with pytest.raises(TraitError, match="70000"):
+        HostFirewall(config=config)
+    assert HostFirewall().allowed_ports == [] and HostFirewall().outbound and HostFirewall().enabled
