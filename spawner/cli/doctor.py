@@ -34,6 +34,7 @@ from .doctor_checks import (  # noqa: F401 (the doctor's public names: gpu-pool,
     data_dir_result,
     exit_status,
     host_rules_result,
+    overlay_result,
     image_variant,
     render,
     version_at_least,
@@ -218,10 +219,18 @@ class Doctor:
     def check_host_rules(self) -> None:
         """One Docker host: the rules the hub installs so users' containers reach the hub, the
         gpu-pool service and the proxy only (docker/firewall.py)."""
-        if self.docker is None or self.kind == "swarm" or "swarm" in str(
-                self.target.config.JupyterHub.get("spawner_class", "")).lower():
+        if self.docker is None:
             return
         import docker.errors
+
+        network = str(self.target.config.GPUDockerSpawner.get("network_name", "") or "")
+        if self.kind == "swarm" or "swarm" in str(self.target.config.JupyterHub.get("spawner_class", "")).lower():
+            try:
+                attrs = self._docker().api.inspect_network(network)
+            except docker.errors.NotFound:
+                attrs = None
+            self.results.append(overlay_result(network, attrs))
+            return
 
         from ..docker import firewall
 
@@ -230,7 +239,6 @@ class Doctor:
                      "and every port of this host unless this host's own firewall stops them",
                      "remove c.HostFirewall.enabled = False, or install the rules docs/how-it-works/security.md lists")
             return
-        network = str(self.target.config.GPUDockerSpawner.get("network_name", "") or "")
         ports = firewall.config_ports(self.target.config)
         unreadable = firewall.readable()
         if unreadable:

@@ -141,6 +141,22 @@ def host_rules_result(network: str, missing: list[str] | None, icc_off: bool, wh
                   "other, nor 169.254.0.0/16; job clusters' internal networks reach nothing on the host")
 
 
+def overlay_result(network: str, attrs: dict | None) -> Result:
+    """Swarm: the servers' overlay `network` (docker network inspect; None: not there) encrypted?"""
+    name = "overlay"
+    if attrs is None:
+        return Result(name, FAIL, f"there is no network {network} (GPUHUB_DOCKER_NETWORK)",
+                      f"docker network create --driver overlay --attachable --opt encrypted {network}")
+    if "encrypted" not in (attrs.get("Options") or {}):
+        return Result(name, WARN, f"{network} is not encrypted: the servers' traffic with the hub (tokens, "
+                      "notebooks) crosses the nodes' network readable; users' servers on it reach each other "
+                      "(an overlay has no enable_icc)",
+                      f"with no server running: docker network rm {network}; docker network create --driver "
+                      f"overlay --attachable --opt encrypted {network} (needs ESP, IP protocol 50, between nodes)")
+    return Result(name, OK, f"{network} is encrypted (IPsec between nodes); users' servers on it still reach "
+                  "each other (an overlay has no enable_icc)")
+
+
 def render(results: list[Result]) -> str:
     width = max((len(r.check) for r in results), default=0)
     lines = []

@@ -61,3 +61,12 @@ def test_an_opening_that_is_not_a_port_is_refused_when_the_config_is_read():
     with pytest.raises(TraitError, match="70000"):
         HostFirewall(config=config)
     assert HostFirewall().allowed_ports == [] and HostFirewall().outbound and HostFirewall().enabled
+
+
+def test_the_doctor_on_swarm_asks_for_an_encrypted_overlay():
+    from spawner.cli.doctor_checks import overlay_result
+
+    assert overlay_result("gpuhub", {"Options": {"encrypted": ""}}).status == OK
+    plain = overlay_result("gpuhub", {"Options": {}})
+    assert plain.status == WARN and "--opt encrypted" in plain.fix
+    assert overlay_result("gpuhub", None).status == FAIL
