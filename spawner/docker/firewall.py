@@ -18,8 +18,9 @@ rules of its own in two chains:
 
 Job clusters' bridges are named by their kind (`gpuhub-i...` internal, `gpuhub-o...` with a
 route out), so one wildcard rule covers every cluster the gpu-pool service makes later.
-Rules are only ever added, each once (`iptables -C` first): several hubs on one host (the
-tests) each add their own ports.  `gpu-pool doctor` checks them (`missing`).
+The hub only adds rules, each once (`iptables -C` first), at every start: several hubs on one
+host (the tests) each add their own ports; `withdraw` takes a hub's away when it is gone for
+good (the tests' cleanup).  `gpu-pool doctor` checks them (`missing`).
 """
 
 from __future__ import annotations
