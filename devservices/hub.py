@@ -290,6 +290,22 @@ def prepare_hub(directory: Path, notebook_image: str, network_name: str, extra_c
                prefix=prefix, log_path=directory / "hub.log", scheme=scheme)
 
 
+def withdraw_host_rules(hub: Hub, docker_client) -> None:
+    """The hub's openings in the host's rules (spawner/docker/firewall.py), and its bridge's
+    rules once no other hub's are left: many test hubs share one bridge, each with its ports."""
+    from spawner.docker import firewall
+
+    if firewall.readable() is not None:
+        return
+    try:
+        attrs = docker_client.api.inspect_network(hub.env["GPUHUB_DOCKER_NETWORK"])
+    except Exception:
+        return
+    ports = [hub.env.get(k) for k in ("GPUHUB_HUB_PORT", "GPUHUB_POOL_PAGE_PORT")]
+    firewall.withdraw(firewall.bridge_of(attrs), attrs["IPAM"]["Config"][0]["Gateway"],
+                      [int(p) for p in ports if p] + [hub.port])
+
+
 def cleanup_hub(hub: Hub, docker_client) -> None:
     """Stop the hub and remove every container and volume it made."""
     hub.stop()
@@ -309,6 +325,7 @@ def cleanup_hub(hub: Hub, docker_client) -> None:
                 volume.remove(force=True)
             except Exception:
                 pass
+    withdraw_host_rules(hub, docker_client)
     if hub._ledger is not None:
         hub._ledger.close()
     for f in hub._log_files:

@@ -249,6 +249,8 @@ def start_swarm(session: str | None = None, gpus_per_node: int = 2, homes_root: 
         for index, labels in specs:
             swarm.nodes.append(_start_node(session, index, image, gpus_per_node, labels, base, homes_root))
         _join(swarm, swarm.nodes, token)
+        # Not `--opt encrypted` (the production recipe's): this machine's kernel may lack ESP
+        # (CONFIG_INET_ESP), and then nothing would cross nodes; the jobs' overlays follow it.
         docker("network", "create", "--driver", "overlay", "--attachable",
                "--label", f"{HARNESS_LABEL}={session}", swarm.network)
     except BaseException:

@@ -33,6 +33,8 @@ from .doctor_checks import (  # noqa: F401 (the doctor's public names: gpu-pool,
     cuda_fit,
     data_dir_result,
     exit_status,
+    host_rules_result,
+    overlay_result,
     image_variant,
     render,
     version_at_least,
@@ -92,7 +94,7 @@ class Doctor:
 
     def run(self) -> list[Result]:
         for step in (self.check_settings, self.check_nvml, self.check_inventory, self.check_docker,
-                     self.check_gpu_container, self.check_images, self.check_ledger, self.check_swarm_nodes,
+                     self.check_host_rules, self.check_gpu_container, self.check_images, self.check_ledger, self.check_swarm_nodes,
                      self.check_directory, self.check_data_dir):
             try:
                 step()
@@ -213,6 +215,45 @@ class Doctor:
         self.runtimes = sorted((info.get("Runtimes") or {}).keys())
         self.add("docker", OK, f"Docker Engine {self.engine_version} (API {version.get('ApiVersion', '?')}), "
                  f"runtimes: {', '.join(self.runtimes) or 'none'}")
+
+    def check_host_rules(self) -> None:
+        """One Docker host: the rules the hub installs so users' containers reach the hub, the
+        gpu-pool service and the proxy only (docker/firewall.py)."""
+        if self.docker is None:
+            return
+        import docker.errors
+
+        network = str(self.target.config.GPUDockerSpawner.get("network_name", "") or "")
+        if self.kind == "swarm" or "swarm" in str(self.target.config.JupyterHub.get("spawner_class", "")).lower():
+            try:
+                attrs = self._docker().api.inspect_network(network)
+            except docker.errors.NotFound:
+                attrs = None
+            self.results.append(overlay_result(network, attrs))
+            return
+
+        from ..docker import firewall
+
+        if not firewall.HostFirewall(config=self.target.config).enabled:
+            self.add("host rules", WARN, "c.HostFirewall.enabled is False: users' containers reach each other "
+                     "and every port of this host unless this host's own firewall stops them",
+                     "remove c.HostFirewall.enabled = False, or install the rules docs/how-it-works/security.md lists")
+            return
+        ports = firewall.config_ports(self.target.config)
+        unreadable = firewall.readable()
+        if unreadable:
+            self.results.append(host_rules_result(network, None, False, unreadable, ports))
+            return
+        try:
+            attrs = self._docker().api.inspect_network(network)
+        except docker.errors.NotFound:
+            self.results.append(host_rules_result(network, None, False, None, ports))
+            return
+        fw = firewall.HostFirewall(config=self.target.config)
+        wanted = firewall.rules(firewall.bridge_of(attrs), attrs["IPAM"]["Config"][0]["Gateway"],
+                                [*ports, *fw.allowed_ports], fw.outbound)
+        self.results.append(host_rules_result(network, firewall.missing(wanted), firewall.icc_disabled(attrs),
+                                              None, sorted({*ports, *fw.allowed_ports})))
 
     def _cdi_specs(self) -> list[str]:
         if not version_at_least(self.engine_version, (28, 2)):

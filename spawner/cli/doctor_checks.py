@@ -9,6 +9,7 @@ import stat
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from ..inventory.machine import image_cuda_version
@@ -112,6 +113,48 @@ def data_dir_result(path: Path, hub_user: str) -> Result:
         return Result(name, FAIL, f"{path} is world-writable (mode {stat.S_IMODE(st.st_mode):o}): anyone "
                       "could replace the hub's database or cookie secret", f"chmod o-w {path} (700 is best)")
     return Result(name, OK, f"{path}, owned by {hub_user}, mode {stat.S_IMODE(st.st_mode):o}")
+
+
+def host_rules_result(network: str, missing: list[str] | None, icc_off: bool, why_unreadable: str | None = None,
+                      ports: Sequence[int] = ()) -> Result:
+    """The host's rules that keep users' containers apart (docker/firewall.py): `missing` as
+    `iptables -A` lines (None: the bridge does not exist yet), `icc_off` its enable_icc=false."""
+    name = "host rules"
+    if why_unreadable:
+        return Result(name, WARN, f"cannot read this host's iptables rules: {why_unreadable}",
+                      "run gpu-pool doctor as root (the hub installs the rules as root at its start)")
+    if missing is None:
+        return Result(name, WARN, f"the bridge {network} does not exist yet: the hub makes it, with "
+                      "enable_icc=false, and installs its rules at its start")
+    if missing:
+        shown = "; ".join(missing[:4]) + (f" (and {len(missing) - 4} more)" if len(missing) > 4 else "")
+        return Result(name, FAIL, f"{len(missing)} rule(s) keeping users' containers apart are missing: {shown}",
+                      "restart the hub as root (it installs them; a firewall service may have flushed them), "
+                      "or add them with iptables as shown")
+    ports_text = ", ".join(map(str, ports))
+    if not icc_off:
+        return Result(name, WARN, f"in place (containers on {network} reach ports {ports_text} of the host only), "
+                      "but the bridge was made without enable_icc=false: its containers are kept apart by "
+                      "the hub's own rule only (needs br_netfilter)",
+                      f"stop every server, `docker network rm {network}`, restart the hub (it makes it again)")
+    return Result(name, OK, f"containers on {network} reach ports {ports_text} of the host only, not each "
+                  "other, nor 169.254.0.0/16; job clusters' internal networks reach nothing on the host")
+
+
+def overlay_result(network: str, attrs: dict | None) -> Result:
+    """Swarm: the servers' overlay `network` (docker network inspect; None: not there) encrypted?"""
+    name = "overlay"
+    if attrs is None:
+        return Result(name, FAIL, f"there is no network {network} (GPUHUB_DOCKER_NETWORK)",
+                      f"docker network create --driver overlay --attachable --opt encrypted {network}")
+    if "encrypted" not in (attrs.get("Options") or {}):
+        return Result(name, WARN, f"{network} is not encrypted: the servers' traffic with the hub (tokens, "
+                      "notebooks) crosses the nodes' network readable; users' servers on it reach each other "
+                      "(an overlay has no enable_icc)",
+                      f"with no server running: docker network rm {network}; docker network create --driver "
+                      f"overlay --attachable --opt encrypted {network} (needs ESP, IP protocol 50, between nodes)")
+    return Result(name, OK, f"{network} is encrypted (IPsec between nodes); users' servers on it still reach "
+                  "each other (an overlay has no enable_icc)")
 
 
 def render(results: list[Result]) -> str:

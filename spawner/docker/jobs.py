@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from ..containers import ContainerLimits, gpu_host_config, hardened_host_config
 from ..homes import prepare_home_volume
+from .firewall import BRIDGE_NAME_OPTION, job_bridge_name
 from ..jobs.engine import CREATED, ENDED, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
 from ..jobs.settings import JobSettings
 from ..labels import HOLDING_STATES, LABEL_JOB, LABEL_POOL
@@ -134,8 +135,6 @@ class DockerJobEngine:
                 {spec.network: self.api.create_endpoint_config(aliases=list(spec.aliases))})
         await self.docker("create_container", **create)
         try:
-            for extra in spec.extra_networks:  # Docker creates a container on one network only
-                await self.docker("connect_container_to_network", spec.name, extra)
             await self.docker("start", spec.name)
         except BaseException:
             await self.remove(spec.name)
@@ -217,13 +216,16 @@ class DockerJobEngine:
                           labels=c.get("Labels") or {}, phase=phase_of(c.get("State") or ""),
                           node=self.settings.host) for c in found]
 
-    async def create_network(self, name: str, labels: Mapping[str, str]) -> None:
+    async def create_network(self, name: str, labels: Mapping[str, str], outbound: bool = False) -> None:
         import docker.errors
 
         try:
             await self.docker("inspect_network", name)
         except docker.errors.NotFound:
-            await self.docker("create_network", name, driver="bridge", internal=True, labels=dict(labels))
+            # Its interface named by its kind: the host's rules (firewall.py) match every
+            # cluster's bridge by that prefix, the internal ones reaching nothing on the host.
+            await self.docker("create_network", name, driver="bridge", internal=not outbound,
+                              labels=dict(labels), options={BRIDGE_NAME_OPTION: job_bridge_name(name, outbound)})
 
     async def remove_network(self, name: str) -> bool:
         import docker.errors

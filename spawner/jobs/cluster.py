@@ -3,7 +3,9 @@
 A job with `workers` N > 1 gets N leases of its profile's GPUs in one grant
 (GPUPool.acquire_gang: all or nothing, one queue entry), then one unit per worker on
 its lease's host, all on a network of their own that only they share (internal: no
-route out, no hub).  Each worker gets `TF_CONFIG` naming every worker by a stable name
+route out, no hub; with the profile's `job_network`, a route out through the host's NAT and,
+on one Docker host, the hub's API under the host's rules, docker/firewall.py; never the hub's
+shared network, where any user's server would reach the workers' unauthenticated gRPC port).  Each worker gets `TF_CONFIG` naming every worker by a stable name
 (its unit name, an alias on that network) and its own index; worker 0 is the chief.
 
 The runner (runner.py) calls these steps for a cluster where it calls its own for one
@@ -78,9 +80,9 @@ def worker_specs(job: Job, profile: Profile, settings: JobSettings, home_volume:
             user=f"{job.uid}:{job.gid}", env=env, labels=labels, working_dir=settings.home_mount_point,
             volumes={home_volume: settings.home_mount_point}, gpus=gpus,
             host=host if host != settings.host else "",
+            # The cluster's own network only, never the hub's shared one (where every user's
+            # server could reach the workers' unauthenticated gRPC port).
             network=network, aliases=(name,),
-            # The cluster's own network always; the hub's too only where the profile allows jobs it.
-            extra_networks=(settings.network,) if profile.job_network else (),
             cpu_limit=profile.cpu_limit or None, mem_limit=profile.mem_limit or None, shm_size=settings.shm_size,
         ))
     return specs
@@ -146,8 +148,9 @@ async def launch(runner, job: Job, profile: Profile) -> Job | None:
         return None
     directory = (job.uid, job.gid) != (settings.fallback_uid, settings.fallback_gid)
     volume = await engine.prepare_home(job.user, profile.image, job.uid, job.gid, directory)
+    # A profile with job_network gives the cluster's own network a route out instead of the hub's.
     await engine.create_network(network_name(settings, job.id),
-                                {LABEL_JOB: str(job.id), LABEL_POOL: runner.pool_id})
+                                {LABEL_JOB: str(job.id), LABEL_POOL: runner.pool_id}, outbound=profile.job_network)
     specs = worker_specs(job, profile, settings, volume, runner.pool_id)
     # All at once: the workers wait for each other in TensorFlow's own start-up.
     results = await asyncio.gather(*(engine.create(s) for s in specs), return_exceptions=True)

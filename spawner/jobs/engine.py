@@ -46,9 +46,6 @@ class UnitSpec:
     host: str = ""  # the node it must run on (a Swarm node's hostname); "" = the engine's own host
     network: str | None = None  # a network to join; None = no network
     aliases: tuple[str, ...] = ()  # names the other units of its job reach it by on `network`
-    # Networks joined besides `network` (a cluster worker whose profile has job_network: the
-    # hub's network); [] for every unit whose profile does not allow one.
-    extra_networks: tuple[str, ...] = ()
     cpu_limit: float | None = None
     mem_limit: str | int | None = None
     shm_size: str = "64m"
@@ -116,9 +113,11 @@ class JobEngine(Protocol):
         """Every job unit of ledger `pool_id` on every host the engine reaches, for the
         reconciler; raises if the engine cannot list them all (nothing is then judged)."""
 
-    async def create_network(self, name: str, labels: Mapping[str, str]) -> None:
-        """A network for the units of one job (internal: no route out), on every host the
-        engine may place them; nothing if it exists."""
+    async def create_network(self, name: str, labels: Mapping[str, str], outbound: bool = False) -> None:
+        """A network for the units of one job, on every host the engine may place them, that no
+        other container joins; nothing if it exists.  Internal (no route out) unless `outbound`
+        (a profile with `job_network`: a route out through the host's NAT, and on one Docker
+        host the hub's API and the gpu-pool service, under the host's rules, docker/firewall.py)."""
 
     async def remove_network(self, name: str) -> bool:
         """True once it is gone."""

@@ -70,9 +70,9 @@ class GPULendingSpawner(Spawner):
         none), `cpu_limit`, `mem_limit`, and `groups` (JupyterHub groups allowed
         to use it; empty for everyone).  For batch jobs also `job_max_seconds`
         (the longest timeout a job may ask; default GPUHUB_JOB_MAX_SECONDS) and
-        `job_network` (true: the job's container, and each worker of a cluster
-        besides its cluster's own network, joins the hub's Docker network;
-        default false: no network).  For culling, `idle_timeout` (seconds of
+        `job_network` (true: a one-container job joins the hub's Docker network,
+        as a server; a cluster's own network, which only its workers share, gets
+        a route out; default false: no network, a cluster's network internal).  For culling, `idle_timeout` (seconds of
         inactivity before its servers are culled, instead of the hub's GPU or CPU
         timeout) and `max_age` (seconds after which its servers are stopped
         whatever their activity).  Users can choose nothing else: no image,

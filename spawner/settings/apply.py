@@ -10,6 +10,7 @@ import sys
 
 from .directory import DirectorySettings
 from .hub import Settings, default_profiles
+from ..docker.firewall import ICC_OPTION
 from .parsing import SettingsError
 
 
@@ -26,13 +27,26 @@ def docker_network_gateway(name: str) -> str:
         try:
             network = client.networks.get(name)
         except docker.errors.NotFound:
-            network = client.networks.create(name, driver="bridge")
+            # Its containers cannot reach each other (they reach the gateway, where the hub listens).
+            network = client.networks.create(name, driver="bridge", options={ICC_OPTION: "false"})
         network.reload()
         return network.attrs["IPAM"]["Config"][0]["Gateway"]
     except Exception as exc:
         raise SettingsError(
             f"GPUHUB_DOCKER_NETWORK={name!r}: cannot reach Docker to find or create the bridge ({exc})"
         ) from None
+
+
+def servers_ports(settings: Settings) -> list[int]:
+    """The host ports users' containers reach on the bridge's gateway: the hub's API, the gpu-pool
+    service's (its JupyterLab panel, `gpu-job`) and the proxy's public port."""
+    from urllib.parse import urlparse
+
+    from ..docker.firewall import hub_ports
+
+    bound = urlparse(settings.bind_url)
+    public = bound.port or (443 if bound.scheme == "https" else 80)
+    return hub_ports(settings.hub_port, settings.pool_page_port if settings.pool_page else None, public)
 
 
 def configure_directory(c, directory: DirectorySettings) -> None:
@@ -84,6 +98,9 @@ def apply_settings(c, settings: Settings) -> None:
         gateway = docker_network_gateway(settings.docker_network)
         c.JupyterHub.hub_ip = gateway
         c.JupyterHub.hub_connect_ip = gateway
+        from ..docker.firewall import install_when_the_hub_starts
+
+        install_when_the_hub_starts(settings.docker_network, servers_ports(settings))
 
     c.JupyterHub.spawner_class = "gpu-docker"
     if settings.spawner == "swarm":

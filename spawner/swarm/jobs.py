@@ -52,6 +52,13 @@ MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
 LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
 
 
+def overlay_options(servers_overlay: Mapping) -> dict[str, str]:
+    """The driver options of a job's own overlay: encrypted (IPsec between nodes) when the
+    servers' overlay (`docker network inspect`) is."""
+    options = servers_overlay.get("Options") or {}
+    return {"encrypted": ""} if "encrypted" in options else {}
+
+
 def isolated_network(unit: str) -> str:
     return f"{unit}-isolated"
 
@@ -153,7 +160,6 @@ class SwarmJobEngine(DockerJobEngine):
         constraints += [f"node.id!={node}" for node in sorted(refused or {})]
         networks = [NetworkAttachmentConfig(spec.network or isolated_network(spec.name),
                                             aliases=list(spec.aliases) or None)]
-        networks += [NetworkAttachmentConfig(extra) for extra in spec.extra_networks]
         task = TaskTemplate(
             container_spec=container, resources=resources, restart_policy=RestartPolicy(condition="none"),
             placement=Placement(constraints=constraints or None), networks=networks,
@@ -373,14 +379,21 @@ class SwarmJobEngine(DockerJobEngine):
     async def units(self, pool_id: str) -> list[UnitState]:
         return await self._on_thread(self._units, pool_id)
 
-    async def create_network(self, name: str, labels: Mapping[str, str]) -> None:
+    async def create_network(self, name: str, labels: Mapping[str, str], outbound: bool = False) -> None:
         import docker.errors
 
         try:
             await self.docker("inspect_network", name)
         except docker.errors.NotFound:
-            await self.docker("create_network", name, driver="overlay", attachable=True, internal=True,
-                              labels=dict(labels))
+            # Encrypted as the servers' overlay is (its nodes then carry IPsec between them).
+            servers = {}
+            if self.settings.network:
+                try:
+                    servers = await self.docker("inspect_network", self.settings.network)
+                except docker.errors.NotFound:
+                    pass
+            await self.docker("create_network", name, driver="overlay", attachable=True, internal=not outbound,
+                              labels=dict(labels), options=overlay_options(servers))
 
     async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         """The nodes carrying every label of `node_labels` (None: any node), less those whose

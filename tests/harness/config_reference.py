@@ -35,6 +35,7 @@ CLASSES = [
     ("spawner.inventory.swarm", "SwarmInventory"),
     ("spawner.reconciler", "Reconciler"),
     ("spawner.containers", "ContainerLimits"),
+    ("spawner.docker.firewall", "HostFirewall"),
     ("spawner.jobs.limits", "JobLimits"),
     ("spawner.auth", "DirectoryAuthenticator"),
     ("spawner.culling", "GPUIdleCuller"),

@@ -216,8 +216,10 @@ def test_the_pool_page_form_submits_a_cluster_and_the_page_shows_its_workers(mak
     assert not hub.ledger().leases() and not job_containers(hub, docker_client, job_id)
 
 
-def test_a_profile_that_allows_jobs_the_hubs_network_puts_every_worker_on_it_too(make_hub, docker_client):
-    # tf-gpu-1 allows jobs the hub's network: a cluster's workers join it besides their own.
+def test_a_profile_that_allows_jobs_a_network_gives_the_cluster_a_route_out_not_the_hubs_network(
+        make_hub, docker_client):
+    # tf-gpu-1 allows jobs a network: the cluster's own network goes out; no worker joins the
+    # hub's shared one (any user's server there would reach the workers' gRPC port).
     hub, tokens = job_hub(make_hub, extra_config="""
 c.GPUDockerSpawner.profiles = [dict(p, job_network=True) if p["slug"] == "tf-gpu-1" else p
                                for p in c.GPUDockerSpawner.profiles]
@@ -226,12 +228,15 @@ c.GPUDockerSpawner.profiles = [dict(p, job_network=True) if p["slug"] == "tf-gpu
     j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["sleep", "300"], "workers": 2})
     wait_for(lambda: len(job_containers(hub, docker_client, j["id"])) == 2 and job(hub, pat, j["id"])["started_at"],
              hub=hub, what="the cluster running")
-    hub_network = hub.env["GPUHUB_DOCKER_NETWORK"]
+    own = f"{hub.prefix}-job-{j['id']}-net"
     for container in job_containers(hub, docker_client, j["id"]):
         container.reload()
         networks = container.attrs["NetworkSettings"]["Networks"]
-        assert set(networks) == {f"{hub.prefix}-job-{j['id']}-net", hub_network}, networks
-        # Its peers still find it by its stable name, on the cluster's own network.
-        assert container.name in networks[f"{hub.prefix}-job-{j['id']}-net"]["Aliases"]
+        assert set(networks) == {own}, networks
+        # Its peers find it by its stable name there.
+        assert container.name in networks[own]["Aliases"]
+    (network,) = cluster_networks(hub, docker_client, j["id"])
+    assert network.attrs["Internal"] is False
+    assert network.attrs["Options"]["com.docker.network.bridge.name"].startswith("gpuhub-o")
     assert jobs_api(hub, "DELETE", f"/{j['id']}", pat).json()["state"] == "cancelled"
     wait_for(lambda: not job_containers(hub, docker_client, j["id"]), hub=hub, what="its containers removed")

@@ -38,10 +38,9 @@ def test_every_worker_gets_its_own_gpus_and_a_tf_config_naming_all_by_stable_nam
         create, host = DockerJobEngine(settings).create_args(spec)
         assert host["network_mode"] == "gpuhub-job-12-net" and host["cap_drop"] == ["ALL"]
         assert host["device_requests"][0]["DeviceIDs"] == [f"GPU-{i}"]
-        assert spec.extra_networks == ()
 
 
-def test_a_profile_that_allows_jobs_the_hubs_network_gives_it_to_each_worker_too():
+def test_a_profile_that_allows_jobs_a_network_keeps_each_worker_on_its_clusters_own_only():
     import dataclasses
 
     from spawner.swarm.jobs import SwarmJobEngine
@@ -51,11 +50,13 @@ def test_a_profile_that_allows_jobs_the_hubs_network_gives_it_to_each_worker_too
     leases = [Lease(20 + i, "pat", f"job/12/worker-{i}", "node1", (f"GPU-{i}",), (), None) for i in range(2)]
     job = _job(workers=2, units=tuple(units_of(leases, 2, "node1")))
     for spec in worker_specs(job, profile, settings, "gpuhub-home-pat", "ledger1"):
-        # Its peers by name on the cluster's own network, and the hub's network besides.
-        assert spec.network == "gpuhub-job-12-net" and spec.extra_networks == ("gpuhub-net",)
+        # Its peers by name on the cluster's own network; never the hub's shared one, where any
+        # user's server would reach its unauthenticated gRPC port.
+        assert spec.network == "gpuhub-job-12-net"
         task = SwarmJobEngine(dataclasses.replace(settings, engine="swarm")).service_args(spec)["task_template"]
-        assert [(n["Target"], n.get("Aliases")) for n in task["Networks"]] == [
-            ("gpuhub-job-12-net", [spec.name]), ("gpuhub-net", None)]
+        assert [(n["Target"], n.get("Aliases")) for n in task["Networks"]] == [("gpuhub-job-12-net", [spec.name])]
+        create, host = DockerJobEngine(settings).create_args(spec)
+        assert host["network_mode"] == "gpuhub-job-12-net"
 
 
 def test_tf_config_and_a_cpu_clusters_units():
@@ -149,3 +150,10 @@ def test_a_node_quiet_for_less_than_the_grace_lets_the_cluster_carry_on():
     # Quiet for two turns only, with a grace far longer than the whole watch: it times out instead.
     state, _, why = _watch(quiet_turns={3, 4}, grace=60.0, turns=30)
     assert state == "timed-out", why
+
+
+def test_a_jobs_own_overlay_is_encrypted_when_the_servers_overlay_is():
+    from spawner.swarm.jobs import overlay_options
+
+    assert overlay_options({"Options": {"encrypted": ""}}) == {"encrypted": ""}
+    assert overlay_options({"Options": {}}) == {} and overlay_options({}) == {}
