@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,7 +15,7 @@ from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, InvalidRequest, WaitTimeout, bookings
 from spawner.pool.bookings import BookingRefused
-from tests.fixtures.services import free_port
+from tests.fixtures.pool_app import serving_app
 
 HOST = "node-1"
 H = timedelta(hours=1)
@@ -213,8 +212,7 @@ def test_overlaps_name_the_next_free_window_and_limits_hold_per_user(tmp_path):
 @pytest.fixture
 def service(tmp_path):
     """The pool service's app on a free port; the hub's login stood in for by headers."""
-    from spawner.poolpage import ADMIN_SCOPE, app
-    from spawner.poolpage.handlers import base as handlers
+    from spawner.poolpage import ADMIN_SCOPE
 
     def current_user(self):
         name = self.request.headers.get("X-User")
@@ -223,24 +221,9 @@ def service(tmp_path):
         scopes = [ADMIN_SCOPE] if self.request.headers.get("X-Admin") else []
         return {"name": name, "scopes": scopes, "kind": "user", "groups": []}
 
-    original = handlers.BaseHandler.get_current_user
-    handlers.BaseHandler.get_current_user = current_user
     pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", **LIMITS)
-    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        app.make_app(pool, "/services/gpu-pool/", "/", False).listen(port, "127.0.0.1")
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ready.wait(10)
-    yield f"http://127.0.0.1:{port}/services/gpu-pool/", pool
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
-    handlers.BaseHandler.get_current_user = original
+    with serving_app(pool, current_user) as url:
+        yield url, pool
     pool.close()
 
 
@@ -381,8 +364,6 @@ def test_used_is_per_gpu_an_unused_gpu_of_a_booking_goes_back(tmp_path):
 
 
 def test_the_api_books_no_more_than_the_users_profiles_take(tmp_path):
-    from spawner.poolpage import app
-    from spawner.poolpage.handlers import base as handlers
     from spawner.poolpage.service_config import PoolPageSettings
 
     def current_user(self):
@@ -391,33 +372,15 @@ def test_the_api_books_no_more_than_the_users_profiles_take(tmp_path):
 
     profiles = [{"slug": "gpu-1", "display_name": "1", "image": "i", "gpus": 1},
                 {"slug": "gpu-2", "display_name": "2", "image": "i", "gpus": 2, "groups": ["big"]}]
-    original = handlers.BaseHandler.get_current_user
-    handlers.BaseHandler.get_current_user = current_user
     pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", **LIMITS)
-    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        app.make_app(pool, "/services/gpu-pool/", "/", False, page=PoolPageSettings(profiles=profiles)).listen(
-            port, "127.0.0.1")
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ready.wait(10)
-    url = f"http://127.0.0.1:{port}/services/gpu-pool/api/bookings"
     now = datetime.now(UTC)
     body = {"count": 2, "starts_at": (now + H).isoformat(), "ends_at": (now + 2 * H).isoformat()}
-    try:
+    with serving_app(pool, current_user, page=PoolPageSettings(profiles=profiles)) as base:
+        url = base + "api/bookings"
         r = requests.post(url, json=body, headers={"X-User": "bob"}, timeout=30)
         assert r.status_code == 400 and "Your profiles (gpu-1) take at most 1 GPU(s) each" in r.json()["message"]
         assert pool.bookings() == []
         r = requests.post(url, json=body, headers={"X-User": "cy", "X-Groups": "big"}, timeout=30)
         assert r.status_code == 201, r.text
         assert requests.get(url, headers={"X-User": "cy"}, timeout=30).json()["limits"]["notice_s"] == 3600
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        handlers.BaseHandler.get_current_user = original
-        pool.close()
+    pool.close()

@@ -5,7 +5,6 @@ ledger, the hub's login stood in for by the X-User header)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
@@ -20,7 +19,7 @@ from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.profiles import DEFAULT_PROFILES
-from tests.fixtures.services import free_port
+from tests.fixtures.pool_app import serving_app
 
 HOST = "node-1"
 PREFIX = "/services/gpu-pool/"
@@ -47,9 +46,6 @@ class Hub:
 @contextlib.contextmanager
 def serving(pool, jobs=None, hub=None, limits=None):
     """The service's app on a free port; yields its URL."""
-    from spawner.poolpage import app
-    from spawner.poolpage.handlers import base as handlers
-
     def current_user(self):
         name = self.request.headers.get("X-User")
         if not name:
@@ -57,28 +53,8 @@ def serving(pool, jobs=None, hub=None, limits=None):
         scopes = [JOBS_SCOPE] + (["custom:gpu-pool:admin"] if self.request.headers.get("X-Admin") else [])
         return {"name": name, "scopes": scopes, "kind": "user", "groups": []}
 
-    original = handlers.BaseHandler.get_current_user
-    handlers.BaseHandler.get_current_user = current_user
-    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        web_app = app.make_app(pool, PREFIX, "/", False, jobs=jobs, limits=limits)
-        if hub is not None:
-            web_app.settings["hub_api"] = hub
-        web_app.listen(port, "127.0.0.1")
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        assert ready.wait(10)
-        yield f"http://127.0.0.1:{port}{PREFIX}"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        handlers.BaseHandler.get_current_user = original
+    with serving_app(pool, current_user, hub_api=hub, jobs=jobs, limits=limits) as url:
+        yield url
 
 
 def make_pool(tmp_path, **kwargs) -> GPUPool:

@@ -146,39 +146,17 @@ def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
 def serving(pool, servers: list):
     """The pool service's app on a free port, the hub's server list stood in for by `servers`
     and its login by the X-User header; yields the port."""
-    import asyncio
-    import threading
-
-    from spawner.poolpage import app
-    from spawner.poolpage.handlers import base as handlers
-    from tests.fixtures.services import free_port
+    from tests.fixtures.pool_app import serving_app
 
     class Hub:
         async def servers_of_user(self, name):
             return [s for s in servers if s.user == name]
 
-    original = handlers.BaseHandler.get_current_user
-    handlers.BaseHandler.get_current_user = lambda self: {"name": self.request.headers["X-User"], "scopes": [],
-                                                          "kind": "user", "groups": []}
-    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
+    def current_user(self):
+        return {"name": self.request.headers["X-User"], "scopes": [], "kind": "user", "groups": []}
 
-    def run():
-        asyncio.set_event_loop(loop)
-        web_app = app.make_app(pool, "/services/gpu-pool/", "/", False)
-        web_app.settings["hub_api"] = Hub()
-        web_app.listen(port, "127.0.0.1")
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        assert ready.wait(10)
-        yield port
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        handlers.BaseHandler.get_current_user = original
+    with serving_app(pool, current_user, hub_api=Hub()) as url:
+        yield int(url.split(":")[2].split("/")[0])
 
 
 def test_a_waiter_is_told_when_the_holders_gpu_hour_budget_runs_out(tmp_path):
