@@ -19,10 +19,13 @@ The password is never logged and never kept.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import os
 import time
 from collections import OrderedDict, deque
+from pathlib import Path
 
 from jupyterhub.utils import maybe_future
 from tornado import web
@@ -36,6 +39,9 @@ MSG_WRONG = "That is not your password; nothing was changed"
 MSG_NO_CHECK = ("This hub cannot check your password here (the service was started without the hub's "
                 "authenticator); ask the hub's operator")
 MSG_HUB_SLOW = "Your password could not be checked in time; nothing was changed, try again in a minute"
+# The gpu-pool service's variable naming the file the hub writes for it: the authenticator's class,
+# settings and where its secrets are (ssh/settings.py, authenticator_hand_over).
+AUTHENTICATOR_FILE_ENV = "GPUHUB_POOL_AUTHENTICATOR_FILE"
 # At most this many users' failures are remembered; the one longest without a failure goes first.
 CAPACITY = 10000
 
@@ -45,6 +51,24 @@ def token_authenticated(handler) -> bool:
     rather than by the browser's cookie: what HubAuth notes on the handler
     (tests/unit/test_upstream_contract.py)."""
     return bool(getattr(handler, "_token_authenticated", False))
+
+
+def authenticator_from_env(environ=os.environ):
+    """The hub's authenticator as the file AUTHENTICATOR_FILE_ENV names describes it; None
+    without one (the service outside a hub: nothing is confirmed by password then)."""
+    from .ssh.logins import load_authenticator
+    from .ssh.settings import read_secrets
+
+    path = environ.get(AUTHENTICATOR_FILE_ENV, "")
+    if not path:
+        return None
+    try:
+        handed = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        log.error("No password re-check: cannot read %s (%s)", path, exc)
+        return None
+    return load_authenticator(handed["authenticator_class"], handed["authenticator_config"],
+                              read_secrets(handed.get("authenticator_secrets") or {}, environ))
 
 
 class PasswordRecheck:
