@@ -25,6 +25,7 @@ from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..hub_service import stop_when_the_hub_is_gone
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
+from ..reauth import PasswordRecheck, authenticator_from_env
 from .handlers import actions as actions_api
 from .handlers import bookings as bookings_api
 from .handlers import history as history_api
@@ -130,7 +131,8 @@ def _more_routes(prefix: str) -> list:
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,
-             limits: PoolServiceLimits | None = None, page: PoolPageSettings | None = None) -> web.Application:
+             limits: PoolServiceLimits | None = None, page: PoolPageSettings | None = None,
+             recheck: PasswordRecheck | None = None) -> web.Application:
     limits = limits if limits is not None else PoolServiceLimits()
     page = page if page is not None else PoolPageSettings()
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
@@ -153,7 +155,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             *jobs_api.routes(prefix),
         ],
         pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
-        limits=limits, page=page, followers=Followers(limits), lab_profiles=lab_api.lab_profiles(jobs, page),
+        limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
     )
 
@@ -206,8 +208,10 @@ def main() -> None:
         # Jobs lease from what Swarm says now (nodes that joined, left, went down), as servers do.
         inventory = SwarmInventory()
     pool = GPUPool(db_url=ledger_env(ENV_DB_URL), inventory=inventory, **(job_settings.pool if job_settings else {}))
+    recheck = PasswordRecheck(authenticator_from_env(), timeout=limits.hub_auth_timeout)
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,
-                   jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page)
+                   jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page,
+                   recheck=recheck)
     try:
         asyncio.run(serve(app, url.port or 80))
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jupyterhub.utils import url_path_join
 
-from ..hub_service import without_named
+from ..hub_service import without_named, write_when_config_loaded
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from ..poolpage.hubapi import SERVICE_SCOPES
 from ..poolpage.service_config import CONFIG_FILE_ENV, FILE_NAME
@@ -100,6 +100,7 @@ def configure_pool_page(c, settings) -> None:
     environment = {ENV_DB_URL: settings.pool_db_url, CONFIG_FILE_ENV: str(path)}
     if os.environ.get("DOCKER_HOST"):  # the jobs reach the hub's Docker as the spawner does
         environment["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    hand_authenticator_over(settings, environment)
     section.services = without_named(services, SERVICE_NAME) + [{
         "name": SERVICE_NAME,
         "display": True,
@@ -154,6 +155,31 @@ def configure_pool_page(c, settings) -> None:
     template_vars["gpu_pool_url"] = url_path_join(base_url, "services", SERVICE_NAME) + "/"
     section.template_vars = template_vars
     configure_servers(c, settings, bridge_ip)
+
+
+def hand_authenticator_over(settings, environment: dict) -> None:
+    """The hub's authenticator for the service, which asks an admin's password again before an
+    action script runs (reauth.py): its class and settings in a file the hub writes from its
+    final config, readable by the hub's user only, never the directory's lookup password (the
+    path of its file, or the variable added to `environment` that carries it)."""
+    import json
+
+    from ..reauth import AUTHENTICATOR_FILE_ENV
+    from ..ssh.settings import INLINE_SECRET_ENV, _jsonable, authenticator_hand_over
+
+    state_dir = settings.data_dir / "gpu-pool-auth"
+    path = state_dir / "authenticator.json"
+    directory = getattr(settings, "directory", None)
+    environment[AUTHENTICATOR_FILE_ENV] = str(path)
+    if directory is not None and directory.bind_password and not directory.bind_password_file:
+        environment[INLINE_SECRET_ENV] = directory.bind_password
+
+    def render(hub) -> str:  # in the hub only (not in `gpu-pool --config`, which may not write here)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handed = authenticator_hand_over(hub, state_dir, directory, reader="The gpu-pool service")
+        return json.dumps(handed, default=_jsonable)
+
+    write_when_config_loaded(path, render, private=True)
 
 
 def configure_servers(c, settings, bridge_ip: str) -> None:

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from tornado.httpserver import HTTPServer
 
 from ..hub_service import stop_when_the_hub_is_gone
+from ..reauth import PasswordRecheck
 from .gateway import Gateway
 from .hub_client import HubClient
 from .key_store import KeyStore
@@ -39,7 +40,9 @@ async def serve() -> None:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpu-ssh/")
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8092"))
     public_host = "" if s["address"] in ("0.0.0.0", "::", "127.0.0.1") else s["address"]
-    page = HTTPServer(make_app(store, prefix, s["port"], public_host, s["max_keys_per_user"]), xheaders=True)
+    recheck = PasswordRecheck(authenticator, timeout=s["hub_timeout"])
+    page = HTTPServer(make_app(store, prefix, s["port"], public_host, s["max_keys_per_user"], recheck),
+                      xheaders=True)
     page.listen(url.port or 80, "127.0.0.1")
     await stop.wait()
     page.stop()

@@ -254,7 +254,7 @@ def authenticator_sections(hub) -> dict:
     return out
 
 
-def _secret_sources(hub, sections: dict, state_dir: Path, directory) -> dict:
+def _secret_sources(hub, sections: dict, state_dir: Path, directory, reader: str = "The SSH gateway") -> dict:
     """Take the secret options out of `sections`; {"Section.option": {"file": path} or
     {"env": name}}: where the service reads each instead.  The directory's lookup password
     given as GPUHUB_DIRECTORY_BIND_PASSWORD_FILE: that file; given inline: the service's own
@@ -277,31 +277,40 @@ def _secret_sources(hub, sections: dict, state_dir: Path, directory) -> dict:
                 with os.fdopen(fd, "w") as f:
                     f.write(str(value))
                 os.chmod(path, 0o600)
-                hub.log.warning("%s is set in a config file: the SSH gateway reads it from %s. Give it as "
+                hub.log.warning("%s is set in a config file: %s reads it from %s. Give it as "
                                 "GPUHUB_DIRECTORY_BIND_PASSWORD_FILE instead to keep it out of the hub's data.",
-                                key, path)
+                                key, reader, path)
                 sources[key] = {"file": str(path)}
     return sources
 
 
-def render_hand_over(hub, state_dir: Path, directory=None) -> str:
-    """The file the service reads: the gateway's settings, the authenticator's class and
-    settings (its secrets only as where to read them: _secret_sources), the hub's roles as
-    far as they reach servers (server_access.rules_from_roles)."""
-    from .server_access import rules_from_roles
-
+def authenticator_hand_over(hub, state_dir: Path, directory=None, reader: str = "The SSH gateway") -> dict:
+    """What a service needs to build the hub's authenticator: its class and settings, its
+    secrets only as where to read them (_secret_sources; `reader` names the service in the
+    hub's warning)."""
     cls = hub.authenticator_class  # the class only: the hub makes its instance later
-    gateway = SSHGateway(config=hub.config).values()
-    if not gateway["host_key_dir"]:
-        gateway["host_key_dir"] = str(state_dir / "host_keys")
     sections = authenticator_sections(hub)
-    secrets = _secret_sources(hub, sections, state_dir, directory)
-    return json.dumps({
-        "gateway": gateway,
-        "state_dir": str(state_dir),
+    secrets = _secret_sources(hub, sections, state_dir, directory, reader)
+    return {
         "authenticator_class": f"{cls.__module__}.{cls.__qualname__}",
         "authenticator_config": sections,
         "authenticator_secrets": secrets,
+    }
+
+
+def render_hand_over(hub, state_dir: Path, directory=None) -> str:
+    """The file the service reads: the gateway's settings, the authenticator's class and
+    settings (authenticator_hand_over), the hub's roles as far as they reach servers
+    (server_access.rules_from_roles)."""
+    from .server_access import rules_from_roles
+
+    gateway = SSHGateway(config=hub.config).values()
+    if not gateway["host_key_dir"]:
+        gateway["host_key_dir"] = str(state_dir / "host_keys")
+    return json.dumps({
+        "gateway": gateway,
+        "state_dir": str(state_dir),
+        **authenticator_hand_over(hub, state_dir, directory),
         "server_access": rules_from_roles(hub.load_roles),
     }, default=_jsonable)
 

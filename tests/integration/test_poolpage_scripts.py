@@ -19,7 +19,7 @@ import time
 
 import requests
 
-from ..fixtures.hub import wait_for
+from ..fixtures.hub import DUMMY_PASSWORD, wait_for
 from .test_poolpage import ADMIN_ENV, logged_in, page_api, wait_for_page
 
 # pam administers the pool (drain, end leases) but may not run code in other people's servers.
@@ -86,7 +86,8 @@ def test_scripts_run_where_confirmed_bounded_and_followed(make_hub, tmp_path):
     confirmed = hidden_inputs(r.text, "confirm-form")
     # cy joins the group between the confirmation and the click: the script does not run there
     assert hub.api("POST", "/groups/ml/users", json={"users": ["cy"]}).status_code == 200
-    r = session.post(f"{hub.url}/services/gpu-pool/actions/exec", data=confirmed, timeout=90)
+    r = session.post(f"{hub.url}/services/gpu-pool/actions/exec", data=confirmed + [("password", DUMMY_PASSWORD)],
+                     timeout=90)
     assert r.status_code == 200, r.text[-2000:]
     results = re.search(r'<table[^>]*id="results".*?</table>', r.text, re.S)[0]
     assert "ran as pat" in results and "ran as bob" in results and "cy" not in results, results
@@ -207,3 +208,53 @@ def test_a_server_recording_script_requests_gets_no_credential_beyond_its_own_se
     # taking one for its auth cache's 5 minutes: a credential for what pat holds anyway).
     left = hub.api("GET", "/users/pat/tokens").json()["api_tokens"]
     assert not [t for t in left if "action script" in (t.get("note") or "")], left
+
+
+def test_a_same_origin_page_cannot_confirm_an_action_script_for_an_admin(make_hub):
+    """Issue 42, item 6.  Without subdomain_host a page at /user/mallory/ shares the hub's origin:
+    in ada's browser (she may run scripts) it reads the pool page's _xsrf, posts the exec form,
+    reads the confirmation and posts that.  Simulated without a browser: a session holding ada's
+    hub cookie does exactly that, and then the same as fetch() would to api/exec."""
+    hub = make_hub(env=ENV)
+    for name in ("pat", "ada", "mallory"):
+        hub.create_user(name)
+    ada, pat = hub.user_token("ada"), hub.user_token("pat")
+    wait_for_page(hub, ada)
+    hub.start_server("pat", {"profile": "tf-gpu-1"})
+    forged = "echo forged >> ~/forged.txt; echo ran"
+
+    def forged_runs() -> int:
+        r = requests.get(f"{hub.url}/user/pat/api/contents/forged.txt", headers={"Authorization": f"token {pat}"},
+                         timeout=30)
+        return r.json()["content"].count("forged") if r.status_code == 200 else 0
+
+    victim = logged_in(hub, "ada")
+    page = victim.get(f"{hub.url}/services/gpu-pool/", timeout=30).text
+    xsrf = dict(hidden_inputs(page, "exec-form"))["_xsrf"]
+    r = victim.post(f"{hub.url}/services/gpu-pool/confirm", timeout=30, data={
+        "_xsrf": xsrf, "action": "exec", "script": forged, "users": "pat", "timeout": "30"})
+    assert r.status_code == 200 and 'id="targets"' in r.text, r.text[-2000:]
+    confirmed = hidden_inputs(r.text, "confirm-form")
+    r = victim.post(f"{hub.url}/services/gpu-pool/actions/exec", data=confirmed, timeout=90)
+    assert r.status_code == 403 and "Type your password" in html.unescape(r.text), (r.status_code, r.text[-1500:])
+    # ...as fetch() would post api/exec with the cookie and the token in a header: refused the same way.
+    r = victim.post(f"{hub.url}/services/gpu-pool/api/exec", headers={"X-XSRFToken": xsrf}, timeout=90,
+                    json={"script": forged, "users": ["pat"], "timeout": 30})
+    assert r.status_code == 403 and "Type your password" in r.json()["message"], r.text
+    # A wrong password: a clear 403, nothing runs.
+    r = victim.post(f"{hub.url}/services/gpu-pool/actions/exec", data=confirmed + [("password", "guess")],
+                    timeout=90)
+    assert r.status_code == 403 and "not your password" in html.unescape(r.text), (r.status_code, r.text[-1500:])
+    assert forged_runs() == 0
+    audit = page_api(hub, "GET", "api/audit", ada).json()
+    assert not any(rec["action"] == "exec" for rec in audit["audit"]), audit
+
+    # Ada herself, with her password: it runs.
+    r = victim.post(f"{hub.url}/services/gpu-pool/actions/exec", data=confirmed + [("password", DUMMY_PASSWORD)],
+                    timeout=90)
+    assert r.status_code == 200 and "ran" in r.text, r.text[-2000:]
+    assert forged_runs() == 1
+    # `gpu-pool exec` and scripts with a hub API token in the header are not asked.
+    r = page_api(hub, "POST", "api/exec", ada, json={"script": "echo by-token", "users": ["pat"]})
+    assert r.status_code == 200 and r.json()["results"][0]["output"] == "by-token\n", r.text
+    assert DUMMY_PASSWORD not in hub.log_path.read_text(errors="replace")

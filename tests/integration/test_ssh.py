@@ -8,6 +8,8 @@ real dockerd, the real idle culler.  `ssh`, `scp`, `sftp` and `ssh -L` are OpenS
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import secrets
 import statistics
 from datetime import datetime
@@ -315,3 +317,79 @@ def test_ssh_honours_bans_and_roles_for_keys_registered_before_and_keeps_the_bin
     ran = [r for r in results if not isinstance(r, BaseException) and r.stdout.strip() == "ok"]
     assert (len(ran), len(refused)) == (4, 4), results
     assert all("max_channels_per_connection = 4" in r.reason for r in refused)
+
+
+def _xsrf_in(page: str) -> str:
+    match = re.search(r'name="_xsrf" value="([^"]+)"', page)
+    assert match, page[:2000]
+    return html.unescape(match.group(1))
+
+
+def test_a_same_origin_page_cannot_add_a_key_to_a_visitors_account(make_hub, openldap, tmp_path):
+    """Issue 42, item 6.  Without subdomain_host a page at /user/mallory/ shares the hub's origin:
+    in alice's browser it fetches the key page with her cookies, reads its _xsrf and posts a key.
+    Simulated without a browser: a session holding alice's hub cookie does exactly that."""
+    directory = openldap
+    hub, port = ssh_hub(make_hub, "", JUPYTERHUB_CRYPT_KEY=secrets.token_hex(32), **directory.settings_env())
+    alice = directory.users["alice"]
+    victim = requests.Session()
+    page = victim.get(f"{hub.url}/hub/login", timeout=30)
+    r = victim.post(f"{hub.url}/hub/login", allow_redirects=False, timeout=60, data={
+        "username": "alice", "password": alice.password, "_xsrf": _xsrf_in(page.text)})
+    assert r.status_code == 302, r.text[:500]
+    token = hub.user_token("alice")
+    keys_api = f"{hub.url}/services/gpu-ssh/api/keys"
+
+    def alices_keys() -> list:
+        r = requests.get(keys_api, headers={"Authorization": f"token {token}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["keys"]
+
+    mallory = asyncssh.generate_private_key("ssh-ed25519", comment="mallory@evil")
+    mallory_line = mallory.export_public_key().decode()
+    # Mallory's page: the key page with alice's cookies, its _xsrf, the form's post.
+    page = victim.get(f"{hub.url}/services/gpu-ssh/", timeout=30)
+    assert page.status_code == 200 and "Add a public key" in page.text, page.text[:500]
+    xsrf = _xsrf_in(page.text)
+    r = victim.post(keys_api, data={"_xsrf": xsrf, "key": mallory_line, "from_page": "1"},
+                    allow_redirects=False, timeout=30)
+    assert r.status_code == 403 and "Type your password" in html.unescape(r.text), (r.status_code, r.text[:500])
+    # ...or as fetch() would post JSON with the token in a header: refused the same way.
+    r = victim.post(keys_api, json={"key": mallory_line}, headers={"X-XSRFToken": xsrf}, timeout=30)
+    assert r.status_code == 403 and "Type your password" in r.json()["message"], r.text
+    # A wrong password: a clear 403, nothing registered.
+    r = victim.post(keys_api, data={"_xsrf": xsrf, "key": mallory_line, "from_page": "1",
+                                    "password": "guess-" + alice.password}, allow_redirects=False, timeout=30)
+    assert r.status_code == 403 and "not your password" in html.unescape(r.text), (r.status_code, r.text[:500])
+    assert alices_keys() == []
+    client = SSHClient(port, tmp_path / "ssh")
+    mallory_file = tmp_path / "id_mallory"
+    mallory.write_private_key(str(mallory_file))
+    mallory_file.chmod(0o600)
+    assert client.ssh("alice", "whoami", key=mallory_file).returncode == 255
+
+    # Alice herself, with her password: the key is added and shown at the top of the page.
+    own = asyncssh.generate_private_key("ssh-ed25519", comment="alice@laptop")
+    r = victim.post(keys_api, data={"_xsrf": xsrf, "key": own.export_public_key().decode(), "from_page": "1",
+                                    "password": alice.password}, allow_redirects=False, timeout=30)
+    assert r.status_code == 302, (r.status_code, r.text[:500])
+    [added] = alices_keys()
+    page = victim.get(f"{hub.url}/services/gpu-ssh/", timeout=30).text
+    banner = re.search(r'<div class="banner" id="new-keys".*?</div>', page, re.S)
+    assert banner and added["fingerprint"] in banner[0] and "added" in banner[0], page[:3000]
+    # A hub API token (which the page does not hold) still adds keys without the password (scripts).
+    second = asyncssh.generate_private_key("ssh-ed25519", comment="alice@desktop")
+    r = requests.post(keys_api, json={"key": second.export_public_key().decode()},
+                      headers={"Authorization": f"token {token}"}, timeout=30)
+    assert r.status_code == 201, r.text
+
+    # Guessing is bounded per user: after 5 wrong passwords even the right one waits (429).
+    for _ in range(5):
+        r = victim.post(keys_api, json={"key": mallory_line, "password": "guess"},
+                        headers={"X-XSRFToken": xsrf}, timeout=30)
+        assert r.status_code == 403, r.text
+    r = victim.post(keys_api, json={"key": mallory_line, "password": alice.password},
+                    headers={"X-XSRFToken": xsrf}, timeout=30)
+    assert r.status_code == 429 and "try again in" in r.json()["message"], r.text
+    assert len(alices_keys()) == 2
+    assert alice.password not in hub.log_path.read_text(errors="replace")

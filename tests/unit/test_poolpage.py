@@ -153,7 +153,8 @@ def test_the_service_reads_the_hubs_settings_from_the_one_file_the_hub_writes(tm
     configure_pool_page(c, settings)
     [service] = c.JupyterHub.services
     env = service["environment"]
-    assert set(env) == {"GPUHUB_POOL_DB_URL", CONFIG_FILE_ENV}  # nothing else travels by environment
+    # Nothing else travels by environment (the authenticator's file: the password re-check, reauth.py).
+    assert set(env) == {"GPUHUB_POOL_DB_URL", CONFIG_FILE_ENV, "GPUHUB_POOL_AUTHENTICATOR_FILE"}
     c.PoolServiceLimits.log_followers_per_job = 2  # a later config file
     path = tmp_path / "gpu-pool-service.json"
     assert env[CONFIG_FILE_ENV] == str(path)

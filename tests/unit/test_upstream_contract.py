@@ -100,6 +100,17 @@ def test_hub_auth_get_user_is_async_on_request_and_caches_on_the_handler():
     assert "handler._cached_hub_user" in source and "hasattr(handler, '_cached_hub_user')" in source
 
 
+def test_hub_auth_marks_a_request_it_identified_by_a_token():
+    # spawner/reauth.py asks for the password again on cookie-authenticated requests only: it
+    # reads `handler._token_authenticated`, which HubAuth sets when a token (never a cookie)
+    # identified the request, checked before any cookie.
+    from jupyterhub.services.auth import HubAuth
+
+    source = _source(HubAuth._get_user)
+    assert "handler._token_authenticated = True" in source
+    assert source.index("get_token(handler, in_cookie=False)") < source.index("_get_user_cookie(handler)")
+
+
 def test_dockerspawner_escapes_a_user_name_with_its_own_escape():
     # spawner/jobs/runner.py renders a job's home volume name with DockerSpawner._escape, so a job
     # mounts the very volume the user's server does.

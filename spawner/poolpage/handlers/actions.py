@@ -10,7 +10,11 @@ page's POST, and the script then runs in exactly the servers it listed.  The API
 (`api/leases/<id>/end`, `api/exec`, `api/exec/<id>`) takes a hub API token and
 answers JSON: a fan-out longer than a client waits answers 202 with a run id.
 The `done` message on the page after an action is signed by the service, so a
-link cannot make the page say something else.
+link cannot make the page say something else.  Running a script by the browser's cookie (the
+page's confirmation, or api/exec posted with the cookie) also needs the admin's password,
+checked by the hub's authenticator (reauth.py): without `subdomain_host` a page in any user's
+server shares the hub's origin and could read the XSRF token, never the password.  A request
+with a hub API token in its header (`gpu-pool exec`) is not asked.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tornado import web
 
 from ...pool.models import EndReason, PoolError
 from ...ledger_io import ledger_call
+from ...reauth import PASSWORD_FIELD, token_authenticated
 from .. import ADMIN_SCOPE
 from .. import scripts
 from .. import views
@@ -101,8 +106,17 @@ async def end_lease(handler, viewer: views.Viewer, raw_id) -> dict:
             "stopped": stopped}
 
 
-# What POST api/exec reads; anything else is refused (as the jobs API does).
-EXEC_FIELDS = ("script", "timeout", "profile", "group", "users")
+# What POST api/exec reads; anything else is refused (as the jobs API does).  The password only
+# when the request comes with the browser's cookie (recheck_password).
+EXEC_FIELDS = ("script", "timeout", "profile", "group", "users", PASSWORD_FIELD)
+
+
+async def recheck_password(handler, viewer: views.Viewer, password) -> None:
+    """The admin's password again before a script runs, unless a hub API token (which a page of
+    the hub's origin does not hold) identified the request: a 403 or 429 otherwise, and nothing runs."""
+    if token_authenticated(handler):
+        return
+    await handler.settings["recheck"].check(viewer.name, password if isinstance(password, str) else None)
 
 
 def exec_request(args: dict) -> tuple[str, int, scripts.Target]:
@@ -210,6 +224,7 @@ class ExecAPI(APIHandler):
             raise ActionError(400, f"Unsupported field(s) {', '.join(repr(k) for k in unknown)}: api/exec "
                                    f"takes only {', '.join(EXEC_FIELDS)}")
         script, timeout, target = exec_request(args)
+        await recheck_password(self, viewer, args.get(PASSWORD_FIELD))
         servers = await exec_targets(self, target)
         run = await start_exec(self, viewer, script, timeout, target, servers)
         if not answers_at_once(len(servers), timeout):
@@ -261,6 +276,8 @@ class FormHandler(BaseHandler):
     def write_error(self, status_code: int, **kwargs) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = exc.message if isinstance(exc, ActionError) else self._reason
+        if not isinstance(exc, ActionError) and isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
         self.render_page("message.html", title="Not done", message=message)
 
     def done(self, message: str) -> None:
@@ -343,6 +360,7 @@ class ActionHandler(FormHandler):
         if not confirmed:
             raise ActionError(400, "This script was not confirmed: fill in the form on the GPU pool page "
                                    "and confirm the list of servers it shows")
+        await recheck_password(self, viewer, self.get_body_argument(PASSWORD_FIELD, None))
         now = {s.label: s for s in await running(self) if s.ready}
         servers = [now[label] for label in confirmed if label in now]
         gone = tuple(label for label in confirmed if label not in now)
