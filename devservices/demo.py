@@ -365,7 +365,8 @@ class Demo:
         if env.get("GPUHUB_SSH", "").lower() in ("1", "true", "yes", "on"):
             port = env.get("GPUHUB_SSH_PORT", str(self.args.ssh_port))
             lines.append(f"SSH: ssh -p {port} {alice.name}@127.0.0.1 (password {alice.password}; "
-                         f"starts alice's server if none runs; keys: {url}/services/gpu-ssh/)")
+                         f"once alice has logged in at {url}/hub/login; starts her server if none runs; "
+                         f"keys: {url}/services/gpu-ssh/)")
         lines.append(f"Admin panel: {url}/hub/admin (log in as carol)")
         return lines
 
