@@ -359,7 +359,7 @@ class Demo:
                          f"{DEMO_POOL['booking_notice']:g} s ahead, a no-show's go back after "
                          f"{DEMO_POOL['booking_grace']:g} s)")
             if env.get("GPUHUB_JOBS", "true").lower() not in ("0", "false", "no", "off"):
-                lines.append(f"Jobs: {pool}#jobs (submit a command; follow its log on the job's page)")
+                lines.append(f"Jobs: {pool}#submit-job (submit a command; follow its log on the job's page)")
             lines.append(f"Action scripts: {pool}#exec-form (log in as carol: pool admin, in "
                          f"{seed.EXEC_GROUP}, which holds custom:gpu-pool:exec)")
         if env.get("GPUHUB_SSH", "").lower() in ("1", "true", "yes", "on"):
