@@ -1,7 +1,8 @@
 """`make demo` as a newcomer runs it (issue 36, item 1): devservices/demo.py started as a
 process, its banner read, and each line of it tried: every URL answers, the SSH line logs in
 with OpenSSH's `ssh` and alice's demo password, carol runs an action script in alice's server
-through the pool page's API, and the bookings answer with the demo's small limits.
+through the pool page's API, and the bookings answer with the demo's small limits (and one of
+the newcomer's own `--config`).
 
 The demo runs on free ports, on the suite's Docker network, with its containers and volumes
 under a prefix of its own: given as GPUHUB_* variables, which the demo applies over its own
@@ -108,9 +109,12 @@ def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_networ
            "GPUHUB_DOCKER_NETWORK": hub_network.name, "GPUHUB_CONTAINER_PREFIX": prefix,
            "GPUHUB_HOME_VOLUME": f"{prefix}-home-{{username}}", "GPUHUB_HUB_PORT": str(free_port()),
            "GPUHUB_LEASE_WAIT_TIMEOUT": "60"}
+    # ...and a config file of their own, loaded after the demo's.
+    mine = tmp_path / "my_demo.py"
+    mine.write_text("c.GPUPool.booking_max_per_user = 2\n")
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "devservices" / "demo.py"), "--dir", str(tmp_path / "demo"),
-         "--port", str(port), "--ssh-port", str(ssh_port),
+         "--port", str(port), "--ssh-port", str(ssh_port), "--config", str(mine),
          "--ldap-port", str(free_port()), "--ldaps-port", str(free_port())],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         text=True, start_new_session=True)
@@ -156,9 +160,10 @@ def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_networ
         results = r.json()["results"]
         assert [x["exit_code"] for x in results] == [0] and "ran-by-carol" in results[0]["output"], results
 
-        # The bookings answer with the demo's limits (an hour at most, a minute's notice).
+        # The bookings answer with the demo's limits (an hour at most, a minute's notice), and --config's.
         limits = requests.get(f"{hub}/services/gpu-pool/api/bookings", headers=auth, timeout=30).json()["limits"]
         assert limits["max_hours"] == 1.0 and limits["notice_s"] == 60.0, limits
+        assert limits["max_per_user"] == 2, limits
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
