@@ -164,6 +164,10 @@ def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_networ
         limits = requests.get(f"{hub}/services/gpu-pool/api/bookings", headers=auth, timeout=30).json()["limits"]
         assert limits["max_hours"] == 1.0 and limits["notice_s"] == 60.0, limits
         assert limits["max_per_user"] == 2, limits
+        # ...and the GPU-hour budget the banner names, as the pool page shows it.
+        budgets = requests.get(f"{hub}/services/gpu-pool/api/wait", headers=auth, timeout=30).json()["budgets"]
+        assert [b["limit_gpu_hours"] for b in budgets] == [0.25], budgets
+        assert "0.25 GPU-hours per 1 h" in next(line for line in lines if "Pool page:" in line)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
