@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.harness import routes
+from tests.harness import openapi, routes
 
 
 def test_every_served_route_is_in_the_rest_reference(tmp_path):
@@ -50,3 +50,10 @@ def test_each_api_route_says_its_scope_answers_errors_and_a_curl_example():
         title = entry.splitlines()[0]
         for field in ("**Scope**", "**Answers**", "**Errors**", "curl "):
             assert field in entry, f"{title}: no {field}"
+
+
+def test_the_openapi_file_is_generated_from_the_routes_and_the_reference():
+    assert openapi.FILE.read_text() == openapi.text(), "run: .venv/bin/python tests/harness/openapi.py --write"
+    spec = openapi.generate()
+    operation = spec["paths"]["/services/gpu-pool/api/bookings/{id}"]["delete"]
+    assert "No live booking" in operation["description"] and operation["parameters"][0]["name"] == "id"
