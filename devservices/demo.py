@@ -484,7 +484,7 @@ def tail(path: Path, lines: int) -> str:
         return "(no log)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=REPO / ".demo",
                         help="where the demo keeps its data (default: .demo/)")
@@ -493,7 +493,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ldap-port", type=int, default=3890)
     parser.add_argument("--ldaps-port", type=int, default=6360)
     add_feature_arguments(parser)
-    return Demo(parser.parse_args(argv)).run()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Demo(build_parser().parse_args(argv)).run()
 
 
 def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
