@@ -14,8 +14,16 @@ What it does, in order:
 4. starts the hub with hub_config/jupyterhub_config.py -- the production config,
    driven by GPUHUB_* variables -- on the machine's NVML GPUs, or 4 simulated
    GPUs when there is none; its data (database, GPU ledger, cookie secret,
-   auth-state key) lives under .demo/ and is reused by the next run;
-5. prints the URL and the demo logins, and waits.
+   auth-state key) lives under .demo/ and is reused by the next run.  Every
+   feature is on: the pool page, jobs, the SSH gateway on 127.0.0.1, action
+   scripts for carol (the directory group `script-runners`), bookings and a
+   GPU-hour budget with limits small enough to see in a minute (DEMO_POOL,
+   in .demo/jupyterhub_config.py, which loads the production config first);
+5. prints the URL, the demo logins and where to find each feature, and waits.
+
+Your own GPUHUB_* variables (`GPUHUB_SSH=false make demo`, ...) are applied over
+the demo's settings, and `--config FILE` is loaded after the demo's config
+(c.GPUPool.booking_max_hours = 4, ...); docs/demo.md lists both.
 
 Ctrl-C (or SIGTERM) stops what it started, and only that, by pid: the hub
 (which stops the notebook servers it runs and its proxy), then the directory.
@@ -44,6 +52,19 @@ from devservices.ldap import seed  # noqa: E402
 
 PY = sys.executable
 SIMULATED_GPUS = 4
+# The demo's pool limits (c.GPUPool), small enough to see each at work within a minute or two:
+# a booking of GPUs in use starts a minute after it is made (the holders are told), a no-show's
+# GPUs go back after two, and each user may use a quarter of a GPU-hour in any hour.
+DEMO_POOL = {
+    "booking_max_hours": 1.0,
+    "booking_max_days_ahead": 1.0,
+    "booking_max_gpu_hours_per_week": 4.0,
+    "booking_max_per_user": 3,
+    "booking_notice": 60.0,
+    "booking_grace": 120.0,
+    "budget_period": 3600.0,
+}
+DEMO_BUDGET_GPU_HOURS = "0.25"  # GPUHUB_GPU_HOUR_BUDGET: per user, per DEMO_POOL["budget_period"]
 
 
 def say(msg: str) -> None:
@@ -160,6 +181,7 @@ class Demo:
         # (pid, start time): if the hub dies without stopping them, they are
         # still this demo's to stop, and the start time guards against pid reuse.
         self.hub_children: set[tuple[int, str]] = set()
+        self.settings: dict[str, str] = {}  # the hub's environment, once made
 
     @property
     def url(self) -> str:
@@ -167,6 +189,8 @@ class Demo:
 
     def preflight(self) -> None:
         for port, what in ((self.args.port, "the hub"), (self.args.port + 1, "the proxy's API"),
+                           (self.args.port + 2, "the pool page"), (self.args.port + 3, "the SSH key page"),
+                           (self.args.ssh_port, "the SSH gateway"),
                            (self.args.ldap_port, "the directory"),
                            (self.args.ldaps_port, "the directory (LDAPS)")):
             if port_in_use(port):
@@ -209,6 +233,7 @@ class Demo:
             "GPUHUB_DIRECTORY_GROUP_BASE": ldap_harness.GROUP_BASE,
             "GPUHUB_DIRECTORY_ALLOWED_GROUPS": seed.ALLOWED_GROUP,
             "GPUHUB_DIRECTORY_ADMIN_GROUPS": seed.ADMIN_GROUP,
+            "GPUHUB_DIRECTORY_EXEC_GROUPS": seed.EXEC_GROUP,
         }
 
     def hub_env(self, directory_env: dict[str, str], gpus: int, cpu_image: str,
@@ -222,6 +247,12 @@ class Demo:
             "GPUHUB_BIND_URL": self.url,
             "GPUHUB_PROXY_API_PORT": str(self.args.port + 1),
             "GPUHUB_POOL_PAGE_PORT": str(self.args.port + 2),
+            "GPUHUB_SSH": "true",
+            "GPUHUB_SSH_ADDRESS": "127.0.0.1",
+            "GPUHUB_SSH_PORT": str(self.args.ssh_port),
+            "GPUHUB_SSH_PAGE_PORT": str(self.args.port + 3),
+            "GPUHUB_JOBS": "true",
+            "GPUHUB_GPU_HOUR_BUDGET": DEMO_BUDGET_GPU_HOURS,
             "GPUHUB_DATA_DIR": str(self.hub_dir),
             "GPUHUB_CONTAINER_PREFIX": "gpuhub-demo",
             "GPUHUB_HOME_VOLUME": "gpuhub-demo-home-{username}",
@@ -233,15 +264,33 @@ class Demo:
             "JUPYTERHUB_CRYPT_KEY": crypt_key,
             "PYTHONUNBUFFERED": "1",
         })
+        # Your own GPUHUB_* settings win over the demo's (the test switches GPUHUB_TEST_* aside).
+        own = own_settings()
+        for name in sorted(own):
+            say(f"your setting: {name}={own[name]}")
+        env.update(own)
+        self.settings = env
         # The venv's bin (jupyterhub, the culler) first on PATH.
         env["PATH"] = f"{Path(PY).parent}{os.pathsep}{env.get('PATH', '')}"
         return env
+
+    def write_config(self) -> Path:
+        """The hub's config: the production one, then the demo's pool limits, then --config."""
+        lines = ["# Written by devservices/demo.py at each start: the production config, then the demo's limits.",
+                 "c = get_config()  # noqa: F821",
+                 f"load_subconfig({str(REPO / 'hub_config' / 'jupyterhub_config.py')!r})  # noqa: F821"]
+        lines += [f"c.GPUPool.{name} = {value!r}" for name, value in DEMO_POOL.items()]
+        if self.args.config is not None:
+            lines.append(f"load_subconfig({str(self.args.config.resolve())!r})  # noqa: F821 (--config)")
+        path = self.dir / "jupyterhub_config.py"
+        path.write_text("\n".join(lines) + "\n")
+        return path
 
     def start_hub(self, env: dict[str, str]) -> None:
         log_path = self.dir / "hub.log"
         log = open(log_path, "ab")
         self.hub = subprocess.Popen(
-            [*self.launcher, PY, "-m", "jupyterhub", "-f", str(REPO / "hub_config" / "jupyterhub_config.py")],
+            [*self.launcher, PY, "-m", "jupyterhub", "-f", str(self.write_config())],
             cwd=self.hub_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
@@ -286,10 +335,40 @@ class Demo:
         for row in [("login", "password", "groups", "role"), *rows]:
             print(("    " + line.format(*row)).rstrip())
         print()
-        print(f"  Admin panel: {self.url}/hub/admin (log in as an admin)")
+        for line in self.feature_lines():
+            print(f"  {line}")
+        print()
         print(f"  Logs: {self.dir / 'hub.log'}, {self.dir / 'openldap.log'}")
         print("  Ctrl-C stops the hub, its notebook servers and the directory.")
         print(flush=True)
+
+    def feature_lines(self) -> list[str]:
+        """Each feature, where to click (or what to type), as the banner prints them; a feature
+        your own GPUHUB_* settings turned off is left out."""
+        env, url = self.settings, self.url
+        pool = f"{url}/services/gpu-pool/"
+        alice = seed.users_for("openldap")["alice"]
+        lines = [f"Start a server: {url}/hub/home (log in as alice; pick a profile, e.g. TensorFlow + 1 GPU; "
+                 "JupyterLab's status bar then shows the GPU)"]
+        if env.get("GPUHUB_POOL_PAGE", "true").lower() not in ("0", "false", "no", "off"):
+            lines.append(f"Pool page: {pool} (GPUs, the queue, your GPU-hour budget: "
+                         f"{env.get('GPUHUB_GPU_HOUR_BUDGET') or 'none'} GPU-hours per "
+                         f"{DEMO_POOL['budget_period'] / 3600:g} h)")
+            lines.append(f"Bookings: {pool}#bookings (at most {DEMO_POOL['booking_max_hours']:g} h, "
+                         f"{DEMO_POOL['booking_max_days_ahead']:g} day ahead; GPUs in use are booked "
+                         f"{DEMO_POOL['booking_notice']:g} s ahead, a no-show's go back after "
+                         f"{DEMO_POOL['booking_grace']:g} s)")
+            if env.get("GPUHUB_JOBS", "true").lower() not in ("0", "false", "no", "off"):
+                lines.append(f"Jobs: {pool}#submit-job (submit a command; follow its log on the job's page)")
+            lines.append(f"Action scripts: {pool}#exec-form (log in as carol: pool admin, in "
+                         f"{seed.EXEC_GROUP}, which holds custom:gpu-pool:exec)")
+        if env.get("GPUHUB_SSH", "").lower() in ("1", "true", "yes", "on"):
+            port = env.get("GPUHUB_SSH_PORT", str(self.args.ssh_port))
+            lines.append(f"SSH: ssh -p {port} {alice.name}@127.0.0.1 (password {alice.password}; "
+                         f"once alice has logged in at {url}/hub/login; starts her server if none runs; "
+                         f"keys: {url}/services/gpu-ssh/)")
+        lines.append(f"Admin panel: {url}/hub/admin (log in as carol)")
+        return lines
 
     # -------------------------------------------------------------- stop
 
@@ -370,6 +449,11 @@ class Demo:
             self.stop()
 
 
+def own_settings() -> dict[str, str]:
+    """The GPUHUB_* variables of the person running the demo (GPUHUB_TEST_* are the suite's)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("GPUHUB_") and not k.startswith("GPUHUB_TEST_")}
+
+
 def _start_time(pid: int) -> str | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -400,7 +484,7 @@ def tail(path: Path, lines: int) -> str:
         return "(no log)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=REPO / ".demo",
                         help="where the demo keeps its data (default: .demo/)")
@@ -408,7 +492,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="the hub's port on 127.0.0.1; the proxy API uses the next one")
     parser.add_argument("--ldap-port", type=int, default=3890)
     parser.add_argument("--ldaps-port", type=int, default=6360)
-    return Demo(parser.parse_args(argv)).run()
+    add_feature_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Demo(build_parser().parse_args(argv)).run()
+
+
+def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ssh-port", type=int, default=2222,
+                        help="the SSH gateway's port on 127.0.0.1 (default 2222); its key page uses the hub's port + 3")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="a JupyterHub config file of yours, loaded after the demo's (c.GPUPool...)")
 
 
 if __name__ == "__main__":

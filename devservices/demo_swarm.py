@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from devservices.demo import PY, Demo, DemoError, say  # noqa: E402
+from devservices.demo import PY, Demo, DemoError, add_feature_arguments, say  # noqa: E402
 from devservices.swarm import _docker0_gateway, start_hub_site, start_swarm, stop_swarm  # noqa: E402
 
 SWARM_PROFILES = [
@@ -76,6 +76,11 @@ class SwarmDemo(Demo):
         self._forward([f"127.0.0.1:{self.postgres.port}", f"{gateway}:{pg_gw}",
                        f"127.0.0.1:{self.args.ldap_port}", f"{gateway}:{ldap_gw}"], site.launcher)
         self._forward([f"127.0.0.1:{self.args.port}", f"{site.bridge_ip}:{self.args.port}"])
+        if env.get("GPUHUB_SSH", "").lower() in ("1", "true", "yes", "on"):
+            # The gateway listens in the hub's namespace; `ssh -p PORT alice@127.0.0.1` reaches it here.
+            ssh_port = env["GPUHUB_SSH_PORT"]
+            env["GPUHUB_SSH_ADDRESS"] = site.bridge_ip
+            self._forward([f"127.0.0.1:{ssh_port}", f"{site.bridge_ip}:{ssh_port}"])
         homes = self.swarm.homes_root
         profiles = self.dir / "profiles.json"
         profiles.write_text(json.dumps([{**p, "image": env["GPUHUB_GPU_IMAGE"] if p["gpus"] else
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1")
     parser.add_argument("--ldap-port", type=int, default=3890)
     parser.add_argument("--ldaps-port", type=int, default=6360)
+    add_feature_arguments(parser)
     try:
         return SwarmDemo(parser.parse_args(argv)).run()
     except DemoError as exc:

@@ -8,6 +8,7 @@ Group nesting (a -> b means "a is a member of b"):
 
     alice -> ml-team -> gpu-users        (nested membership)
     carol -> hub-admins -> gpu-users     (nested membership; admins)
+    carol -> script-runners              (the demo's action-script runners)
     bob   -> gpu-users                   (direct)
     alice, bob -> research               (posixGroup with memberUid in OpenLDAP)
     frank                                (in no group, no uid/gid numbers)
@@ -70,11 +71,15 @@ GROUPS: tuple[SeedGroup, ...] = (
         description="May use the GPU hub",
     ),
     SeedGroup("research", users=("alice", "bob"), gid_number=30010, posix=True),
+    SeedGroup("script-runners", users=("carol",),
+              description="May run action scripts in everyone's servers (GPUHUB_DIRECTORY_EXEC_GROUPS)"),
 )
 
 # Roles the tests give these groups in the authenticator's configuration.
 ALLOWED_GROUP = "gpu-users"
 ADMIN_GROUP = "hub-admins"
+# The demo's runners of action scripts (custom:gpu-pool:exec), by GPUHUB_DIRECTORY_EXEC_GROUPS.
+EXEC_GROUP = "script-runners"
 
 # The account the hub uses to look users up (read-only).
 SERVICE_ACCOUNT = SeedUser("svc-hub", "Svc-Hub-Pass-9", "Hub", "Service")

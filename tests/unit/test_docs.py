@@ -53,6 +53,27 @@ def test_module_map_lists_every_module_by_its_docstring():
         "run: .venv/bin/python tests/harness/module_map.py --write"
 
 
+def _implementation_words(text: str) -> list[str]:
+    """What a notebook user's page must not need: module paths, the code's configurable
+    classes (c.GPUPool...), the ledger's schema, the reconciler (issue 36, item 2)."""
+    classes = {name for _, name in config_reference.CLASSES}
+    found = re.findall(r"\b(?:spawner|hub_config|devservices|images/jupyter)[./][\w./]+", text)
+    found += re.findall(r"\bc\.\w+\.\w+", text)
+    found += [w for w in re.findall(r"\b[A-Z]\w+\b", text) if w in classes]
+    found += re.findall(r"\b(?:schema|reconciler|\w+/[\w/]+\.py)\b", text, flags=re.I)
+    return found
+
+
+def test_the_users_pages_speak_to_a_notebook_user_not_an_engineer():
+    pages = sorted((REPO / "docs" / "users").glob("*.md"))
+    assert len(pages) >= 8
+    found = {p.name: _implementation_words(p.read_text()) for p in pages}
+    assert not {k: v for k, v in found.items() if v}, \
+        f"implementation words in docs/users/ (move them to how-it-works/ or reference/): {found}"
+    # the check itself sees what it must
+    assert _implementation_words("see spawner/containers.py and c.GPUPool.booking_notice, JobLimits")
+
+
 def _build(source: Path, out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html",
                            str(source), str(out)], capture_output=True, text=True, timeout=300)
