@@ -69,7 +69,7 @@ def ssh_service(state_dir: Path) -> set[str]:
     from spawner.ssh.key_store import KeyStore
     from spawner.ssh.keys_api import make_app
 
-    app = make_app(KeyStore(state_dir, 10, 16384, 3072), "/services/gpu-ssh/", 2222, "", 10)
+    app = make_app(KeyStore(state_dir, 10, 16384, 3072), "/services/gpu-ssh/", 2222, "", 10, recheck=None)  # type: ignore[arg-type]
     return _rules(app.wildcard_router.rules)
 
 
