@@ -53,7 +53,7 @@ def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str | None 
         time.sleep(interval)
 
 
-async def async_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str | None = None,
+async def async_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str | None = None,
                       interval: float = 0.01, explain: Callable[[], str] | None = None) -> Any:
     """`until` on the running event loop: the other tasks run between polls."""
     loop = asyncio.get_running_loop()
