@@ -55,11 +55,14 @@ def until(predicate: Callable[[], Any], timeout: float = 30.0, what: str | None 
 
 async def async_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str | None = None,
                       interval: float = 0.01, explain: Callable[[], str] | None = None) -> Any:
-    """`until` on the running event loop: the other tasks run between polls."""
+    """`until` on the running event loop: the other tasks run between polls.  `predicate` may
+    be a coroutine function (its result is awaited)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if loop.time() >= deadline:
