@@ -19,7 +19,7 @@ VARIANTS ?= mkl
 TEST_PACKAGES := debootstrap slapd ldap-utils samba samba-common-bin openssl postgresql \
 	chromium chromium-driver systemd openssh-client
 
-.PHONY: help venv deps docker test-packages lint typecheck images install test-cuda-image demo demo-swarm test test-unit test-integration docs bench clean
+.PHONY: help venv deps docker test-packages lint typecheck images install test-cuda-image demo demo-swarm test test-unit test-docs-cli test-integration docs bench clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
@@ -85,10 +85,13 @@ typecheck: venv
 	$(PY) -m mypy
 
 test: lint typecheck deps docker test-packages
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-docs-cli: venv
+	$(PY) -m pytest -m docs_cli $(PYTEST_ARGS)
 
 test-integration: deps docker test-packages
 	$(PY) -m pytest -m integration $(XDIST) $(PYTEST_ARGS)

@@ -23,22 +23,17 @@ from pathlib import Path
 import requests
 
 from .ports import free_port
+from .waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 DUMMY_PASSWORD = "test-password-not-secret"
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition", hub: "Hub | None" = None,
+def wait_for(predicate, timeout: float = 30.0, what: str | None = None, hub: "Hub | None" = None,
              interval: float = 0.3):
-    """Poll `predicate` until it returns something truthy (returned); fail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} ({timeout} s)" + (f"\n{hub.log_tail(80)}" if hub else ""))
+    """devservices.waiting.until, with the hub's log tail in the message when it times out."""
+    return until(predicate, timeout, what, interval, explain=(lambda: hub.log_tail(80)) if hub else None)
 
 
 def _chp_available() -> bool:
@@ -235,12 +230,8 @@ class Hub:
         self.wait_stopped(name, server_name, timeout)
 
     def wait_stopped(self, name: str, server_name: str = "", timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.server_model(name, server_name) is None:
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"{name}/{server_name} did not stop in {timeout} s:\n{self.log_tail()}")
+        until(lambda: self.server_model(name, server_name) is None, timeout, f"{name}/{server_name} to stop",
+              interval=0.3, explain=self.log_tail)
 
     def containers(self, docker_client, all: bool = True) -> list:
         return [c for c in docker_client.containers.list(all=all, ignore_removed=True)

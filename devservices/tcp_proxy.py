@@ -28,6 +28,12 @@ class BlackholeProxy:
         """From now on: accept, hold, and drop everything; never close, never answer."""
         self._dropping.set()
 
+    def connections(self) -> int:
+        """How many sockets it holds: clients that connected (and, before `blackhole()`, the
+        connections it made to the server for them)."""
+        with self._lock:
+            return len(self._sockets)
+
     def close(self) -> None:
         self._closed.set()
         self._listener.close()

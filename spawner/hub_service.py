@@ -15,9 +15,35 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+# How long a service may take from its stop (SIGINT, SIGTERM) to its exit: what is still
+# running then (a Docker or ledger call waiting on its own timeout, up to a minute) is left.
+EXIT_GRACE_SECONDS = 5.0
+
+
+def exit_within(seconds: float, name: str, log: logging.Logger | logging.LoggerAdapter) -> None:
+    """Called when the service stops: the process ends within `seconds` whatever still holds
+    it.  Python waits at exit for every thread of an executor, and one in a Docker or ledger
+    call that gets no answer (a daemon under load, a stalled database) holds the process until
+    that call's own timeout, past the hub's patience.  The call's work is not lost: the next
+    service takes the jobs up again and the ledger rolls back what was not committed."""
+    def leave_now() -> None:
+        held = [t.name for t in threading.enumerate()
+                if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+        log.warning("The %s service leaves without waiting for %s (still busy %g s after its stop)",
+                    name, ", ".join(held) or "its main thread", seconds)
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, leave_now)
+    timer.daemon = True
+    timer.name = f"{name}-exit"
+    timer.start()
 
 
 async def stop_when_the_hub_is_gone(name: str, log: logging.Logger | logging.LoggerAdapter,

@@ -202,8 +202,10 @@ def node_quiet_for(state: UnitState, since: dict[int, float], index: int, now: f
 
 
 async def finish(runner, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
-    """Stop every worker and keep their logs; end every worker's lease (one transaction) once
-    the engine confirms no worker runs; record the end; remove the units and the network."""
+    """Stop every worker and keep their logs; remove the units and the network; end every
+    worker's lease (one transaction) once the engine confirms no worker runs; record the end.
+    The removal comes first (the lease contract): a cluster reads as ended, its leases as ended,
+    only once its workers are gone, not while the engine still removes them."""
     engine, settings = runner.engine, runner.settings
     names = [worker_name(settings, job.id, i) for i in range(job.workers)]
     # Read before the stop as well: Swarm drops a stopped service's tasks, and their logs with them.
@@ -211,6 +213,10 @@ async def finish(runner, job: Job, state: str, exit_code: int | None = None, mes
     stopped = await asyncio.gather(*(runner.stop_unit(job, n) for n in names))
     after = await read_log(runner, job)
     output = after if after is not None and len(after) >= len(before or "") else before
+    if all(stopped):  # a removal that fails is left to the job reconciler (a stopped unit of an ended job)
+        for name in names:
+            await runner.remove_container(name)
+        await engine.remove_network(network_name(settings, job.id))
     # Each worker's lease ends once its own unit is confirmed stopped; the others' wait for the
     # job reconciler, which removes what still runs (a quiet node's, once it answers).
     leases = worker_leases(job)
@@ -228,10 +234,6 @@ async def finish(runner, job: Job, state: str, exit_code: int | None = None, mes
     if ended is not None:
         log.info("Cluster job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
     runner.fair_use.forget(job)
-    if all(stopped):
-        for name in names:
-            await runner.remove_container(name)
-        await engine.remove_network(network_name(settings, job.id))
 
 
 async def read_log(runner, job: Job, worker: int | None = None) -> str | None:

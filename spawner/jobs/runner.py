@@ -417,8 +417,9 @@ class JobRunner:
                 return
 
     async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
-        """Stop the container and keep its log; end the lease once Docker confirms nothing
-        runs (so a job reads as ended only with its GPUs free); record the end; remove it."""
+        """Stop the container and keep its log; remove it; end the lease once Docker confirms
+        nothing runs; record the end.  A job reads as ended only with its unit gone and its
+        GPUs free (the lease contract), never while the engine still removes it."""
         if job.is_cluster:
             await cluster.finish(self, job, state, exit_code, message)
             return
@@ -427,22 +428,22 @@ class JobRunner:
         settles = self.engine.log_settle_seconds > 0
         early = await self.read_log(job) if job.container and settles else None
         stopped = await self._stop_container(job)
+        output = await self.final_log(job) if job.container else None
+        if not output and early:
+            output = early
+        if stopped:  # a removal that fails is left to the job reconciler (a stopped unit of an ended job)
+            await self.remove_container(job.container or container_name(self.settings, job.id))
         if job.lease_id is not None:
             if stopped:
                 await self.call(self.pool.release, job.lease_id, self.fair_use.end_reason(job, state))
             else:  # the job reconciler removes it and ends the lease later
                 await self.call(self.pool.set_problem, job.lease_id,
                                 f"job {job.id}'s container would not stop; retried by the job reconciler")
-        output = await self.final_log(job) if job.container else None
-        if not output and early:
-            output = early
         ended = await self.call(self.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
                                 state=state, exit_code=exit_code, message=message,
                                 **({"log": output} if output is not None else {}))
         if ended is not None:
             log.info("Job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
-        if stopped:
-            await self.remove_container(job.container or container_name(self.settings, job.id))
         self.fair_use.forget(job)
 
     async def _stop_container(self, job: Job) -> bool:

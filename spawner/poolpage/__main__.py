@@ -1,5 +1,9 @@
 """`python -m spawner.poolpage`: the gpu-pool service, as the hub starts it."""
 
-from .app import main
+from ..early_stop import stop_at_first_signal
+
+stop_at_first_signal()  # before the imports of app, which take a second or two
+
+from .app import main  # noqa: E402
 
 main()

@@ -23,7 +23,7 @@ from tornado.httpserver import HTTPServer
 
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
-from ..hub_service import stop_when_the_hub_is_gone
+from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_gone
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..reauth import PasswordRecheck, authenticator_from_env
 from .handlers import actions as actions_api
@@ -170,7 +170,8 @@ def bridge_ip(app: web.Application) -> str:
 async def serve(app: web.Application, port: int) -> None:
     """Listen on 127.0.0.1:`port`, and for the containers on the hub's bridge address, until
     SIGINT or SIGTERM (the hub stops services with SIGINT, even when it was started with SIGINT
-    ignored)."""
+    ignored).  Before it, while the service starts, either signal ends it at once
+    (early_stop.py); after it, the process ends within EXIT_GRACE_SECONDS."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -186,6 +187,7 @@ async def serve(app: web.Application, port: int) -> None:
         log.info("For the notebook servers on http://%s:%s%s", address, port, app.settings["prefix"])
     stop_jobs = await jobs_api.start_jobs(app)
     await stop.wait()
+    exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
     server.stop()
     if bridge is not None:
         bridge.stop()

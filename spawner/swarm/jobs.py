@@ -263,6 +263,15 @@ class SwarmJobEngine(DockerJobEngine):
     def _logs(self, name: str, tail: int) -> bytes:
         import docker.errors
 
+        state = self._read(name)
+        if state is None:
+            raise UnitGone(name)
+        if state.phase == UNKNOWN:
+            # Its node is down: Swarm's log broker waits for that node's share, and docker-py
+            # reads a log stream without a timeout, so asking would block this thread (and the
+            # end of a cluster with a quiet node, which reads its workers' logs) until the node
+            # answers.  Its log is not to be had now.
+            return b""
         try:
             return b"".join(self.api.service_logs(name, stdout=True, stderr=True, tail=tail, is_tty=False))
         except docker.errors.NotFound:

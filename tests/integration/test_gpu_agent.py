@@ -22,6 +22,7 @@ from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
 from spawner.inventory.swarm import SwarmInventory
 from tests.fixtures.postgres import create_database
+from devservices.waiting import until
 
 NODE = "gpu-node-a"
 MAX_AGE = 2.0
@@ -41,13 +42,7 @@ def start_agent(tmp_path, url: str, utilization_file) -> subprocess.Popen:
 
 
 def wait_for(what, predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return until(predicate, timeout, what)
 
 
 def stop(agent: subprocess.Popen) -> tuple[int, str]:

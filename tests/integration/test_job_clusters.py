@@ -240,3 +240,24 @@ c.GPUDockerSpawner.profiles = [dict(p, job_network=True) if p["slug"] == "tf-gpu
     assert network.attrs["Options"]["com.docker.network.bridge.name"].startswith("gpuhub-o")
     assert jobs_api(hub, "DELETE", f"/{j['id']}", pat).json()["state"] == "cancelled"
     wait_for(lambda: not job_containers(hub, docker_client, j["id"]), hub=hub, what="its containers removed")
+
+
+def test_a_job_reads_ended_only_once_its_containers_are_gone(make_hub, docker_client):
+    # The lease contract: a job (and its leases) reads as ended only once its units are removed,
+    # so a client that sees the end sees no container of it left (they were removed after the
+    # end was recorded, and a service that stopped meanwhile left them behind).
+    hub, tokens = job_hub(make_hub)
+    pat = tokens["pat"]
+    left = {}
+    for attempt in range(3):
+        for workers in (1, 2):
+            j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["true"], "workers": workers})
+            done = wait_for(lambda j=j: (now := job(hub, pat, j["id"]))["state"] not in ("queued", "starting", "running")
+                            and now, timeout=120, interval=0.05, what=f"job {j['id']} to end", hub=hub)
+            assert done["state"] == "succeeded", done
+            name = f"{hub.prefix}-job-{j['id']}"
+            found = [c.name for c in job_containers(hub, docker_client, j["id"])
+                     if c.name == name or c.name.startswith(name + "-")]
+            if found:
+                left[(attempt, workers)] = found
+    assert not left, f"containers still there when their job read as ended: {left}"

@@ -21,6 +21,7 @@ from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.swarm.jobs import SwarmJobEngine
+from devservices.waiting import async_until, until
 from tests.fixtures.swarm import docker
 
 pytestmark = pytest.mark.integration
@@ -114,7 +115,6 @@ c.GPUDockerSpawner.profiles.append({"slug": "tf-gpu-2", "display_name": "2 GPUs"
 
 def test_a_two_worker_cluster_trains_one_epoch_across_both_nodes_through_a_swarm_hub(
         make_swarm_hub, swarm_cluster, mkl_image):
-    from tests.fixtures.hub import wait_for
 
     from .test_jobs import jobs_api, submit, wait_state
     from .test_poolpage import wait_for_page
@@ -141,7 +141,101 @@ def test_a_two_worker_cluster_trains_one_epoch_across_both_nodes_through_a_swarm
     assert "[worker 0] test accuracy" in log and "model saved to" in log
     assert "[worker 1] test accuracy" in log and "leaves the model to the chief" in log
     assert hub.ledger().leases() == []
-    wait_for(lambda: not docker("service", "ls", "-q", "--filter", f"name={hub.prefix}-job-{j['id']}-"),
-             what="the workers' services removed")
+    # The lease contract: a job reads as ended only once its units are gone.
+    assert not docker("service", "ls", "-q", "--filter", f"name={hub.prefix}-job-{j['id']}-")
     # The chief's model is in the user's home on the shared storage, where every node sees it.
     assert (swarm_cluster.homes_root / "pat" / "model-2w.keras").is_file()
+
+
+def test_a_cluster_whose_workers_node_goes_quiet_ends_after_the_grace_and_its_lease_waits_for_the_node(
+        swarm_cluster, notebook_image, tmp_path):
+    from spawner.jobs.reconcile import reconcile_jobs
+
+    prefix, pool, runner = swarm_runner(swarm_cluster, notebook_image, tmp_path, node_down_grace=5.0)
+    by_host = {n.hostname: n for n in swarm_cluster.nodes}
+    paused: list = []  # the node whose dockerd the test froze, once it has
+
+    def node_state(node) -> str:
+        return docker("node", "inspect", "-f", "{{.Status.State}} {{.Spec.Availability}} {{.Status.Message}}",
+                      node.node_id, check=False).strip()
+
+    def swarm_state(job_id: int) -> str:
+        """What the wait logs: each node's Swarm state and each worker's tasks."""
+        nodes = "; ".join(f"{host}: {node_state(node)}" for host, node in sorted(by_host.items()))
+        tasks = [docker("service", "ps", "--no-trunc", "--format",
+                        "{{.Name}} on {{.Node}}: {{.CurrentState}} (desired {{.DesiredState}}) {{.Error}}",
+                        f"{prefix}-job-{job_id}-w{i}", check=False).strip() or f"w{i}: no service"
+                 for i in (0, 1)]
+        return f"nodes: {nodes}\nunits:\n  " + "\n  ".join(tasks)
+
+    def logged(job_id: int, what: str, every: float = 5.0):
+        """A wait's explanation, also logged every `every` s while it waits."""
+        last = [0.0]
+
+        def log_now() -> None:
+            now = asyncio.get_running_loop().time()
+            if now - last[0] >= every:
+                last[0] = now
+                print(f"[{what}] {swarm_state(job_id)}", flush=True)
+        return log_now
+
+    async def scenario():
+        # 2 workers x 2 GPUs: one on each node; both just sleep.
+        sub = check_submission({"profile": "tf-gpu-2", "workers": 2, "command": ["sleep", "600"]},
+                               list(runner.profiles.values()), (), 900, runner.limits.max_workers)
+        job = await runner.submit("pat", (), None, sub)
+        log_running = logged(job.id, "both workers running")
+
+        async def running():
+            log_running()
+            current = await runner.call(runner.ledger.get, job.id)
+            return current if current.state == "running" and all(
+                swarm_cluster.task_container(f"{prefix}-job-{job.id}-w{u['worker']}") for u in current.units) else None
+
+        current = await async_until(running, 300, "both workers running", interval=0.5,
+                                    explain=lambda: swarm_state(job.id))
+        quiet_unit = next(u for u in current.units if u["worker"] == 1)
+        victim = by_host[quiet_unit["host"]]
+        docker("pause", victim.container)  # its dockerd frozen: no heartbeats, its task still there
+        paused.append(victim)
+        log_ended = logged(job.id, "the cluster to end")
+
+        async def ended():
+            log_ended()
+            found = await runner.call(runner.ledger.get, job.id)
+            return found if not found.active else None
+
+        done = await async_until(ended, 180, "the cluster to end after its worker's node went quiet",
+                                 interval=0.5, explain=lambda: swarm_state(job.id))
+        # Worker 0's lease ended with the cluster; worker 1's is kept while its node is quiet.
+        return done, {lease.id for lease in pool.leases()}, quiet_unit, victim
+
+    try:
+        try:
+            job, active, quiet_unit, victim = asyncio.run(scenario())
+            assert job.state == "failed", job
+            assert job.message.startswith(f"worker 1's node {victim.hostname} has not answered"), job.message
+            chief_lease = next(u["lease_id"] for u in job.units if u["worker"] == 0)
+            assert chief_lease not in active and quiet_unit["lease_id"] in active
+            [chief_history] = [lease for lease in pool.history() if lease.id == chief_lease]
+            assert chief_history.end_reason == "job-failed"
+            assert "would not stop" in pool.lease(quiet_unit["lease_id"]).problem
+            # No GPU of the quiet node is lendable meanwhile: its worker's lease holds them.
+            assert set(pool.lease(quiet_unit["lease_id"]).gpu_uuids) == set(quiet_unit["gpus"])
+        finally:
+            for node in paused:  # whatever failed, the node runs again for the tests after this one
+                docker("unpause", node.container, check=False)
+        until(lambda: node_state(victim).startswith("ready"), timeout=90, what=f"node {victim.hostname} back",
+              interval=1, explain=lambda: swarm_state(job.id))
+
+        # Back: the job reconciler removes the worker's task there, and only then ends its lease.
+        def settled():
+            asyncio.run(reconcile_jobs(runner, 0))
+            return not pool.leases()
+        until(settled, timeout=120, what="the quiet worker's lease ended once its node confirmed", interval=2,
+              explain=lambda: swarm_state(job.id))
+        [quiet_history] = [lease for lease in pool.history() if lease.id == quiet_unit["lease_id"]]
+        assert quiet_history.end_reason == "job-failed"
+        assert not victim.docker("ps", "-q", "--filter", f"name={prefix}-job-{job.id}-w1", check=False).split()
+    finally:
+        clean_up(prefix, pool)

@@ -127,6 +127,7 @@ runpy.run_path("bench/device_check.py", run_name="__main__")
 """
 
 
+@pytest.mark.docs_cli
 def test_the_command_needs_no_jupyterhub_tornado_docker_torch_or_pytest(tmp_path):
     # The device machine has Python, nvidia-ml-py and PyTorch, plus the carried traitlets and
     # SQLAlchemy; the dry run must not need even NVML or PyTorch.

@@ -79,12 +79,14 @@ def _build(source: Path, out: Path) -> subprocess.CompletedProcess:
                            str(source), str(out)], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.docs_cli
 def test_the_site_builds_without_a_warning(tmp_path):
     proc = _build(REPO / "docs", tmp_path / "html")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "html" / "users" / "jobs.html").exists()
 
 
+@pytest.mark.docs_cli
 def test_a_broken_internal_link_fails_the_build(tmp_path):
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs, ignore=shutil.ignore_patterns("_build"))
@@ -112,6 +114,7 @@ def _failing_imports(statements: list[str]) -> dict[str, str]:
     return dict(line.split("\t", 1) for line in proc.stdout.splitlines())
 
 
+@pytest.mark.docs_cli
 def test_every_python_snippet_imports_what_it_names():
     where: dict[str, str] = {}
     for doc in snippets.documents():
@@ -124,6 +127,7 @@ def test_every_python_snippet_imports_what_it_names():
     assert not failing, "\n".join(f"{where[s]}: {s} -> {err}" for s, err in failing.items())
 
 
+@pytest.mark.docs_cli
 def test_the_import_check_catches_a_moved_name():
     # An old Python API line: the module inventory_kinds became the package spawner.inventory.
     statements = snippets.python_imports("from spawner.inventory_kinds import inventory_from_config\n"
@@ -172,6 +176,7 @@ def test_the_command_line_check_catches_a_flag_that_does_not_exist():
     assert _parse(["gpu-pool", "history", "--user", "alice"]) is None
 
 
+@pytest.mark.docs_cli
 @pytest.mark.parametrize("argv", [["gpu-pool", "--help"], ["gpu-pool", "doctor", "--help"]])
 def test_help_runs_offline(argv):
     proc = subprocess.run([str(Path(sys.executable).parent / argv[0]), *argv[1:]], capture_output=True,

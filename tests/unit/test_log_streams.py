@@ -10,6 +10,7 @@ import pytest
 
 from spawner.poolpage.limits import PoolServiceLimits
 from spawner.poolpage.handlers.log_streams import Followers, LogFollow, TooMany
+from devservices.waiting import async_until as until
 
 
 class EndlessLog:
@@ -30,14 +31,6 @@ class EndlessLog:
 
     def close(self):
         self.closed.set()
-
-
-async def until(predicate, limit=10.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not predicate():
-        assert loop.time() < end, "condition never came true"
-        await asyncio.sleep(0.01)
 
 
 def test_a_stalled_reader_holds_a_bounded_buffer_and_closing_ends_the_thread():

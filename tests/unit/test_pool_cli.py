@@ -14,6 +14,9 @@ from spawner.cli import main
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
 
+# The command-line tool as a subprocess, as an admin runs it: the docs/CLI tier, not `unit`.
+pytestmark = pytest.mark.docs_cli
+
 HOST = "node-1"
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import insert, text
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, lease_gpus_table, leases_table, queries, rollup
 from spawner.pool.fairshare import FIFO, Shares, order, standing
+from devservices.waiting import async_until as until
 
 HOST = "node-1"
 H = timedelta(hours=1)
@@ -49,14 +50,6 @@ def past_lease(pool: GPUPool, user: str, start: datetime, end: datetime | None, 
             rollup.record_ended(pool._store, conn, [lid])
         return lid
     return pool._write(write)
-
-
-async def until(predicate, limit=15.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not predicate():
-        assert loop.time() < end, "condition never came true"
-        await asyncio.sleep(0.02)
 
 
 # --- the order, as a pure function ----------------------------------------------------

@@ -13,6 +13,7 @@ from spawner.inventory import SimulatedInventory, StaticInventory
 from spawner.pool import SCHEMA_VERSION, GPUPool, InvalidRequest, QuotaExceeded, Unsatisfiable, WaitTimeout, waiters_table
 from spawner.pool.placement import choose, choose_gang
 from spawner.pool.policy import Snapshot, WaiterRow, available_after
+from devservices.waiting import async_until as until
 
 HOST = "node-1"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -39,14 +40,6 @@ def make_pool(tmp_path, count=4, **kwargs) -> GPUPool:
 def queue_rows(pool):
     with pool._engine_ready().connect() as conn:
         return conn.execute(select(waiters_table)).all()
-
-
-async def until(predicate, limit=10.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not predicate():
-        assert loop.time() < end, "condition never came true"
-        await asyncio.sleep(0.01)
 
 
 # --- placement: pure -----------------------------------------------------------------

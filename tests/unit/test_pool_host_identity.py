@@ -18,6 +18,7 @@ def hub(url: str, host: str) -> GPUPool:
     return GPUPool(inventory=StaticInventory(host=host, gpus_list=GPUS), db_url=url)
 
 
+@pytest.mark.docs_cli
 def test_a_renamed_host_refuses_to_lend_its_gpus_a_second_time(tmp_path):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     before = hub(url, "gpu-box")

@@ -11,6 +11,7 @@ from sqlalchemy import insert, select
 
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, QuotaExceeded, Unsatisfiable, WaitTimeout, waiters_table
+from devservices.waiting import async_until as until
 
 HOST = "node-1"
 
@@ -20,15 +21,6 @@ def make_pool(tmp_path, **kwargs) -> GPUPool:
     return GPUPool(
         inventory=SimulatedInventory(count=4, host=HOST), db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", **kwargs
     )
-
-
-async def until(predicate, limit=10.0):
-    """Wait for a condition another task brings about (bounded, never a timing assert)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not predicate():
-        assert loop.time() < end, "condition never came true"
-        await asyncio.sleep(0.01)
 
 
 def queue_rows(pool):

@@ -10,7 +10,6 @@ import asyncio
 import hashlib
 import socket
 import threading
-import time
 
 import pytest
 import requests
@@ -18,6 +17,7 @@ import requests
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
 from spawner.poolpage.limits import PoolServiceLimits
+from devservices.waiting import until
 
 PREFIX = "/services/gpu-pool/"
 KNOWN = "known-token"
@@ -97,11 +97,8 @@ def service(tmp_path, frozen_hub, monkeypatch):
     HubOAuth.clear_instance()
 
 
-def wait_for(predicate, limit=20.0):
-    end = time.monotonic() + limit
-    while not predicate():
-        assert time.monotonic() < end, "condition never came true"
-        time.sleep(0.02)
+def wait_for(predicate, timeout=20.0, what=None):
+    return until(predicate, timeout, what, interval=0.02)
 
 
 def test_tokens_the_hub_has_not_answered_for_do_not_stop_other_requests(service):
