@@ -224,6 +224,15 @@ class Doctor:
         import docker.errors
 
         network = str(self.target.config.GPUDockerSpawner.get("network_name", "") or "")
+        if not network:
+            # A config of one's own that names no network: DockerSpawner's default, Docker's
+            # own `bridge`, where the hub installs no rules (it does so for the network the
+            # project's settings make, GPUHUB_DOCKER_NETWORK).
+            self.add("host rules", WARN, "c.GPUDockerSpawner.network_name is not set: servers run on Docker's "
+                     "default bridge, where the hub installs no rules, so users' containers reach each other",
+                     "use the project's jupyterhub_config.py (GPUHUB_DOCKER_NETWORK), or set network_name and "
+                     "install the rules docs/how-it-works/security.md lists")
+            return
         if self.kind == "swarm" or "swarm" in str(self.target.config.JupyterHub.get("spawner_class", "")).lower():
             try:
                 attrs = self._docker().api.inspect_network(network)

@@ -168,6 +168,9 @@ def test_config_file_ledger_that_knows_the_host_passes(hub_env, tmp_path, notebo
     code, results, _ = doctor(hub_env, "--config", str(_config_file(tmp_path, ledger, notebook_image)))
     assert code == 0, failed(results)
     assert "lists 4 GPU(s) of host doctor-host" in by_check(results)["ledger"]["detail"]
+    # It names no Docker network: the host rules are a warning that says so, not a crash.
+    rules = by_check(results)["host rules"]
+    assert rules["status"] == "warn" and "network_name is not set" in rules["detail"], rules
 
 
 def test_a_ledger_holding_these_gpus_under_another_host_name_fails(hub_env, tmp_path, notebook_image):
