@@ -68,10 +68,10 @@ def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swa
                 "command": ["sh", "-c", COMMAND.replace("${PREFIX_NAME}", f"{prefix}-job-$GPUHUB_JOB_ID")]}
         sub = check_submission(body, list(runner.profiles.values()), (), 600, runner.limits.max_workers)
         job = await runner.submit("pat", (), None, sub)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 300
         seen = {}
-        while loop.time() < deadline:
+
+        async def ended():
+            # While it runs, note what each worker's runtime was given; done once it has ended.
             current = await runner.call(runner.ledger.get, job.id)
             if current.state == "running" and len(seen) < 2:
                 for unit in current.units:
@@ -81,10 +81,10 @@ def test_a_cluster_spans_both_swarm_nodes_each_worker_on_its_own_leased_gpus(swa
                         record = node.visible_devices().get(cid)
                         if record:
                             seen[unit["worker"]] = (node.hostname, record, unit)
-            if not current.active:
-                return current, seen, await runner.call(runner.ledger.log, job.id)
-            await asyncio.sleep(0.5)
-        raise AssertionError(f"the cluster did not end: {current}")
+            return None if current.active else current
+
+        current = await async_until(ended, timeout=300, interval=0.5, what="the cluster to end")
+        return current, seen, await runner.call(runner.ledger.log, job.id)
 
     try:
         job, seen, log = asyncio.run(scenario())

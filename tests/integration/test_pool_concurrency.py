@@ -22,6 +22,8 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
+from devservices.waiting import until
+
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, PoolUnavailable, lease_gpus_table, leases_table
 
@@ -63,7 +65,7 @@ def hammer(url: str, worker: int, iterations: int, witness_dir: str, options: di
                     held.append(uuid)
                 except FileExistsError:
                     errors.append(f"lease {lease.id}: {uuid} already held by another worker")
-            await asyncio.sleep(rng.random() * 0.003)
+            await asyncio.sleep(rng.random() * 0.003)  # not a wait: the lease is held a random while
             for uuid in held:
                 os.unlink(os.path.join(witness_dir, uuid))
             pool.release(lease.id, rng.choice(("stopped", "culled")))
@@ -207,13 +209,10 @@ def test_processes_killed_while_hammering_leave_a_usable_ledger(ledger_url, tmp_
     pool = make_pool(ledger_url, **options)
     try:
         # Let them get going, then kill them one by one at random moments.
-        deadline = time.monotonic() + 60
-        while len(pool.history()) < 50:
-            assert time.monotonic() < deadline, "workers made no progress"
-            time.sleep(0.05)
+        until(lambda: len(pool.history()) >= 50, timeout=60, interval=0.05, what="the workers' first 50 leases")
         rng = random.Random(7)
         for p in procs:
-            time.sleep(rng.random() * 0.1)
+            time.sleep(rng.random() * 0.1)  # not a wait: each is killed at a random moment
             os.kill(p.pid, signal.SIGKILL)
     finally:
         for p in procs:
@@ -228,10 +227,8 @@ def test_processes_killed_while_hammering_leave_a_usable_ledger(ledger_url, tmp_
     # (With fair-share order the admin, with no recent use, may be served before they go stale.)
     lease = asyncio.run(pool.acquire("admin", "", GPUS, timeout=30))
     assert len(lease.gpu_uuids) == GPUS
-    deadline = time.monotonic() + 10 * options["waiter_stale_after"]
-    while pool.queue():
-        assert time.monotonic() < deadline, f"dead processes' rows still count: {pool.queue()}"
-        time.sleep(0.1)
+    until(lambda: not pool.queue(), timeout=10 * options["waiter_stale_after"],
+          what="the dead processes' queue rows to stop counting", explain=lambda: f"queue: {pool.queue()}")
     assert_no_double_lending(pool)
 
 

@@ -105,7 +105,7 @@ def test_a_sigint_at_any_moment_of_the_start_stops_the_service_within_seconds(tm
             wait_for(lambda proc=proc, log=log: serving(log) or proc.poll() is not None, timeout=60,
                      what="the service to serve", interval=0.05)
         else:
-            time.sleep(moment)  # the moment itself is what the test varies: no event to wait on
+            time.sleep(moment)  # not a wait: the moment itself is what the test varies: no event to wait on
         assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
         took[moment] = interrupt_and_time(proc, log)
         assert "Traceback" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]

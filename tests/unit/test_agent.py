@@ -10,11 +10,12 @@ import json
 import logging
 import signal
 import threading
-import time
 from datetime import timedelta
 
 import pytest
 from traitlets import TraitError
+
+from devservices.waiting import until
 
 from spawner.inventory.agent import Agent
 from spawner.culling.culler import GPUIdleCuller, CullerUtilization
@@ -134,10 +135,7 @@ def test_the_loop_runs_until_stopped_and_sigterm_stops_it(pool, node_a):
     thread = threading.Thread(target=agent.run)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not pool.gpu_readings(60) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert pool.gpu_readings(60)
+        until(lambda: pool.gpu_readings(60), timeout=10, interval=0.01, what="the agent's first reading")
     finally:
         handlers[signal.SIGTERM](signal.SIGTERM, None)
         thread.join(timeout=10)

@@ -9,6 +9,8 @@ from datetime import timedelta
 import pytest
 from traitlets.config import Config
 
+from devservices.waiting import async_until
+
 from spawner.culling.culler import (
     BUSY_SWITCH_ENV,
     SERVICE_NAME,
@@ -394,8 +396,7 @@ def test_the_culler_reads_who_waits_from_the_ledger(tmp_path):
 
     async def main():
         task = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
-        while not pool.queue():
-            await asyncio.sleep(0.02)
+        await async_until(pool.queue, timeout=30, what="bob in the queue")
         clock[0] += 10  # the next cull pass reads the queue again
         assert contention("h") is True and contention("other-host") is False
         pool.release(held.id)

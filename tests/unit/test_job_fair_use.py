@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+from devservices.waiting import until
+
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
 from spawner.pool.jobs import CANCELLED, QUEUED, RUNNING
@@ -50,8 +52,7 @@ def test_a_job_on_a_gpu_booked_for_someone_else_is_stopped_when_the_booking_star
         job = running_job(runner, "erin", lease)
         booking = pool.book("frank", 1, now + timedelta(seconds=2), now + 2 * H, host=HOST, admin=True)
         assert asyncio.run(runner.fair_use.round()) == []  # not before its window
-        while datetime.now(UTC) < booking.starts_at:
-            asyncio.run(asyncio.sleep(0.1))  # the booking's own start, not a guess
+        until(lambda: datetime.now(UTC) >= booking.starts_at, timeout=10, what="the booking's own start")
         assert asyncio.run(runner.fair_use.round()) == [job.id]
         assert "booked by someone else" in runner.fair_use.message(job)
         assert runner.fair_use.end_reason(job, CANCELLED) == EndReason.BOOKING

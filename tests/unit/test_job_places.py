@@ -4,6 +4,9 @@ bookkeeping of JobLimits), on a real SQLite ledger; no engine is reached."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+
+from devservices.waiting import async_until
 
 from spawner.inventory import SimulatedInventory
 from spawner.jobs.request import Submission
@@ -22,18 +25,18 @@ def test_a_job_cancelled_in_the_gpu_queue_leaves_room_for_the_next(tmp_path):
     profile = runner.profiles["tf-gpu-1"]
     sub = Submission(profile=profile, command=("true",), workdir="", timeout_s=60)
 
+    async def position_is(job, wanted):
+        return wanted(await runner.position(job))
+
     async def scenario():
         pool.try_acquire("ann", "", 1)  # a server holds the only GPU: jobs wait in the pool's queue
         first = await runner.submit("pat", [], None, sub)
-        while await runner.position(first) is None:
-            await asyncio.sleep(0.05)
+        await async_until(lambda: position_is(first, lambda place: place is not None), timeout=30)
         cancelled = await runner.cancel(first.id)
         second = await runner.submit("pat", [], None, sub)
         # With the place kept by the cancelled job it would wait for `max_running`, not for a GPU.
-        for _ in range(200):
-            if await runner.position(second) == 1:
-                break
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(AssertionError):  # where it stands is asserted below, with its state
+            await async_until(lambda: position_is(second, lambda place: place == 1), timeout=10)
         waiting = await runner.call(runner.ledger.get, second.id)
         where = await runner.position(second)
         await runner.cancel(second.id)

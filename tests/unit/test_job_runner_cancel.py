@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from devservices.waiting import async_until
+
 from spawner.inventory.machine import StaticInventory
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
@@ -31,11 +33,8 @@ def test_a_job_cancelled_in_the_gpu_queue_frees_its_place_for_the_users_next_job
         job = runner.ledger.create("pat", [], "tf-gpu-1", ["true"], "", 60, HOST, 1000, 100)
         runner._spawn(job)
         task = runner._tasks[job.id]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 30
-        while not pool.queue():  # it queues for the GPU (its place held meanwhile)
-            assert loop.time() < deadline, "the job never joined the GPU queue"
-            await asyncio.sleep(0.02)
+        # It queues for the GPU (its place held meanwhile).
+        await async_until(pool.queue, timeout=30, what="the job in the GPU queue")
         cancelled = await runner.cancel(job.id)
         assert cancelled.state == CANCELLED
         assert task.done() and task.exception() is None  # cancel() waited for it; it ended cleanly

@@ -20,6 +20,8 @@ from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets.config import Config
 
+from devservices.waiting import async_until
+
 from spawner.lending import admission
 from spawner.lending import spawner as lending
 from spawner.lending import GPULendingSpawner
@@ -53,6 +55,7 @@ class Lender(GPULendingSpawner, FakeEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.holders: list[str] | Exception = []
+        self.asked = 0  # how often the engine was asked who holds a lease
         self.start_gate: asyncio.Event | None = None
         self.started_with = None
 
@@ -63,6 +66,7 @@ class Lender(GPULendingSpawner, FakeEngine):
         return ("127.0.0.1", 8888)
 
     async def lease_holders(self, lease_id):
+        self.asked += 1
         if isinstance(self.holders, Exception):
             raise self.holders
         return list(self.holders)
@@ -203,13 +207,11 @@ def test_a_container_that_stops_after_the_grace_frees_its_gpu_once_it_is_gone(co
         await user_stop(spawner)
         assert spawner.pool.lease(lease_id).active, "freed while its container still ran"
         spawner.holders = ConnectionError("the node does not answer")
-        await asyncio.sleep(0.05)
+        unanswered = spawner.asked + 3
+        await async_until(lambda: spawner.asked >= unanswered, what="three unanswered rechecks")
         assert spawner.pool.lease(lease_id).active, "freed on an unknown answer"
         spawner.holders = []  # the engine has removed it at last
-        for _ in range(200):
-            if not spawner.pool.lease(lease_id).active:
-                break
-            await asyncio.sleep(0.01)
+        await async_until(lambda: not spawner.pool.lease(lease_id).active, what="the lease freed")
         return lease_id
 
     lease_id = run(scenario())
@@ -255,10 +257,7 @@ def test_a_start_cancelled_after_the_lease_releases_it_as_failed_start(config):
     async def scenario():
         spawner.start_gate = asyncio.Event()  # the engine's start never finishes
         task = asyncio.create_task(spawn(spawner))
-        for _ in range(200):
-            if spawner.lease_id is not None and spawner.started_with is not None:
-                break
-            await asyncio.sleep(0.01)
+        await async_until(lambda: spawner.lease_id is not None and spawner.started_with is not None)
         lease_id = spawner.lease_id
         assert lease_id is not None and spawner.pool.lease(lease_id).active
         task.cancel()
@@ -298,19 +297,11 @@ def test_a_spawn_queued_for_gpus_does_not_count_toward_the_start_limit(config):
     async def scenario():
         await spawn(holder)  # the only GPU is lent
         queued = asyncio.create_task(spawn(waiter))
-        for _ in range(300):
-            if holder.pool.queue():
-                break
-            await asyncio.sleep(0.01)
-        assert holder.pool.queue(), "bob's spawn never queued"
+        await async_until(holder.pool.queue, what="bob's spawn in the queue")
         # bob waits in the queue: carol's CPU server may start although the limit is 1.
         cpu.start_gate = asyncio.Event()
         starting = asyncio.create_task(spawn(cpu, "tf-cpu"))
-        for _ in range(300):
-            if cpu.started_with is not None:
-                break
-            await asyncio.sleep(0.01)
-        assert cpu.started_with is not None
+        await async_until(lambda: cpu.started_with is not None, what="carol's start under way")
         # ...but a second start beyond the limit, while carol's runs, is refused.
         with pytest.raises(web.HTTPError) as refused:
             await spawn(another, "tf-cpu")

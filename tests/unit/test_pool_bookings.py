@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import requests
 
+from devservices.waiting import async_until, until
+
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, InvalidRequest, WaitTimeout, bookings
@@ -91,11 +93,9 @@ def test_a_waiter_does_not_get_a_booked_gpu_but_the_booker_does(tmp_path):
 
     async def main():
         dave = asyncio.ensure_future(pool.acquire("dave", "", 1, timeout=60))
-        while not pool.queue():
-            await asyncio.sleep(0.02)
+        await async_until(pool.queue, what="dave in the queue")
         bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
-        while len(pool.queue()) < 2:
-            await asyncio.sleep(0.02)
+        await async_until(lambda: len(pool.queue()) == 2, what="bob in the queue behind dave")
         pool.release(held.id)
         got = await bob  # while dave, who waited first, still waits ahead of him (the GPU is not his)
         assert [w.user for w in pool.queue()] == ["dave"] and not dave.done()
@@ -114,8 +114,7 @@ def test_a_waiter_gets_a_no_shows_gpu_once_its_grace_has_passed(tmp_path):
 
     async def main():
         alice = asyncio.ensure_future(pool.acquire("alice", "", 1, timeout=120))
-        while not pool.queue():
-            await asyncio.sleep(0.02)
+        await async_until(pool.queue, what="alice in the queue")
         assert not alice.done()  # the booking holds the GPU while dee may still come
         # Her own waiting releases the booking once its grace has passed (not at her wait's end).
         return await asyncio.wait_for(alice, 30)
@@ -354,8 +353,7 @@ def test_used_is_per_gpu_an_unused_gpu_of_a_booking_goes_back(tmp_path):
     b = pool.book("dee", 2, now, now + H)
     mine = pool.try_acquire("dee", "", 1)  # dee uses one of the two
     assert mine is not None and pool.try_acquire("alice", "", 1) is None  # the other is still held
-    while datetime.now(UTC) < b.starts_at + timedelta(seconds=1.05):
-        asyncio.run(asyncio.sleep(0.05))  # the grace's own end
+    until(lambda: datetime.now(UTC) >= b.starts_at + timedelta(seconds=1.05), what="the grace's own end")
     [kept] = pool.bookings()
     assert kept.id == b.id and kept.gpu_uuids == mine.gpu_uuids
     other = pool.try_acquire("alice", "", 1)

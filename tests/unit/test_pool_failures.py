@@ -61,7 +61,7 @@ def hold_write_lock(path, seconds: float) -> None:
     blocker = sqlite3.connect(path, isolation_level=None)
     try:
         blocker.execute("BEGIN IMMEDIATE")
-        time.sleep(seconds)
+        time.sleep(seconds)  # the lock is held this long: the waiters must outlast it
         blocker.execute("ROLLBACK")
     finally:
         blocker.close()

@@ -143,13 +143,13 @@ def test_two_gangs_never_deadlock_and_small_requests_are_served(tmp_path):
 
     async def gang(name):
         leases = await pool.acquire_gang("alice", name, 2, 2, timeout=30)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the cluster holds its GPUs a while, so the others queue behind it
         pool.release_all([l.id for l in leases], "job-finished")
         return name
 
     async def single(name):
         lease = await pool.acquire("bob", name, 1, timeout=30)
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # held a while, as a server would
         pool.release(lease.id)
         return name
 
@@ -161,7 +161,7 @@ def test_two_gangs_never_deadlock_and_small_requests_are_served(tmp_path):
                     by_gang.setdefault(l.server_name.rsplit("/", 1)[0], 0)
                     by_gang[l.server_name.rsplit("/", 1)[0]] += 1
             seen_partial.extend(n for n in by_gang.values() if n != 2)
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # not a wait: the watcher samples the leases until the end
 
     async def main():
         done = asyncio.Event()

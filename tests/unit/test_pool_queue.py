@@ -105,7 +105,7 @@ def test_cancel_racing_a_grant_leaves_no_lease(tmp_path):
         for i in range(30):
             task = asyncio.ensure_future(pool.acquire("bob", f"s{i}", 1, timeout=30))
             for _ in range(i % 5):
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # not a wait: moment i of the attempt, counted in loop turns
             task.cancel()
             try:
                 lease = await task
@@ -135,11 +135,11 @@ def test_a_cancel_is_never_lost_whenever_it_lands(tmp_path, held):
         for i in range(24):
             task = asyncio.ensure_future(pool.acquire("bob", f"s{i}", 1, timeout=30))
             for _ in range(i % 3):
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # not a wait: moment i of the attempt, counted in loop turns
             if i % 2:
-                time.sleep(0.03)  # the attempt's thread finishes while the loop is blocked
+                time.sleep(0.03)  # not a wait: the attempt's thread finishes while the loop is blocked
             elif i % 4 == 2:
-                await asyncio.sleep(0.02)  # a later attempt, or the wait between attempts
+                await asyncio.sleep(0.02)  # not a wait: a later attempt, or the wait between attempts
             if not task.cancel():  # granted before the cancel: the caller got it, a normal stop
                 pool.release(task.result().id, "stopped")
                 continue

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from devservices.waiting import async_until
+
 from spawner.culling.policy import cull_deadline
 from spawner.inventory import SimulatedInventory
 from spawner.pool import EndReason, GPUPool
@@ -82,9 +84,8 @@ def records_over_time(url: str) -> None:
         async def wait_then_get():
             task = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=10))
             # bob waits 0.3 s from when the queue has him (under load his record comes late)
-            while len(pool.queue()) != 1:
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.3)
+            await async_until(lambda: len(pool.queue()) == 1, what="bob in the queue")
+            await asyncio.sleep(0.3)  # the length of bob's wait is what the record must show
             assert len(pool.queue()) == 1
             pool.release(a.id, EndReason.STOPPED)
             return await task

@@ -63,7 +63,7 @@ def _fake_servers(answers: dict):
             seen["now"] += 1
             seen["most"] = max(seen["most"], seen["now"])
             seen["auth"].add((user, self.request.headers.get("Authorization")))
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # a slow script: the calls overlap, so the bound on them shows
             seen["now"] -= 1
             status, body = answers[user]
             self.set_status(status)

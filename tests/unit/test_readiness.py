@@ -30,7 +30,7 @@ def test_returns_as_soon_as_a_late_server_answers():
 
     async def go():
         async def start_later():
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # the server comes late: the wait must see it when it does
             server = HTTPServer(web.Application([(r"/.*", Redirect)]))
             server.listen(port, "127.0.0.1")
             return server

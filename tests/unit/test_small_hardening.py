@@ -8,6 +8,8 @@ import io
 
 import pytest
 
+from devservices.waiting import async_until
+
 from spawner.cli import exec_client as client
 from spawner.poolpage import views
 
@@ -90,11 +92,10 @@ def test_a_helper_created_while_its_spawn_is_cancelled_is_removed_once_docker_ma
 
     async def scenario():
         spawn = asyncio.create_task(create_helper(SimpleNamespace(client=client), image="img", command=["true"]))
-        while not client.asked.is_set():
-            await asyncio.sleep(0.01)
+        await async_until(client.asked.is_set, what="Docker asked to create the helper")
         for _ in range(cancels):  # the hub shuts down while Docker creates the helper (twice: wait_for's too)
             spawn.cancel()
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # not a wait: the cancel lands before the next one
         with pytest.raises(asyncio.CancelledError):
             await spawn
 

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import event, insert, text, update
 
+from devservices.waiting import async_until
+
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
 from spawner.pool.schema import audit_table, gpus_table, queue_log_table
@@ -53,8 +55,7 @@ def queue_chart_from_the_rollup(url: str) -> None:
 
         async def wait_then_get():
             task = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=10))
-            while len(pool.queue()) != 1:
-                await asyncio.sleep(0.02)
+            await async_until(lambda: len(pool.queue()) == 1, what="bob in the queue")
             pool.release(holder.id)
             return await task
 
