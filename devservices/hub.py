@@ -8,6 +8,7 @@ the REST API (`hub.api(...)`).  tests/fixtures/hub.py wraps it in the `make_hub`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -281,28 +282,17 @@ def prepare_hub(directory: Path, notebook_image: str, network_name: str, extra_c
                prefix=prefix, log_path=directory / "hub.log", scheme=scheme)
 
 
-def withdraw_host_rules(hub: Hub, docker_client) -> None:
-    """The hub's openings in the host's rules (spawner/docker/firewall.py), and its bridge's
-    rules once no other hub's are left: many test hubs share one bridge, each with its ports."""
-    from spawner.docker import firewall
-
-    if firewall.readable() is not None:
-        return
-    try:
-        attrs = docker_client.api.inspect_network(hub.env["GPUHUB_DOCKER_NETWORK"])
-    except Exception:
-        return
-    ports = [hub.env.get(k) for k in ("GPUHUB_HUB_PORT", "GPUHUB_POOL_PAGE_PORT")]
-    firewall.withdraw(firewall.bridge_of(attrs), attrs["IPAM"]["Config"][0]["Gateway"],
-                      [int(p) for p in ports if p] + [hub.port])
-
-
-def cleanup_hub(hub: Hub, docker_client) -> None:
-    """Stop the hub and remove every container and volume it made."""
-    hub.stop()
+def remove_what_a_hub_made(docker_client, prefix: str, network: str, ports: list[int]) -> None:
+    """Every container and volume named `<prefix>-...`, and the hub's openings in the host's rules
+    (spawner/docker/firewall.py) on `network` for `ports`: its bridge's rules go once no other
+    hub's are left, since many test hubs (and the demo's test) share one bridge."""
     import docker.errors
 
-    for container in hub.containers(docker_client):
+    from spawner.docker import firewall
+
+    for container in docker_client.containers.list(all=True, ignore_removed=True):
+        if not container.name.startswith(f"{prefix}-"):
+            continue
         try:
             container.remove(force=True)
         except docker.errors.NotFound:
@@ -311,12 +301,24 @@ def cleanup_hub(hub: Hub, docker_client) -> None:
             if exc.status_code != 409:  # 409: Docker is removing it already
                 raise
     for volume in docker_client.volumes.list():
-        if volume.name.startswith(f"{hub.prefix}-"):
-            try:
+        if volume.name.startswith(f"{prefix}-"):
+            with contextlib.suppress(docker.errors.APIError):  # in use by a container going away
                 volume.remove(force=True)
-            except Exception:
-                pass
-    withdraw_host_rules(hub, docker_client)
+    if firewall.readable() is not None:
+        return
+    try:
+        attrs = docker_client.api.inspect_network(network)
+    except docker.errors.APIError:
+        return
+    firewall.withdraw(firewall.bridge_of(attrs), attrs["IPAM"]["Config"][0]["Gateway"], ports)
+
+
+def cleanup_hub(hub: Hub, docker_client) -> None:
+    """Stop the hub and remove every container and volume it made."""
+    hub.stop()
+    ports = [hub.env.get(k) for k in ("GPUHUB_HUB_PORT", "GPUHUB_POOL_PAGE_PORT")]
+    remove_what_a_hub_made(docker_client, hub.prefix, hub.env["GPUHUB_DOCKER_NETWORK"],
+                           [int(p) for p in ports if p] + [hub.port])
     if hub._ledger is not None:
         hub._ledger.close()
     for f in hub._log_files:

@@ -24,7 +24,7 @@ import time
 
 import requests
 
-from devservices.hub import REPO
+from devservices.hub import REPO, remove_what_a_hub_made
 from devservices.ldap import seed
 from devservices.ports import free_port
 from devservices.ssh_client import SSHClient
@@ -89,16 +89,6 @@ def log_in(hub: str, name: str, password: str) -> requests.Session:
         "username": name, "password": password, "_xsrf": session.cookies.get("_xsrf")})
     assert r.status_code == 200 and "/hub/login" not in r.url, (r.url, r.text[:300])
     return session
-
-
-def withdraw_rules(docker_client, network: str, ports: list[int]) -> None:
-    """The demo hub's openings in the host's rules (as the make_hub fixture withdraws a hub's)."""
-    from spawner.docker import firewall
-
-    if firewall.readable() is not None:
-        return
-    attrs = docker_client.api.inspect_network(network)
-    firewall.withdraw(firewall.bridge_of(attrs), attrs["IPAM"]["Config"][0]["Gateway"], ports)
 
 
 def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_network):
@@ -176,14 +166,6 @@ def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_networ
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        for container in docker_client.containers.list(all=True, filters={"name": prefix}):
-            container.remove(force=True)
-        for volume in docker_client.volumes.list():
-            if volume.name.startswith(f"{prefix}-"):
-                try:
-                    volume.remove(force=True)
-                except Exception:
-                    pass
-        withdraw_rules(docker_client, hub_network.name, [int(env["GPUHUB_HUB_PORT"]), port + 2, port])
+        remove_what_a_hub_made(docker_client, prefix, hub_network.name, [int(env["GPUHUB_HUB_PORT"]), port + 2, port])
     assert proc.returncode == 0, "\n".join(banner.lines[-30:])
 
