@@ -94,6 +94,7 @@ class SwarmDemo(Demo):
             "GPUHUB_DOCKER_NETWORK": self.swarm.network,
             "GPUHUB_PROFILES_FILE": str(profiles),
             "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.labels.gpuhub.test-session==demo",
+            "GPUHUB_SWARM_NODE_LABELS": "gpuhub.test-session=demo",
             "GPUHUB_SWARM_HOME_OPTIONS": json.dumps({"type": "none", "o": "bind", "device": f"{homes}/{{username}}"}),
             "GPUHUB_SWARM_HOMES_ROOT_OPTIONS": json.dumps({"type": "none", "o": "bind", "device": str(homes)}),
         })

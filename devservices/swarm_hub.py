@@ -32,6 +32,8 @@ def prepare_swarm_hub(swarm: Swarm, postgres_server, forward_port: int, image: s
         "GPUHUB_POOL_DB_URL": db_url,
         "GPUHUB_HUB_CONNECT_IP": site.overlay_ip,
         "GPUHUB_SWARM_CPU_CONSTRAINTS": f"node.labels.gpuhub.test-session=={swarm.session}",
+        # The manager may hold other sessions' nodes (another checkout's tests): lend only this one's.
+        "GPUHUB_SWARM_NODE_LABELS": f"gpuhub.test-session={swarm.session}",
         "GPUHUB_SWARM_HOME_OPTIONS": json.dumps({"type": "none", "o": "bind", "device": f"{homes}/{{username}}"}),
         "GPUHUB_SWARM_HOMES_ROOT_OPTIONS": json.dumps({"type": "none", "o": "bind", "device": homes}),
         "GPUHUB_POOL_PAGE": "false",

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from traitlets import Float, TraitError, Unicode, validate
+from traitlets import Dict, Float, TraitError, Unicode, validate
 
 from .machine import GPU, Inventory, InventoryError, parse_cuda_version
 
@@ -74,6 +74,16 @@ class SwarmInventory(Inventory):
         "down, drain) reach the ledger at the next GPU spawn or reconcile pass after this.",
     )
 
+    lending_node_labels = Dict(
+        value_trait=Unicode(),
+        config=True,
+        help="Lend only from the Swarm nodes whose labels include every one of these "
+        "(`{\"gpuhub.pool\": \"lab\"}`): a Swarm whose other nodes serve other workloads, or "
+        "another hub.  Nodes without them are not in the pool at all (no lease, no server, no job "
+        "lands there).  Empty: every node with GPUs.  Set by `GPUHUB_SWARM_NODE_LABELS` "
+        "(`key=value,key=value`).",
+    )
+
     reading_max_age = Float(
         60.0,
         config=True,
@@ -112,6 +122,9 @@ class SwarmInventory(Inventory):
                 nodes = self._docker().api.nodes()
             except Exception as exc:
                 raise InventoryError(f"cannot list the Swarm's nodes (is this a Swarm manager?): {exc}") from None
+            wanted = self.lending_node_labels
+            nodes = [n for n in nodes
+                     if all(((n.get("Spec") or {}).get("Labels") or {}).get(k) == v for k, v in wanted.items())]
             self._cached = (time.monotonic(), nodes)
             return nodes
 

@@ -208,7 +208,7 @@ def main() -> None:
         from ..inventory.swarm import SwarmInventory
 
         # Jobs lease from what Swarm says now (nodes that joined, left, went down), as servers do.
-        inventory = SwarmInventory()
+        inventory = SwarmInventory(config=config)
     pool = GPUPool(db_url=ledger_env(ENV_DB_URL), inventory=inventory, **(job_settings.pool if job_settings else {}))
     recheck = PasswordRecheck(authenticator_from_env(), timeout=limits.hub_auth_timeout)
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,

@@ -109,6 +109,8 @@ def apply_settings(c, settings: Settings) -> None:
         c.GPUSwarmSpawner.home_volume_driver_options = dict(settings.swarm_home_options)
         c.GPUSwarmSpawner.home_root_volume_options = dict(settings.swarm_homes_root_options)
         c.GPUSwarmSpawner.cpu_constraints = list(settings.swarm_cpu_constraints)
+        if settings.swarm_node_labels:
+            c.SwarmInventory.lending_node_labels = dict(settings.swarm_node_labels)
     c.GPUDockerSpawner.network_name = settings.docker_network
     c.GPUDockerSpawner.prefix = settings.container_prefix
     if settings.home_volume:

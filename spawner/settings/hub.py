@@ -45,6 +45,7 @@ class Settings:
     swarm_home_options: dict = field(default_factory=dict)  # GPUHUB_SWARM_HOME_OPTIONS (JSON)
     swarm_homes_root_options: dict = field(default_factory=dict)  # GPUHUB_SWARM_HOMES_ROOT_OPTIONS
     swarm_cpu_constraints: tuple[str, ...] = ()  # GPUHUB_SWARM_CPU_CONSTRAINTS (comma-separated)
+    swarm_node_labels: dict = field(default_factory=dict)  # GPUHUB_SWARM_NODE_LABELS (key=value,...)
     gpu_host: str = ""
     simulated_gpus: int = 4
     simulated_cuda_version: str = "12.4"
@@ -151,6 +152,19 @@ def _json_object(env: Mapping[str, str], name: str) -> dict:
     return value
 
 
+def _key_values(env: Mapping[str, str], name: str) -> dict[str, str]:
+    """`key=value,key=value` (spaces around each ignored); an item without `=` is an error."""
+    pairs = {}
+    for item in env.get(name, "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"{name}: {item.strip()!r} is not key=value (e.g. gpuhub.pool=lab)")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dict:
     """GPUHUB_HUB_CONNECT_IP and GPUHUB_SWARM_*; with the swarm spawner, a PostgreSQL ledger."""
     values = dict(
@@ -159,6 +173,7 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
         swarm_homes_root_options=_json_object(env, "GPUHUB_SWARM_HOMES_ROOT_OPTIONS"),
         swarm_cpu_constraints=tuple(c.strip() for c in env.get("GPUHUB_SWARM_CPU_CONSTRAINTS", "").split(",")
                                     if c.strip()),
+        swarm_node_labels=_key_values(env, "GPUHUB_SWARM_NODE_LABELS"),
     )
     if spawner == "swarm":
         if not ledger_env(ENV_DB_URL, env).startswith("postgresql"):

@@ -25,6 +25,8 @@ def service_config(c, settings) -> dict:
     sections = {"PoolPageSettings": page, "PoolServiceLimits": config_values(PoolServiceLimits(config=c))}
     if settings.jobs:
         sections["JobSettings"] = job_settings(c, settings).as_dict()
+    if "SwarmInventory" in c:  # the nodes the service's jobs may lease from, as the hub's servers
+        sections["SwarmInventory"] = dict(c.SwarmInventory)
     return sections
 
 

@@ -164,6 +164,7 @@ def write_files(workdir: Path, swarm, notebook_image: str, prefix: str, utilizat
                                                          "device": f"{homes}/{{username}}"}),
                 "GPUHUB_SWARM_HOMES_ROOT_OPTIONS": json.dumps({"type": "none", "o": "bind", "device": homes}),
                 "GPUHUB_SWARM_CPU_CONSTRAINTS": f"node.labels.gpuhub.test-session=={swarm.session}",
+                "GPUHUB_SWARM_NODE_LABELS": f"gpuhub.test-session={swarm.session}",
                 "GPUHUB_CULL": "false",
                 "GPUHUB_LEASE_WAIT_TIMEOUT": setting,
             }},

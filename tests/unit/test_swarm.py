@@ -220,3 +220,34 @@ def test_spawn_form_counts_a_tagged_profiles_own_gpus():
     html = options_form_html(profiles, "", {"free": 3, "lent": 1}, {"a100": {"free": 0, "lent": 2}})
     assert "1 GPU(s); 3 of 4 free now" in html
     assert "1 GPU(s); 0 of 2 free now" in html
+
+
+def test_a_hub_lends_only_from_the_nodes_that_carry_its_labels(tmp_path):
+    # One Swarm, two labs (or another workload): the other nodes are not in this hub's pool.
+    from traitlets.config import Config
+
+    from spawner.settings import apply_settings
+    from spawner.settings.service_file import service_config
+
+    manager = Manager([node("lab-a", ["GPU-a"], labels={"gpuhub.pool": "lab"}),
+                       node("other", ["GPU-o"], labels={"gpuhub.pool": "physics"}),
+                       node("bare", ["GPU-b"])])
+    assert SwarmInventory(client=manager).hosts() == {"lab-a", "other", "bare"}
+    env = {"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
+           "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_DATA_DIR": str(tmp_path),
+           "GPUHUB_SWARM_NODE_LABELS": " gpuhub.pool = lab "}
+    settings = load_settings(env)
+    c = Config()
+    apply_settings(c, settings)
+    lab = SwarmInventory(client=manager, config=c)
+    assert lab.hosts() == {"lab-a"} and [g.uuid for g in lab.gpus()] == ["GPU-a"]
+    # The pool service's jobs lease from the same nodes as the hub's servers.
+    handed = Config(service_config(c, settings))
+    assert SwarmInventory(client=manager, config=handed).hosts() == {"lab-a"}
+    # Unset writes nothing; a malformed value is refused, naming the setting.
+    env.pop("GPUHUB_SWARM_NODE_LABELS")
+    unset = Config()
+    apply_settings(unset, load_settings(env))
+    assert "SwarmInventory" not in unset
+    with pytest.raises(SettingsError, match="GPUHUB_SWARM_NODE_LABELS"):
+        load_settings({**env, "GPUHUB_SWARM_NODE_LABELS": "gpuhub.pool"})
