@@ -45,7 +45,9 @@ def swarm_runner(swarm_cluster, image: str, tmp_path, **settings) -> tuple[str, 
         home_volume_driver_options={"type": "none", "o": "bind", "device": f"{homes}/{{username}}"},
         home_root_volume_options={"type": "none", "o": "bind", "device": homes},
         cpu_constraints=[f"node.labels.gpuhub.test-session=={swarm_cluster.session}"], **settings)
-    pool = GPUPool(inventory=SwarmInventory(), db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.1)
+    # Only this session's nodes: the manager may hold another checkout's test Swarm too.
+    inventory = SwarmInventory(lending_node_labels={"gpuhub.test-session": swarm_cluster.session})
+    pool = GPUPool(inventory=inventory, db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.1)
     pool.sync_inventory()
     return prefix, pool, JobRunner(pool, job_settings, engine=SwarmJobEngine(job_settings))
 
