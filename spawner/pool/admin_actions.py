@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from . import release
 from . import queries
 from . import validation
-from .facade_part import PoolPart
+from .ledger.part import PoolPart
 from .models import EndReason, GPUStatus, InvalidRequest, Lease
 
 if TYPE_CHECKING:

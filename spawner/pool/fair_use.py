@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import bookings, budget, fairshare, rollup, validation
 from .bookings import Booking
-from .facade_part import PoolPart
+from .ledger.part import PoolPart
 from .models import InvalidRequest
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from sqlalchemy import and_, delete, insert, select
 
 from ..inventory.machine import parse_cuda_version
 from . import validation
-from .facade_part import PoolPart
+from .ledger.part import PoolPart
 from .models import InvalidRequest
-from .schema import readings_table
+from .ledger.schema import readings_table
 
 MAX_READINGS = 1024  # per call: far more GPUs than one node has
 UUID_MAX = 128  # the column's width

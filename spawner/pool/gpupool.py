@@ -30,8 +30,8 @@ from .pool_queries import PoolQueries
 from .placement import Topology
 from .gpu_readings import PoolReadings
 from .policy import limit_for
-from .schema import NAME_MAX, create_schema
-from .store import Store
+from .ledger.schema import NAME_MAX, create_schema
+from .ledger.store import Store
 from .validation import HostChoice, Request
 from .waiting import QueueWatch, Wakeups
 

@@ -19,11 +19,11 @@ from datetime import timedelta
 from sqlalchemy import delete
 
 from . import bookings, budget, fairshare, queue_hours, rollup
-from . import statements as sql
+from .ledger import statements as sql
 from .models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
-from .schema import waiters_table
-from .store import Store, as_utc
+from .ledger.schema import waiters_table
+from .ledger.store import Store, as_utc
 from .placement import choose_gang
 from .validation import Request, worker_server_name
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import budget, grant, release, validation
-from .facade_part import PoolPart
+from .ledger.part import PoolPart
 from .models import EndReason, InvalidRequest, Lease
 from .validation import HostChoice, Request
 from .waiting import QueueWatch, Wait

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from sqlalchemy import ColumnElement
 
 from . import fairshare, grant, queries, rollup, timeline, validation
-from .facade_part import PoolPart
+from .ledger.part import PoolPart
 from .models import GPUStatus, Lease, Waiter
 from .policy import WaiterRow
-from .schema import leases_table
+from .ledger.schema import leases_table
 
 if TYPE_CHECKING:
     pass

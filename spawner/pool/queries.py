@@ -14,7 +14,7 @@ from sqlalchemy import ColumnElement, func, select
 
 from ..inventory.machine import GPU
 from .models import GPUStatus, Lease, Waiter, iso
-from .schema import audit_table, gpus_table, lease_gpus_table, leases_table, waiters_table
+from .ledger.schema import audit_table, gpus_table, lease_gpus_table, leases_table, waiters_table
 
 
 def load_leases(conn, where, order=None) -> list[Lease]:

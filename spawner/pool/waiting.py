@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .executor import LEDGER_EXECUTOR
+from .ledger.off_loop import LEDGER_EXECUTOR
 from .grant import Outcome, View
 from .models import Lease, PoolError, PoolUnavailable, WaitTimeout
 from .policy import timeout_message

@@ -104,7 +104,7 @@ def test_the_pools_own_calls_find_nothing_past_64_bits(tmp_path):
         assert pool.lease_booked_out(big) is None and pool.set_problem(big, "x") is False
         with pytest.raises(UnknownBooking, match=f"No live booking {big}"):
             pool.cancel_booking(big, "pat")
-        from spawner.pool.jobs import JobLedger
+        from spawner.pool.ledger.job_records import JobLedger
         assert JobLedger(pool).get(big) is None and JobLedger(pool).log(big) is None
     finally:
         pool.close()

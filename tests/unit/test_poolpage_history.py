@@ -183,7 +183,7 @@ def hourly_series_match_the_leases(url: str) -> None:
     hour-aligned buckets, and with the same GPU-hours over a period that ends now (an active
     lease, a lease ended this hour, a drained GPU lent meanwhile). Also run on PostgreSQL."""
     from spawner.pool import rollup
-    from spawner.pool.schema import lease_gpus_table, leases_table
+    from spawner.pool.ledger.schema import lease_gpus_table, leases_table
     from sqlalchemy import insert, text
 
     pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=4, host="n"), poll_interval=0.05)

@@ -21,7 +21,7 @@ from tornado import web
 
 from ...culling.deadline import contended
 from ...culling.policy import idle_limit, is_gpu_server
-from ...pool.jobs import QUEUED, RUNNING
+from ...pool.ledger.job_records import QUEUED, RUNNING
 from ...pool.models import EndReason, PoolError, iso
 from ...profiles import ProfileConfigError, load_profiles
 from .. import views
