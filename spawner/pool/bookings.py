@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 
 from .models import InvalidRequest, PoolError, gpus_text, iso
-from .policy import limit_for
+from .leasing.policy import limit_for
 from .ledger.schema import bookings_table as _b
 from .ledger.schema import gpus_table as _g
 from .ledger.schema import meta_table as _m

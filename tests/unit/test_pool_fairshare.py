@@ -17,7 +17,7 @@ from sqlalchemy import insert, text
 
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, lease_gpus_table, leases_table, queries, rollup
-from spawner.pool.fairshare import FIFO, Shares, order, standing
+from spawner.pool.leasing.serving_order import FIFO, Shares, order, standing
 from devservices.waiting import async_until as until
 
 HOST = "node-1"
