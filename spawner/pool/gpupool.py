@@ -21,11 +21,12 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, va
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from . import bookings, budget, inventory_sync, queue_hours, rollup, validation
+from .fair_use import bookings, budget
+from . import inventory_sync, queue_hours, rollup, validation
 from .leasing import serving_order, grant
 from .leasing.grant import Outcome, QueueRules
 from .admin_actions import PoolAdministration
-from .fair_use import PoolFairUse
+from .fair_use.allowances import PoolFairUse
 from .leasing.lending import PoolLeasing
 from .pool_queries import PoolQueries
 from .leasing.placement import Topology

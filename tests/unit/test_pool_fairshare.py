@@ -308,7 +308,7 @@ def test_group_budgets_count_the_hours_of_exactly_their_group(tmp_path):
 
 
 def test_a_budget_with_some_left_never_reads_as_used_up():
-    from spawner.pool.budget import Standing
+    from spawner.pool.fair_use.budget import Standing
 
     week = 7 * 86400.0
     assert Standing("you", 39.96, 40, None, None).message(week).startswith("You have used 39.9 of your 40 GPU-hours")

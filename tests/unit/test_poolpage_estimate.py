@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from spawner.pool.bookings import Booking
+from spawner.pool.fair_use.bookings import Booking
 from spawner.pool.ledger.job_records import Job
 from spawner.pool.models import Lease
 from spawner.poolpage import estimate

@@ -18,7 +18,8 @@ from datetime import timedelta
 
 from sqlalchemy import delete
 
-from .. import bookings, budget, queue_hours, rollup
+from ..fair_use import bookings, budget
+from .. import queue_hours, rollup
 from . import serving_order
 from ..ledger import statements as sql
 from ..models import Lease, PoolError

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .. import budget, validation
+from ..fair_use import budget
+from .. import validation
 from . import grant, release
 from ..ledger.part import PoolPart
 from ..models import EndReason, InvalidRequest, Lease

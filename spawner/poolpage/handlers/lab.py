@@ -103,7 +103,7 @@ class LabAPI(APIHandler):
         booked = None
         if lease is not None:
             ending = await self.ending_part(lease.id)
-            # One of its GPUs booked later for someone else: when, and how long it has (pool/bookings.py).
+            # One of its GPUs booked later for someone else: when, and how long it has (pool/fair_use/bookings.py).
             booked = await self.call(self.pool.booking_notice_for, lease.host, lease.gpu_uuids, viewer.name,
                                      lease.groups)
         else:

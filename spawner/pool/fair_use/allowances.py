@@ -1,7 +1,7 @@
 """The fair use of the pool, as methods of the GPUPool facade (a mixin): GPU-hour budgets,
 bookings, and the fair-share standings.
 
-Validation here, SQL in budget.py, bookings.py and rollup.py; the facade supplies the store,
+Validation here, SQL in budget.py, bookings.py and history/rollup.py; the facade supplies the store,
 its options (traits), its log and its wake-ups.
 """
 
@@ -11,11 +11,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import bookings, budget, rollup, validation
-from .leasing import serving_order
+from . import bookings, budget
+from .. import rollup, validation
+from ..leasing import serving_order
 from .bookings import Booking
-from .ledger.part import PoolPart
-from .models import InvalidRequest
+from ..ledger.part import PoolPart
+from ..models import InvalidRequest
 
 if TYPE_CHECKING:
     pass
