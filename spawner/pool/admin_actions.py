@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .leasing import release
-from . import queries
+from .history import queries
 from . import validation
 from .ledger.part import PoolPart
 from .models import EndReason, GPUStatus, InvalidRequest, Lease

@@ -22,13 +22,14 @@ from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
 from .fair_use import bookings, budget
-from . import inventory_sync, queue_hours, rollup, validation
+from . import inventory_sync, validation
+from .history import queue_hours, rollup
 from .leasing import serving_order, grant
 from .leasing.grant import Outcome, QueueRules
 from .admin_actions import PoolAdministration
 from .fair_use.allowances import PoolFairUse
 from .leasing.lending import PoolLeasing
-from .pool_queries import PoolQueries
+from .history.reports import PoolQueries
 from .leasing.placement import Topology
 from .gpu_readings import PoolReadings
 from .leasing.policy import limit_for

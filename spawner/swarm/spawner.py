@@ -29,7 +29,7 @@ from ..labels import pool_identity
 from ..lending.docker_common import GPUContainerSpawner
 from ..pool import PoolError
 from ..pool.leasing.placement import host_demand
-from ..pool.queries import counts as counts_of
+from ..pool.history.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
 from .homes import make_home_directory

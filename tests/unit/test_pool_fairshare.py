@@ -16,7 +16,8 @@ import pytest
 from sqlalchemy import insert, text
 
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, lease_gpus_table, leases_table, queries, rollup
+from spawner.pool import GPUPool, lease_gpus_table, leases_table
+from spawner.pool.history import queries, rollup
 from spawner.pool.leasing.serving_order import FIFO, Shares, order, standing
 from devservices.waiting import async_until as until
 

@@ -164,7 +164,7 @@ def test_a_waiter_is_told_when_the_holders_gpu_hour_budget_runs_out(tmp_path):
     the culler stops it when her budget runs out): cy, waiting, is told that end, about 30 min."""
     import requests
 
-    from spawner.pool.rollup import record_ended
+    from spawner.pool.history.rollup import record_ended
     from spawner.pool.ledger.schema import lease_gpus_table, leases_table
     from spawner.poolpage.hubapi import Server
     from sqlalchemy import insert

@@ -11,7 +11,7 @@ import pytest
 from spawner.culling.policy import cull_deadline
 from spawner.inventory import SimulatedInventory
 from spawner.pool import EndReason, GPUPool
-from spawner.pool.timeline import Timeline
+from spawner.pool.history.timeline import Timeline
 from spawner.culling.deadline import CullRules, deadline
 from spawner.poolpage import charts, occupancy
 
@@ -182,7 +182,7 @@ def hourly_series_match_the_leases(url: str) -> None:
     """The lent GPUs drawn from the hourly rollup equal those drawn from every lease: exactly in
     hour-aligned buckets, and with the same GPU-hours over a period that ends now (an active
     lease, a lease ended this hour, a drained GPU lent meanwhile). Also run on PostgreSQL."""
-    from spawner.pool import rollup
+    from spawner.pool.history import rollup
     from spawner.pool.ledger.schema import lease_gpus_table, leases_table
     from sqlalchemy import insert, text
 

@@ -12,7 +12,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from . import bookings, budget
-from .. import rollup, validation
+from ..history import rollup
+from .. import validation
 from ..leasing import serving_order
 from .bookings import Booking
 from ..ledger.part import PoolPart

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, func, insert, select, update
 
 from ..models import QuotaExceeded
-from ..rollup import HOUR, ceil_hour, floor_hour
+from ..history.rollup import HOUR, ceil_hour, floor_hour
 from ..ledger.schema import lease_gpus_table as _lg
 from ..ledger.schema import lease_hours_table as _h
 from ..ledger.schema import leases_table as _l

@@ -19,7 +19,7 @@ from datetime import timedelta
 from sqlalchemy import delete
 
 from ..fair_use import bookings, budget
-from .. import queue_hours, rollup
+from ..history import queue_hours, rollup
 from . import serving_order
 from ..ledger import statements as sql
 from ..models import Lease, PoolError

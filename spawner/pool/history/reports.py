@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import ColumnElement
 
-from .leasing import serving_order, grant
-from . import queries, rollup, timeline, validation
-from .ledger.part import PoolPart
-from .models import GPUStatus, Lease, Waiter
-from .leasing.policy import WaiterRow
-from .ledger.schema import leases_table
+from ..leasing import serving_order, grant
+from . import queries, rollup, timeline
+from .. import validation
+from ..ledger.part import PoolPart
+from ..models import GPUStatus, Lease, Waiter
+from ..leasing.policy import WaiterRow
+from ..ledger.schema import leases_table
 
 if TYPE_CHECKING:
     pass
