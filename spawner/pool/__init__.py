@@ -98,7 +98,7 @@ from .models import (
 )
 from .ledger.schema import (NAME_MAX, SCHEMA_VERSION, UTCDateTime, audit_table, gpus_table, jobs_table,
                             lease_gpus_table, leases_table, meta_table, metadata, readings_table, waiters_table)
-from .gpu_readings import Reading
+from .hosts.readings import Reading
 from .ledger.store import INTEGRITY_RETRIES, PG_LOCK_KEY
 
 # The environment variables that name the ledger, for the hub's settings and for the processes

@@ -22,16 +22,17 @@ from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
 from .fair_use import bookings, budget
-from . import inventory_sync, validation
+from .hosts import inventory_sync
+from . import validation
 from .history import queue_hours, rollup
 from .leasing import serving_order, grant
 from .leasing.grant import Outcome, QueueRules
-from .admin_actions import PoolAdministration
+from .hosts.admin import PoolAdministration
 from .fair_use.allowances import PoolFairUse
 from .leasing.lending import PoolLeasing
 from .history.reports import PoolQueries
 from .leasing.placement import Topology
-from .gpu_readings import PoolReadings
+from .hosts.readings import PoolReadings
 from .leasing.policy import limit_for
 from .ledger.schema import NAME_MAX, create_schema
 from .ledger.store import Store
