@@ -39,7 +39,8 @@ from sqlalchemy import insert, text  # noqa: E402
 from bench.bench_poolpage import serve  # noqa: E402
 from bench.common import median, percentile  # noqa: E402
 from spawner.inventory import SimulatedInventory  # noqa: E402
-from spawner.pool import GPUPool, lease_gpus_table, leases_table, rollup, waiters_table  # noqa: E402
+from spawner.pool import GPUPool, lease_gpus_table, leases_table, waiters_table
+from spawner.pool.history import rollup  # noqa: E402
 from spawner.poolpage import ADMIN_SCOPE  # noqa: E402
 from spawner.poolpage.handlers import base as handlers  # noqa: E402
 

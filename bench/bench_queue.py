@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import median, percentile  # noqa: E402
 from spawner.inventory import SimulatedInventory  # noqa: E402
-from spawner.ledger_io import ledger_call  # noqa: E402
+from spawner.pool.ledger.off_loop import ledger_call  # noqa: E402
 from spawner.pool import GPUPool  # noqa: E402
 
 

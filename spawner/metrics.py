@@ -57,7 +57,7 @@ class PoolCollector:
             self._refreshing = loop.create_task(self._refresh())
 
     async def _refresh(self) -> None:
-        from .ledger_io import ledger_call
+        from .pool.ledger.off_loop import ledger_call
 
         try:
             self._store(await ledger_call(self._counts, timeout=10.0))

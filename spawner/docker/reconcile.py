@@ -20,7 +20,7 @@ from typing import Iterable
 
 from ..labels import HOLDING_STATES, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from ..pool import EndReason, GPUPool
-from ..pool.jobs import is_job_server
+from ..pool.ledger.job_records import is_job_server
 from ..reconciler import ReconcileReport
 
 # When this process (the hub) started: leases older than that cannot belong

@@ -4,7 +4,7 @@ to the ledger.
 On Swarm the hub cannot read NVML on other nodes.  This small loop runs on each
 GPU node (a Swarm global service), reads the node's GPUs through the usual
 inventory classes, and writes one reading per GPU to the ledger every interval;
-the hub's SwarmInventory and the idle culler read them back (pool/gpu_readings.py).
+the hub's SwarmInventory and the idle culler read them back (pool/hosts/readings.py).
 """
 
 from __future__ import annotations

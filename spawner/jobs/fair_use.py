@@ -14,7 +14,7 @@ import logging
 
 from ..culling.policy import LedgerBookings, LedgerBudgets
 from ..pool import PoolError
-from ..pool.jobs import CANCELLED, END_REASONS, RUNNING, Job
+from ..pool.ledger.job_records import CANCELLED, END_REASONS, RUNNING, Job
 from ..pool.models import EndReason
 
 log = logging.getLogger("gpu-pool-page")

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from ..labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE
 from ..pool import EndReason, PoolError
-from ..pool.jobs import END_REASONS, is_job_server, job_id_of
+from ..pool.ledger.job_records import END_REASONS, is_job_server, job_id_of
 
 log = logging.getLogger("gpu-pool-page")
 # A lease this young may belong to a job whose record is being written.

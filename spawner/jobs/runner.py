@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 
 from ..labels import pool_identity
 from ..identity import container_identity
-from ..ledger_io import ledger_call
+from ..pool.ledger.off_loop import ledger_call
 from ..pool import GPUPool, PoolError
-from ..pool.placement import host_demand
-from ..pool.jobs import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED, TIMED_OUT,
-                         Job, JobLedger, job_server_name)
+from ..pool.leasing.placement import host_demand
+from ..pool.ledger.job_records import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED,
+                                       TIMED_OUT, Job, JobLedger, job_server_name)
 from .limits import JobLimits
 from .request import BadJob, Submission
 from .settings import JobSettings

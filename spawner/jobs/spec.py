@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..containers import config_digest, job_unit_name, lease_labels, runtime_env
 from ..labels import LABEL_JOB
-from ..pool.jobs import Job, job_server_name
+from ..pool.ledger.job_records import Job, job_server_name
 from ..profiles import Profile
 from .engine import UnitSpec
 from .settings import JobSettings

@@ -23,7 +23,7 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default,
 
 from ..containers import runtime_env
 from ..inventory.kinds import inventory_from_config
-from ..ledger_io import ledger_call
+from ..pool.ledger.off_loop import ledger_call
 from ..metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from . import admission
 from ..identity import container_identity

@@ -41,7 +41,7 @@ Fair queue
     ignored after ``waiter_stale_after`` seconds and deleted.  Waiters in the
     process that releases GPUs hear of it within 50 ms (one read per burst of
     releases); waiters in other processes within ``poll_interval`` seconds.
-    All of it runs on the ledger's own threads (executor.py), not on the
+    All of it runs on the ledger's own threads (ledger/off_loop.py), not on the
     event loop's default executor.  A cancelled wait removes its queue row
     and leaves no lease behind.
 
@@ -59,23 +59,11 @@ Quotas
     own cap (a user gets the largest cap of their groups; None = no cap).
     The user's groups are recorded on each lease, for per-group accounting.
 
-Layout (one concern per module; data flows inventory -> pool -> spawner)
-    models.py          values and errors (pure data)
-    schema.py          the tables
-    statements.py      the hot-path statements, built from the tables
-    store.py           engine, connections, locks, transactions, retries
-                       (every SQLite/PostgreSQL difference)
-    validation.py      checks of the caller's input
-    placement.py       which free GPUs a lease gets (pure)
-    policy.py          quotas and the fair queue's order (pure)
-    grant.py           the grant transaction
-    waiting.py         acquire()'s wait in the queue, the process's queue watch, cancellation
-    executor.py        the ledger's own threads
-    release.py         release, reconcile, drain, end intents
-    queries.py         leases, history, GPU states, the queue
-    inventory_sync.py  recording the inventory's GPUs
-    jobs.py            the batch jobs' records (JobLedger)
-    gpupool.py         GPUPool: the configurable facade composing them
+Layout
+    Rooms by capability, each with its SQL beside it: ledger/ (store, schema, statements,
+    off-loop calls, the jobs' records), leasing/, fair_use/, history/, hosts/; at the top the
+    GPUPool facade (gpupool.py), models.py and validation.py.  The module map
+    (docs/how-it-works/modules.md, generated) lists every module.
 """
 
 import logging
@@ -96,22 +84,10 @@ from .models import (
     WaitTimeout,
     ordinal,
 )
-from .schema import (
-    NAME_MAX,
-    SCHEMA_VERSION,
-    UTCDateTime,
-    audit_table,
-    gpus_table,
-    jobs_table,
-    lease_gpus_table,
-    leases_table,
-    meta_table,
-    metadata,
-    readings_table,
-    waiters_table,
-)
-from .gpu_readings import Reading
-from .store import INTEGRITY_RETRIES, PG_LOCK_KEY
+from .ledger.schema import (NAME_MAX, SCHEMA_VERSION, UTCDateTime, audit_table, gpus_table, jobs_table,
+                            lease_gpus_table, leases_table, meta_table, metadata, readings_table, waiters_table)
+from .hosts.readings import Reading
+from .ledger.store import INTEGRITY_RETRIES, PG_LOCK_KEY
 
 # The environment variables that name the ledger, for the hub's settings and for the processes
 # beside it (`gpu-pool`, its agent, the idle culler, the pool service): its URL, or a file holding

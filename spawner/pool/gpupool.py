@@ -21,19 +21,23 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, va
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from . import bookings, budget, fairshare, grant, inventory_sync, queue_hours, rollup, validation
-from .grant import Outcome, QueueRules
-from .admin_actions import PoolAdministration
-from .fair_use import PoolFairUse
-from .leasing import PoolLeasing
-from .pool_queries import PoolQueries
-from .placement import Topology
-from .gpu_readings import PoolReadings
-from .policy import limit_for
-from .schema import NAME_MAX, create_schema
-from .store import Store
+from .fair_use import bookings, budget
+from .hosts import inventory_sync
+from . import validation
+from .history import queue_hours, rollup
+from .leasing import serving_order, grant
+from .leasing.grant import Outcome, QueueRules
+from .hosts.admin import PoolAdministration
+from .fair_use.allowances import PoolFairUse
+from .leasing.lending import PoolLeasing
+from .history.reports import PoolQueries
+from .leasing.placement import Topology
+from .hosts.readings import PoolReadings
+from .leasing.policy import limit_for
+from .ledger.schema import NAME_MAX, create_schema
+from .ledger.store import Store
 from .validation import HostChoice, Request
-from .waiting import QueueWatch, Wakeups
+from .leasing.waiting import QueueWatch, Wakeups
 
 
 # The SQLite ledger's file name, in the hub's data directory (GPUHUB_DATA_DIR).
@@ -196,8 +200,8 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     )
 
     queue_order = CaselessStrEnum(
-        [fairshare.FAIRSHARE, fairshare.FIFO],
-        default_value=fairshare.FAIRSHARE,
+        [serving_order.FAIRSHARE, serving_order.FIFO],
+        default_value=serving_order.FAIRSHARE,
         config=True,
         help="""The order in which waiting requests are served: `fairshare` (the default) or `fifo`.
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, overload
 
 from .models import EndReason, InvalidRequest
-from .schema import NAME_MAX
+from .ledger.schema import NAME_MAX
 
 
 @dataclass(frozen=True)

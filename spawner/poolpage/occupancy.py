@@ -11,13 +11,13 @@ import csv
 import io
 from datetime import datetime, timedelta
 
-from ..pool.timeline import Interval, Timeline
+from ..pool.history.timeline import Interval, Timeline
 
 PERIODS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 DEFAULT_PERIOD = "7d"
 DEFAULT_BUCKETS = 96
 MAX_BUCKETS = 1000
-# Buckets this long or longer are drawn from the hourly rollup (see pool/timeline.py).
+# Buckets this long or longer are drawn from the hourly rollup (see pool/history/timeline.py).
 HOURLY_FROM = timedelta(hours=1)
 
 

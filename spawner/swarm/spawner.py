@@ -28,8 +28,8 @@ from ..homes import prepare_home_volume
 from ..labels import pool_identity
 from ..lending.docker_common import GPUContainerSpawner
 from ..pool import PoolError
-from ..pool.placement import host_demand
-from ..pool.queries import counts as counts_of
+from ..pool.leasing.placement import host_demand
+from ..pool.history.queries import counts as counts_of
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
 from .homes import make_home_directory

@@ -23,7 +23,7 @@ def iso(t: datetime) -> str:
 
 
 def booking_state(hub, booking_id: int) -> str:
-    from spawner.pool.schema import bookings_table
+    from spawner.pool.ledger.schema import bookings_table
 
     with hub.ledger()._engine_ready().connect() as conn:
         return conn.execute(select(bookings_table.c.state).where(bookings_table.c.id == booking_id)).scalar_one()

@@ -298,7 +298,7 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
     from spawner.jobs.settings import JobSettings
     from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_JOB, LABEL_LEASE, LABEL_POOL, pool_identity
     from spawner.pool import GPUPool
-    from spawner.pool.jobs import RUNNING
+    from spawner.pool.ledger.job_records import RUNNING
     from spawner.profiles import DEFAULT_PROFILES
     from spawner.docker.reconcile import reconcile
 

@@ -16,7 +16,7 @@ from .test_poolpage import page_api, wait_for_page
 
 def add_past_lease(hub, hours: float) -> None:
     """One ended lease of `hours` in the ledger's history (the accounting record)."""
-    from spawner.pool.schema import leases_table
+    from spawner.pool.ledger.schema import leases_table
 
     ledger = hub.ledger()
     end = datetime.now(UTC) - timedelta(days=1)

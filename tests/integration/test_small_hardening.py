@@ -29,7 +29,7 @@ def test_the_job_reconciler_leaves_alone_a_job_that_starts_while_it_looks(tmp_pa
     from spawner.jobs.settings import JobSettings
     from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_JOB, LABEL_LEASE, LABEL_POOL, pool_identity
     from spawner.pool import GPUPool
-    from spawner.pool.jobs import RUNNING
+    from spawner.pool.ledger.job_records import RUNNING
     from spawner.profiles import DEFAULT_PROFILES
 
     host, tag = "jobs-order-host", secrets.token_hex(3)

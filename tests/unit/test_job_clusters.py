@@ -11,7 +11,7 @@ from spawner.jobs.cluster import merge_logs, tf_config, units_of, worker_log, wo
 from spawner.jobs.request import BadJob
 from spawner.jobs.settings import JobSettings
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_SERVER
-from spawner.pool.jobs import job_id_of
+from spawner.pool.ledger.job_records import job_id_of
 from spawner.pool.models import Lease
 from spawner.poolpage.handlers.jobs import form_body
 
@@ -122,7 +122,7 @@ def _watch(quiet_turns, grace, turns):
     from types import SimpleNamespace
 
     from spawner.jobs import cluster
-    from spawner.pool.jobs import Job
+    from spawner.pool.ledger.job_records import Job
 
     engine = _QuietEngine(quiet_turns)
     runner = SimpleNamespace(engine=engine, settings=JobSettings(prefix="t", node_down_grace=grace),

@@ -11,7 +11,7 @@ from devservices.waiting import until
 
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
-from spawner.pool.jobs import CANCELLED, QUEUED, RUNNING
+from spawner.pool.ledger.job_records import CANCELLED, QUEUED, RUNNING
 from spawner.pool.models import EndReason
 from spawner.profiles import DEFAULT_PROFILES
 

@@ -85,7 +85,7 @@ def test_why_a_job_waits_running_places_a_profiles_cap_and_cpus():
 
 def test_concurrent_submissions_cannot_pass_the_queue_cap_together(tmp_path):
     from spawner.pool import GPUPool
-    from spawner.pool.jobs import JobLedger
+    from spawner.pool.ledger.job_records import JobLedger
 
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     ledger = JobLedger(pool)

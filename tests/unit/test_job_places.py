@@ -13,7 +13,7 @@ from spawner.jobs.request import Submission
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
 from spawner.pool import GPUPool
-from spawner.pool.jobs import CANCELLED, QUEUED
+from spawner.pool.ledger.job_records import CANCELLED, QUEUED
 from spawner.profiles import DEFAULT_PROFILES
 
 

@@ -12,7 +12,7 @@ from spawner.inventory.machine import StaticInventory
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
 from spawner.pool import GPUPool
-from spawner.pool.jobs import CANCELLED
+from spawner.pool.ledger.job_records import CANCELLED
 from spawner.profiles import DEFAULT_PROFILES
 
 HOST = "unit-host"

@@ -113,7 +113,7 @@ def container_spec(job, profile, settings, home_volume, pool_id):
 def _job(**overrides):
     from datetime import UTC, datetime
 
-    from spawner.pool.jobs import Job
+    from spawner.pool.ledger.job_records import Job
 
     values = dict(id=12, user="pat", groups=(), profile="tf-gpu-1", command=("python", "train.py"),
                   workdir="tensorflow-examples", timeout_s=600, host="node1", uid=5001, gid=5000,
@@ -224,7 +224,7 @@ def test_job_records_and_the_in_place_migration_from_schema_3(tmp_path):
 
     from spawner.inventory import SimulatedInventory
     from spawner.pool import SCHEMA_VERSION, GPUPool
-    from spawner.pool.jobs import QUEUED, RUNNING, JobLedger
+    from spawner.pool.ledger.job_records import QUEUED, RUNNING, JobLedger
 
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     GPUPool(db_url=url, inventory=SimulatedInventory(count=1)).sync_inventory()

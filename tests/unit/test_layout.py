@@ -132,3 +132,14 @@ def test_every_module_on_the_machines_one_swarm_is_in_its_work_unit():
     users = {f"tests/integration/{p.name}" for p in sorted((REPO / "tests" / "integration").glob("test_*.py"))
              if re.search(r"\b(swarm_cluster|make_swarm_hub)\b", p.read_text())}
     assert users == set(listed)
+
+
+def test_the_pool_has_a_few_rooms_that_never_reach_up_into_the_spawner():
+    pool = REPO / "spawner" / "pool"
+    entries = sorted(p.name for p in pool.iterdir() if p.name not in ("__init__.py", "__pycache__"))
+    assert len(entries) <= 8, entries
+    offenders = [f"{path.relative_to(REPO)} imports {name}"
+                 for room in pool.iterdir() if room.is_dir() and room.name != "__pycache__"
+                 for path in sorted(room.rglob("*.py")) for name in _imports(path)
+                 if name.startswith("spawner") and not name.startswith(("spawner.pool", "spawner.inventory"))]
+    assert offenders == []

@@ -26,7 +26,7 @@ from spawner.lending import admission
 from spawner.lending import spawner as lending
 from spawner.lending import GPULendingSpawner
 from spawner.pool import EndReason
-from spawner.pool.schema import end_intents_table
+from spawner.pool.ledger.schema import end_intents_table
 
 pytestmark = pytest.mark.unit
 

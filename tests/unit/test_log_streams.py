@@ -86,7 +86,7 @@ def test_a_follower_of_a_queued_job_reads_the_ledger_only_when_the_runner_moves_
     from types import SimpleNamespace
 
     from spawner.jobs.runner import JobRunner
-    from spawner.pool.jobs import QUEUED, RUNNING, STARTING
+    from spawner.pool.ledger.job_records import QUEUED, RUNNING, STARTING
     from spawner.poolpage.handlers.jobs import JobLogsAPI
 
     states = iter([STARTING, RUNNING])

@@ -15,8 +15,9 @@ from devservices.waiting import async_until, until
 
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, InvalidRequest, WaitTimeout, bookings
-from spawner.pool.bookings import BookingRefused
+from spawner.pool import GPUPool, InvalidRequest, WaitTimeout
+from spawner.pool.fair_use import bookings
+from spawner.pool.fair_use.bookings import BookingRefused
 from tests.fixtures.pool_app import serving_app
 
 HOST = "node-1"

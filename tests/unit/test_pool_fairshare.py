@@ -16,8 +16,9 @@ import pytest
 from sqlalchemy import insert, text
 
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool, lease_gpus_table, leases_table, queries, rollup
-from spawner.pool.fairshare import FIFO, Shares, order, standing
+from spawner.pool import GPUPool, lease_gpus_table, leases_table
+from spawner.pool.history import queries, rollup
+from spawner.pool.leasing.serving_order import FIFO, Shares, order, standing
 from devservices.waiting import async_until as until
 
 HOST = "node-1"
@@ -308,7 +309,7 @@ def test_group_budgets_count_the_hours_of_exactly_their_group(tmp_path):
 
 
 def test_a_budget_with_some_left_never_reads_as_used_up():
-    from spawner.pool.budget import Standing
+    from spawner.pool.fair_use.budget import Standing
 
     week = 7 * 86400.0
     assert Standing("you", 39.96, 40, None, None).message(week).startswith("You have used 39.9 of your 40 GPU-hours")

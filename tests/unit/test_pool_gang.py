@@ -11,8 +11,8 @@ from sqlalchemy import select
 
 from spawner.inventory import SimulatedInventory, StaticInventory
 from spawner.pool import SCHEMA_VERSION, GPUPool, InvalidRequest, QuotaExceeded, Unsatisfiable, WaitTimeout, waiters_table
-from spawner.pool.placement import choose, choose_gang
-from spawner.pool.policy import Snapshot, WaiterRow, available_after
+from spawner.pool.leasing.placement import choose, choose_gang
+from spawner.pool.leasing.policy import Snapshot, WaiterRow, available_after
 from devservices.waiting import async_until as until
 
 HOST = "node-1"

@@ -10,7 +10,7 @@ import pytest
 
 from spawner.inventory import StaticInventory
 from spawner.pool import GPUPool, InvalidRequest
-from spawner.pool.placement import choose
+from spawner.pool.leasing.placement import choose
 
 
 def far(host, a, b):
@@ -79,7 +79,7 @@ def test_servers_and_jobs_count_a_hosts_demand_the_same_way():
     adds one to every host it can use; untagged and CPU profiles add nothing."""
     from types import SimpleNamespace as P
 
-    from spawner.pool.placement import host_demand
+    from spawner.pool.leasing.placement import host_demand
 
     nodes = {"a100-node": {"gpu.model": "a100"}, "t4-node": {"gpu.model": "t4"}}
 

@@ -94,7 +94,7 @@ def test_ids_past_64_bits_are_not_found_in_every_route(tmp_path, errors):
 
 
 def test_the_pools_own_calls_find_nothing_past_64_bits(tmp_path):
-    from spawner.pool.bookings import UnknownBooking
+    from spawner.pool.fair_use.bookings import UnknownBooking
 
     pool = make_pool(tmp_path)
     big = int("9" * 23)
@@ -104,7 +104,7 @@ def test_the_pools_own_calls_find_nothing_past_64_bits(tmp_path):
         assert pool.lease_booked_out(big) is None and pool.set_problem(big, "x") is False
         with pytest.raises(UnknownBooking, match=f"No live booking {big}"):
             pool.cancel_booking(big, "pat")
-        from spawner.pool.jobs import JobLedger
+        from spawner.pool.ledger.job_records import JobLedger
         assert JobLedger(pool).get(big) is None and JobLedger(pool).log(big) is None
     finally:
         pool.close()
@@ -153,7 +153,7 @@ def test_listing_bookings_and_viewing_the_page_take_no_write_lock(tmp_path, erro
 def test_a_no_show_is_left_out_of_the_list_before_any_write_releases_it(tmp_path):
     from datetime import UTC, datetime, timedelta
 
-    from spawner.pool import bookings
+    from spawner.pool.fair_use import bookings
 
     pool = make_pool(tmp_path)
     now = datetime.now(UTC)

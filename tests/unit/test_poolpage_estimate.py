@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from spawner.pool.bookings import Booking
-from spawner.pool.jobs import Job
+from spawner.pool.fair_use.bookings import Booking
+from spawner.pool.ledger.job_records import Job
 from spawner.pool.models import Lease
 from spawner.poolpage import estimate
 from spawner.poolpage.handlers.wait import known_ends
@@ -105,7 +105,7 @@ def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
     from spawner.pool import GPUPool
     from spawner.poolpage.hubapi import Server
 
-    from spawner.pool.jobs import RUNNING, JobLedger, job_server_name
+    from spawner.pool.ledger.job_records import RUNNING, JobLedger, job_server_name
 
     pool = GPUPool(inventory=SimulatedInventory(count=2, host="node"), db_url=f"sqlite:///{tmp_path}/l.sqlite")
     pool.sync_inventory()
@@ -164,8 +164,8 @@ def test_a_waiter_is_told_when_the_holders_gpu_hour_budget_runs_out(tmp_path):
     the culler stops it when her budget runs out): cy, waiting, is told that end, about 30 min."""
     import requests
 
-    from spawner.pool.rollup import record_ended
-    from spawner.pool.schema import lease_gpus_table, leases_table
+    from spawner.pool.history.rollup import record_ended
+    from spawner.pool.ledger.schema import lease_gpus_table, leases_table
     from spawner.poolpage.hubapi import Server
     from sqlalchemy import insert
     from tests.unit.test_pool_fairshare import make_pool
@@ -221,7 +221,7 @@ def test_api_wait_gives_a_queued_job_the_estimate_its_grant_follows(tmp_path):
 
     import requests
 
-    from spawner.pool.jobs import JobLedger, job_server_name
+    from spawner.pool.ledger.job_records import JobLedger, job_server_name
     from tests.unit.test_pool_fairshare import make_pool
 
     pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1)

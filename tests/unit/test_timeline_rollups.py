@@ -13,7 +13,7 @@ from devservices.waiting import async_until
 
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
-from spawner.pool.schema import audit_table, gpus_table, queue_log_table
+from spawner.pool.ledger.schema import audit_table, gpus_table, queue_log_table
 from spawner.poolpage import occupancy
 
 pytestmark = pytest.mark.unit

@@ -28,7 +28,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ...pool.models import EndReason, PoolError
-from ...ledger_io import ledger_call
+from ...pool.ledger.off_loop import ledger_call
 from ...reauth import PASSWORD_FIELD, token_authenticated
 from .. import ADMIN_SCOPE
 from .. import scripts

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
 
-from ...ledger_io import ledger_call
+from ...pool.ledger.off_loop import ledger_call
 from ...service_auth import AsksTheHubFirst
 from ...pool import GPUPool
 from ...pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU

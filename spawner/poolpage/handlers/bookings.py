@@ -2,7 +2,7 @@
 
 A user books for themself; a pool admin (custom:gpu-pool:admin) for anyone or
 for a group (a course, a deadline).  Every limit is the ledger's
-(pool/bookings.py: the longest window, how far ahead, GPU-hours a week,
+(pool/fair_use/bookings.py: the longest window, how far ahead, GPU-hours a week,
 bookings per user, overlaps with the next free window named); a body that is
 not a small JSON object of the known keys is refused with 400 and changes
 nothing.
@@ -186,7 +186,7 @@ def timeline(bookings, gpus: list[dict], viewer: views.Viewer, now: datetime) ->
 
 async def notices(handler: BaseHandler, viewer: views.Viewer, found=None) -> dict[str, str]:
     """{server name: the warning} for the viewer's servers on GPUs someone else has booked later."""
-    from ...pool import bookings as ledger_bookings
+    from ...pool.fair_use import bookings as ledger_bookings
 
     found = found if found is not None else await handler.ledger(handler.pool.bookings)
     if not found:

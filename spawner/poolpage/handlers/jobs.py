@@ -27,7 +27,7 @@ from ...jobs.engine import UnitGone
 from ...jobs import cluster
 from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
-from ...pool.jobs import QUEUED, RUNNING, STARTING, Job
+from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, Job
 from .. import ADMIN_SCOPE
 from .base import APIHandler, BaseHandler, log, path_id
 from ..limits import PoolServiceLimits

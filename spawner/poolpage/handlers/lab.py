@@ -21,7 +21,7 @@ from tornado import web
 
 from ...culling.deadline import contended
 from ...culling.policy import idle_limit, is_gpu_server
-from ...pool.jobs import QUEUED, RUNNING
+from ...pool.ledger.job_records import QUEUED, RUNNING
 from ...pool.models import EndReason, PoolError, iso
 from ...profiles import ProfileConfigError, load_profiles
 from .. import views
@@ -103,7 +103,7 @@ class LabAPI(APIHandler):
         booked = None
         if lease is not None:
             ending = await self.ending_part(lease.id)
-            # One of its GPUs booked later for someone else: when, and how long it has (pool/bookings.py).
+            # One of its GPUs booked later for someone else: when, and how long it has (pool/fair_use/bookings.py).
             booked = await self.call(self.pool.booking_notice_for, lease.host, lease.gpu_uuids, viewer.name,
                                      lease.groups)
         else:

@@ -18,7 +18,7 @@ from jupyterhub.utils import url_path_join
 from ...culling.deadline import CullRules, contended, deadline
 from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
-from ...pool.jobs import QUEUED, RUNNING, STARTING, JobLedger, is_job_server, job_id_of
+from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, JobLedger, is_job_server, job_id_of
 from ...pool.models import PoolError, iso
 from .. import estimate
 from ..service_config import PoolPageSettings

@@ -29,15 +29,15 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import DateTime, bindparam, delete, func, insert, or_, select, text, type_coerce, update
 
-from .schema import decayed_use_table as _d
-from .schema import lease_gpus_table as _lg
-from .schema import lease_hours_table as _h
-from .schema import leases_table as _l
-from .schema import lent_hours_table as _lh
-from .schema import meta_table as _m
-from .schema import usage_days_table as _ud
-from .schema import usage_hours_table as _uh
-from .store import as_utc
+from ..ledger.schema import decayed_use_table as _d
+from ..ledger.schema import lease_gpus_table as _lg
+from ..ledger.schema import lease_hours_table as _h
+from ..ledger.schema import leases_table as _l
+from ..ledger.schema import lent_hours_table as _lh
+from ..ledger.schema import meta_table as _m
+from ..ledger.schema import usage_days_table as _ud
+from ..ledger.schema import usage_hours_table as _uh
+from ..ledger.store import as_utc
 
 HOUR = timedelta(hours=1)
 HALF_LIFE_KEY = "decayed_use_half_life_s"

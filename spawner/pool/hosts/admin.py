@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from . import release
-from . import queries
-from . import validation
-from .facade_part import PoolPart
-from .models import EndReason, GPUStatus, InvalidRequest, Lease
+from ..leasing import release
+from ..history import queries
+from .. import validation
+from ..ledger.part import PoolPart
+from ..models import EndReason, GPUStatus, InvalidRequest, Lease
 
 if TYPE_CHECKING:
-    from .placement import Topology
+    from ..leasing.placement import Topology
 
 
 class PoolAdministration(PoolPart):

@@ -13,11 +13,11 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import and_, delete, insert, select
 
-from ..inventory.machine import parse_cuda_version
-from . import validation
-from .facade_part import PoolPart
-from .models import InvalidRequest
-from .schema import readings_table
+from ...inventory.machine import parse_cuda_version
+from .. import validation
+from ..ledger.part import PoolPart
+from ..models import InvalidRequest
+from ..ledger.schema import readings_table
 
 MAX_READINGS = 1024  # per call: far more GPUs than one node has
 UUID_MAX = 128  # the column's width

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from .models import ordinal
+from ..models import ordinal
 
 FAIRSHARE = "fairshare"
 FIFO = "fifo"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from ..inventory.machine import TOPOLOGY_SYSTEM, Inventory
+from ...inventory.machine import TOPOLOGY_SYSTEM, Inventory
 
 Free = dict[str, list[tuple[int, str]]]  # host -> [(index, uuid)] free GPUs, by index
 Distance = Callable[[str, str, str], int]  # (host, uuid a, uuid b) -> topology level

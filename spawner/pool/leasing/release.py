@@ -11,12 +11,12 @@ from datetime import datetime
 
 from sqlalchemy import delete, insert, select, update
 
-from . import queue_hours, rollup
-from . import statements as sql
-from .models import EndReason, InvalidRequest, Lease, UnknownGPU
-from .queries import load_leases
-from .schema import audit_table, end_intents_table, gpus_table, lease_gpus_table, leases_table
-from .store import Store
+from ..history import queue_hours, rollup
+from ..ledger import statements as sql
+from ..models import EndReason, InvalidRequest, Lease, UnknownGPU
+from ..history.queries import load_leases
+from ..ledger.schema import audit_table, end_intents_table, gpus_table, lease_gpus_table, leases_table
+from ..ledger.store import Store
 
 
 def release(store: Store, conn, lease_id: int, reason: str) -> bool:

@@ -18,14 +18,16 @@ from datetime import timedelta
 
 from sqlalchemy import delete
 
-from . import bookings, budget, fairshare, queue_hours, rollup
-from . import statements as sql
-from .models import Lease, PoolError
+from ..fair_use import bookings, budget
+from ..history import queue_hours, rollup
+from . import serving_order
+from ..ledger import statements as sql
+from ..models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
-from .schema import waiters_table
-from .store import Store, as_utc
+from ..ledger.schema import waiters_table
+from ..ledger.store import Store, as_utc
 from .placement import choose_gang
-from .validation import Request, worker_server_name
+from ..validation import Request, worker_server_name
 
 
 NO_WAITER = 2**31 - 1  # the largest queue row id (INTEGER): a request not in the queue yet is behind every row
@@ -38,7 +40,7 @@ class Outcome:
     position: int
     free: int  # free (unlent, undrained) GPUs on the request's hosts
     total: int  # lendable GPUs on the request's hosts
-    why: str = ""  # where it stands in the queue and why, naming nobody (fairshare.why)
+    why: str = ""  # where it stands in the queue and why, naming nobody (serving_order.why)
 
     @property
     def lease(self) -> Lease | None:
@@ -54,8 +56,8 @@ class QueueRules:
     stale_after: float
     backfill_window: float
     owner: str  # host:pid, recorded on queue rows
-    order: str = fairshare.FIFO  # the queue's order (fairshare.order)
-    shares: fairshare.Shares | None = None
+    order: str = serving_order.FIFO  # the queue's order (serving_order.order)
+    shares: serving_order.Shares | None = None
     use_cache: dict | None = None  # rollup.decayed_use's, kept by the pool between grants
     budgets: budget.Budgets | None = None
     booking_grace: float = 900.0
@@ -69,11 +71,11 @@ class Ordered(NamedTuple):
     use: rollup.Use | None
 
 
-def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: fairshare.Shares | None,
+def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: serving_order.Shares | None,
             cache: dict | None, explained: bool = True) -> Ordered:
-    """`rows` (arrival order) in serving order (fairshare.order) with the use it was decided by
+    """`rows` (arrival order) in serving order (serving_order.order) with the use it was decided by
     (not read for one row that needs no explanation)."""
-    if mode != fairshare.FAIRSHARE or shares is None or (len(rows) < 2 and not explained):
+    if mode != serving_order.FAIRSHARE or shares is None or (len(rows) < 2 and not explained):
         return Ordered(list(rows), lambda e: 0.0, None)
     use = rollup.decayed_use(store, conn, now, cache)
     memo: dict = {}
@@ -83,16 +85,16 @@ def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: f
         key = (e.user, e.groups) if by_group else e.user
         found = memo.get(key)
         if found is None:
-            found = memo[key] = round(fairshare.standing(e.user, e.groups, use.users, use.groups, shares), 6)
+            found = memo[key] = round(serving_order.standing(e.user, e.groups, use.users, use.groups, shares), 6)
         return found
 
-    return Ordered(fairshare.order(rows, mode, standing_of, now, shares.fifo_after), standing_of, use)
+    return Ordered(serving_order.order(rows, mode, standing_of, now, shares.fifo_after), standing_of, use)
 
 
-def explain(o: Ordered, index: int, mode: str, shares: fairshare.Shares | None, now) -> str:
-    """fairshare.why for the waiter at `index` of the serving order."""
+def explain(o: Ordered, index: int, mode: str, shares: serving_order.Shares | None, now) -> str:
+    """serving_order.why for the waiter at `index` of the serving order."""
     me = o.rows[index]
-    return fairshare.why(index + 1, o.rows[:index], me, mode, o.standing_of, now,
+    return serving_order.why(index + 1, o.rows[:index], me, mode, o.standing_of, now,
                          shares.fifo_after if shares else 0.0,
                          o.use.users.get(me.user, 0.0) if o.use else 0.0,
                          o.use.half_life_s if o.use else rollup.DEFAULT_HALF_LIFE)
@@ -142,7 +144,7 @@ def attempt(
                         snap.drained)
 
     alive_since = now - timedelta(seconds=rules.stale_after)
-    fair = rules.order == fairshare.FAIRSHARE
+    fair = rules.order == serving_order.FAIRSHARE
     # Only the rows that can change this request's outcome are read (see waiters_that_matter):
     # fair-share orders each row by its own standing, so their order is the same in any subset.
     live, stale = waiters_that_matter(store, conn, snap, alive_since)
@@ -193,12 +195,12 @@ def attempt(
                 o = ordered(store, conn, rows, now, rules.order, rules.shares, rules.use_cache)
             index = next((i for i, r in enumerate(o.rows) if r.id == me.id), len(o.rows)) if me else len(o.rows)
             position = index + 1
-            why = explain(o, index, rules.order, rules.shares, now) if me else fairshare.fifo_why(position)
+            why = explain(o, index, rules.order, rules.shares, now) if me else serving_order.fifo_why(position)
         else:
             # Its place: the rows ahead (all live now: the stale ones went above).
             behind = waiter_id if waiter_id is not None else NO_WAITER
             position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
-            why = fairshare.fifo_why(position)
+            why = serving_order.fifo_why(position)
         if waiter_id is not None:
             store.run(conn, sql.HEARTBEAT, {"wid": waiter_id, "now": now})
         elif enqueue:
@@ -253,7 +255,7 @@ class View(NamedTuple):
     free: int
     total: int
     ask: bool  # a write attempt would serve it, or must tell it an error (it became impossible)
-    why: str = ""  # fairshare.why
+    why: str = ""  # serving_order.why
 
 
 def full_hosts(snap: Snapshot) -> list[str]:
@@ -315,7 +317,7 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
                               enumerate(store.rows(conn, sql.LIVE_WAITER_IDS, {"alive_since": alive_since}), 1)}
         known["signature"] = signature
     positions = known["positions"]
-    fair = rules is not None and rules.order == fairshare.FAIRSHARE
+    fair = rules is not None and rules.order == serving_order.FAIRSHARE
     state = (signature, frozenset(mine), tuple((h, tuple(free)) for h, free in sorted(snap.free.items())),
              tuple((b.id, b.active(now)) for b in booked),
              tuple(sorted(snap.capacity.items())),
@@ -354,7 +356,7 @@ def look(store: Store, conn, mine: dict[int, Request], stale_after: float, backf
         free, total, feasible = alike[key]
         position = positions.get(wid, 0)
         views[wid] = View(wid in positions, position, free, total, wid in served or not feasible,
-                          whys.get(wid) or (fairshare.fifo_why(position) if position else ""))
+                          whys.get(wid) or (serving_order.fifo_why(position) if position else ""))
     return views
 
 

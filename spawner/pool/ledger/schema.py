@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import TypeDecorator
 
-from .models import PoolUnavailable
+from ..models import PoolUnavailable
 
 # 2: gpu_pool_leases.problem; 3: gpu_pool_audit; 4: gpu_pool_queue_log; 5: gpu_pool_jobs;
 # 6: gpu_pool_readings (the per-node agent's GPU utilisation); 7: gpu_pool_end_intents;

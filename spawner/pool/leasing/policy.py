@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .models import QuotaExceeded, Unsatisfiable, gpus_text, ordinal
+from ..models import QuotaExceeded, Unsatisfiable, gpus_text, ordinal
 from .placement import choose_gang, gang_fits
-from .validation import Request
+from ..validation import Request
 
 Choose = Callable[[dict, "Iterable[str] | None", int], "tuple[str, list[str]] | None"]
 

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import ColumnElement
 
-from . import fairshare, grant, queries, rollup, timeline, validation
-from .facade_part import PoolPart
-from .models import GPUStatus, Lease, Waiter
-from .policy import WaiterRow
-from .schema import leases_table
+from ..leasing import serving_order, grant
+from . import queries, rollup, timeline
+from .. import validation
+from ..ledger.part import PoolPart
+from ..models import GPUStatus, Lease, Waiter
+from ..leasing.policy import WaiterRow
+from ..ledger.schema import leases_table
 
 if TYPE_CHECKING:
     pass
@@ -30,7 +32,7 @@ class PoolQueries(PoolPart):
     waiter_stale_after: float
     queue_order: str
     _use_cache: dict | None
-    shares: Callable[[], fairshare.Shares]
+    shares: Callable[[], serving_order.Shares]
 
     def lease(self, lease_id: int) -> Lease | None:
         """The lease with this id (active or ended), or None."""
@@ -93,7 +95,7 @@ class PoolQueries(PoolPart):
             by_id = {w.id: w for w in waiters}
             return [replace(by_id[r.id], position=i + 1,
                             why=grant.explain(o, i, self.queue_order, self.shares(), now)
-                            if self.queue_order == fairshare.FAIRSHARE else fairshare.fifo_why(i + 1))
+                            if self.queue_order == serving_order.FAIRSHARE else serving_order.fifo_why(i + 1))
                     for i, r in enumerate(o.rows)]
         return self._read(read)
 

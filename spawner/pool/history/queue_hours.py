@@ -14,11 +14,11 @@ from datetime import datetime
 
 from sqlalchemy import bindparam, insert, select, update
 
-from . import statements as sql
+from ..ledger import statements as sql
 from .rollup import hours_of
-from .schema import queue_log_table as _q
-from .schema import queued_hours_table as _qh
-from .store import Store, as_utc
+from ..ledger.schema import queue_log_table as _q
+from ..ledger.schema import queued_hours_table as _qh
+from ..ledger.store import Store, as_utc
 
 OPEN_ROW = select(_q.c.enqueued_at, _q.c.count).where(_q.c.id == bindparam("wid"), _q.c.left_at.is_(None))
 ADD = (update(_qh).where(_qh.c.hour == bindparam("w_at"))

@@ -1,7 +1,7 @@
 """The fair use of the pool, as methods of the GPUPool facade (a mixin): GPU-hour budgets,
 bookings, and the fair-share standings.
 
-Validation here, SQL in budget.py, bookings.py and rollup.py; the facade supplies the store,
+Validation here, SQL in budget.py, bookings.py and history/rollup.py; the facade supplies the store,
 its options (traits), its log and its wake-ups.
 """
 
@@ -11,10 +11,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import bookings, budget, fairshare, rollup, validation
+from . import bookings, budget
+from ..history import rollup
+from .. import validation
+from ..leasing import serving_order
 from .bookings import Booking
-from .facade_part import PoolPart
-from .models import InvalidRequest
+from ..ledger.part import PoolPart
+from ..models import InvalidRequest
 
 if TYPE_CHECKING:
     pass
@@ -156,8 +159,8 @@ class PoolFairUse(PoolPart):
         return self._read(lambda conn: budget.lease_over_budget(self._store, conn, lease_id, b,
                                                                 self._store.now(conn)))
 
-    def shares(self) -> fairshare.Shares:
-        return fairshare.Shares(self.fairshare_shares, self.fairshare_group_shares, self.fifo_after)
+    def shares(self) -> serving_order.Shares:
+        return serving_order.Shares(self.fairshare_shares, self.fairshare_group_shares, self.fifo_after)
 
     def recent_use(self) -> rollup.Use:
         """Every user's and group's GPU-hours decayed with the fair-share half-life, now, and the
@@ -174,7 +177,7 @@ class PoolFairUse(PoolPart):
             users.append({"user": user, "recent_gpu_hours": round(u, 3),
                           "total_gpu_hours": round(use.total_users.get(user, 0.0), 3),
                           "share": shares.user_share(user), "standing": round(u / shares.user_share(user), 3),
-                          "priority": round(fairshare.priority(u / shares.user_share(user)), 4)})
+                          "priority": round(serving_order.priority(u / shares.user_share(user)), 4)})
         groups = []
         for group in sorted(set(use.groups) | set(self.fairshare_group_shares)):
             g = use.groups.get(group, 0.0)

@@ -25,8 +25,8 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.pool import StaticPool
 
-from ..inventory.machine import InventoryError
-from .models import PoolError, PoolUnavailable
+from ...inventory.machine import InventoryError
+from ..models import PoolError, PoolUnavailable
 
 # Key of the PostgreSQL advisory lock that serialises writes to the ledger
 # (an arbitrary 63-bit constant: "gpupool" in ASCII).

@@ -10,9 +10,9 @@ from datetime import datetime
 
 from sqlalchemy import insert, select, update
 
-from ..inventory.machine import GPU
-from .models import HostConflict
-from .schema import NAME_MAX, gpus_table, lease_gpus_table
+from ...inventory.machine import GPU
+from ..models import HostConflict
+from ..ledger.schema import NAME_MAX, gpus_table, lease_gpus_table
 
 
 def sync(conn, host: str | set[str], units: list[GPU], now: datetime, log) -> None:

@@ -17,11 +17,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .executor import LEDGER_EXECUTOR
+from ..ledger.off_loop import LEDGER_EXECUTOR
 from .grant import Outcome, View
-from .models import Lease, PoolError, PoolUnavailable, WaitTimeout
+from ..models import Lease, PoolError, PoolUnavailable, WaitTimeout
 from .policy import timeout_message
-from .validation import Request
+from ..validation import Request
 
 
 # A waiter in the process that frees GPUs hears of it this much later at most: the watch reads
