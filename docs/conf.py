@@ -17,7 +17,19 @@ exclude_patterns = ["_build"]
 myst_heading_anchors = 4
 myst_enable_extensions = ["colon_fence"]
 
-html_theme = "alabaster"
+# The look of JupyterHub's own docs: pydata-sphinx-theme, one top-level tab per audience
+# (the root toctree), the theme's search page (search.html) and search box.
+html_theme = "pydata_sphinx_theme"
 html_title = project
-html_theme_options = {"description": "Exclusive NVIDIA GPUs for a lab's JupyterHub", "fixed_sidebar": True}
+html_theme_options = {
+    "navbar_align": "left",
+    "header_links_before_dropdown": 8,
+    "navbar_end": ["theme-switcher", "navbar-icon-links"],
+    "navbar_persistent": ["search-button"],
+    "secondary_sidebar_items": ["page-toc"],
+    "show_toc_level": 2,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version", "theme-version"],
+}
+html_sidebars = {"index": [], "demo": [], "changelog": []}
 html_static_path: list[str] = []

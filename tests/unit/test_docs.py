@@ -3,6 +3,7 @@ builds without a warning, references generated from the code, and snippets that 
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shutil
 import subprocess
@@ -79,11 +80,37 @@ def _build(source: Path, out: Path) -> subprocess.CompletedProcess:
                            str(source), str(out)], capture_output=True, text=True, timeout=300)
 
 
+# The site's top-level navigation: one tab per audience (issue 36, item 3), as docs/index.md's table.
+AUDIENCES = {"Using it": "users/index.html", "Running it": "admins/index.html",
+             "Reference": "reference/index.html", "How it works": "how-it-works/index.html",
+             "Contributing": "contributing/index.html"}
+
+
+def top_navigation(html: Path, page: str) -> dict[str, str]:
+    """The header's navigation of a built page (pydata-sphinx-theme's navbar): title -> the page
+    each link leads to, relative to the site's root."""
+    nav = re.search(r'<ul class="bd-navbar-elements navbar-nav">(.*?)</ul>', (html / page).read_text(), flags=re.S)
+    if not nav:
+        return {}
+    links = re.findall(r'<a class="nav-link[^"]*" href="([^"]+)">(.*?)</a>', nav.group(1), flags=re.S)
+    return {re.sub(r"\s+", " ", title).strip(): posixpath.normpath(posixpath.join(posixpath.dirname(page), href))
+            for href, title in links}
+
+
 @pytest.mark.docs_cli
 def test_the_site_builds_without_a_warning(tmp_path):
     proc = _build(REPO / "docs", tmp_path / "html")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert (tmp_path / "html" / "users" / "jobs.html").exists()
+    html = tmp_path / "html"
+    assert (html / "users" / "jobs.html").exists()
+    # The ecosystem's look (pydata-sphinx-theme, as JupyterHub's docs), with its search page and index.
+    search = (html / "search.html").read_text()
+    assert "pydata-sphinx-theme.css" in search and 'id="search-results"' in search
+    assert "searchindex.js" in search and (html / "searchindex.js").stat().st_size > 10_000
+    # Every audience a tab of the header, on the front page and on a page deep down.
+    for page in ("index.html", "users/jobs.html", "reference/cli.html"):
+        nav = top_navigation(html, page)
+        assert nav.items() >= AUDIENCES.items(), (page, nav)
 
 
 @pytest.mark.docs_cli
