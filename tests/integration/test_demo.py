@@ -12,22 +12,29 @@ images are cached by the suite), each step with its own timeout, the stop within
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+import pytest
 import requests
 
 from devservices.hub import REPO, remove_what_a_hub_made
 from devservices.ldap import seed
 from devservices.ports import free_port
 from devservices.ssh_client import SSHClient
+
+from .test_browser import LAB_TIMEOUT, by_css, click
 
 # The first run builds the demo's images (cached by the hash of their inputs); the suite's
 # image fixtures have built them already.
@@ -91,7 +98,21 @@ def log_in(hub: str, name: str, password: str) -> requests.Session:
     return session
 
 
-def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_network):
+@dataclass
+class Demo:
+    """`make demo` running: its process, the banner's lines, its hub's address."""
+    proc: subprocess.Popen
+    banner: Banner
+    lines: list[str]
+    url: str
+    ssh_port: int
+    prefix: str
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory, docker_client, hub_network) -> Iterator[Demo]:
+    """One demo for the module's tests, started as a newcomer starts it, stopped with Ctrl-C."""
+    tmp_path = tmp_path_factory.mktemp("demo")
     port, ssh_port = four_free_ports(), free_port()
     prefix = f"gpuhub-demotest-{secrets.token_hex(3)}"
     env = {**os.environ,
@@ -108,56 +129,11 @@ def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_networ
          "--ldap-port", str(free_port()), "--ldaps-port", str(free_port())],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         text=True, start_new_session=True)
+    banner = Banner(proc)
     try:
-        banner = Banner(proc)
         lines = banner.wait_for("Ctrl-C stops", BANNER_TIMEOUT)
-        text = "\n".join(lines)
-        assert f"your setting: GPUHUB_CONTAINER_PREFIX={prefix}" in text
-        for feature in ("Start a server:", "Pool page:", "Bookings:", "Jobs:", "Action scripts:", "SSH:"):
-            assert any(feature in line for line in lines), f"no {feature} line in the banner:\n{text}"
-
-        # Every URL of the banner answers (a page, or the hub's login page it sends you to).
-        urls = sorted(set(re.findall(r"http://127\.0\.0\.1:\d+[^\s,;)]*", text)))
-        assert f"http://127.0.0.1:{port}/services/gpu-pool/" in urls
-        for url in urls:
-            r = requests.get(url, timeout=30)
-            assert r.status_code == 200, (url, r.status_code, r.text[:300])
-
-        # The SSH line, as printed, with OpenSSH's client and the password it names.
-        ssh_line = next(line for line in lines if "SSH: ssh -p" in line)
-        m = re.search(r"ssh -p (\d+) (\w+)@127\.0\.0\.1 \(password ([^;]+);", ssh_line)
-        assert m and int(m.group(1)) == ssh_port, ssh_line
-        user, password = m.group(2), m.group(3)
-        assert password == seed.users_for("openldap")[user].password
-        hub = f"http://127.0.0.1:{port}"
-        log_in(hub, user, password)  # the SSH line's "once alice has logged in" (the gateway says so before)
-        result = SSHClient(ssh_port, tmp_path / "ssh").ssh(user, "echo demo-ssh-ok; whoami", password=password,
-                                                            timeout=300)
-        assert result.returncode == 0 and "demo-ssh-ok" in result.stdout, (result.stdout, result.stderr)
-        assert user in result.stdout
-
-        # carol (the banner's action-script runner) runs one in alice's server, by the pool page's API.
-        carol = seed.users_for("openldap")["carol"]
-        assert "log in as carol" in next(line for line in lines if "Action scripts:" in line)
-        session = log_in(hub, carol.name, carol.password)
-        r = session.post(f"{hub}/hub/api/users/carol/tokens", json={"note": "demo test", "expires_in": 600},
-                         headers={"X-XSRFToken": session.cookies.get("_xsrf")}, timeout=30)
-        assert r.status_code == 201, r.text
-        auth = {"Authorization": f"token {r.json()['token']}"}
-        r = requests.post(f"{hub}/services/gpu-pool/api/exec", headers=auth, timeout=120,
-                          json={"script": "echo ran-by-carol", "timeout": 30, "users": [user]})
-        assert r.status_code == 200, r.text
-        results = r.json()["results"]
-        assert [x["exit_code"] for x in results] == [0] and "ran-by-carol" in results[0]["output"], results
-
-        # The bookings answer with the demo's limits (an hour at most, a minute's notice), and --config's.
-        limits = requests.get(f"{hub}/services/gpu-pool/api/bookings", headers=auth, timeout=30).json()["limits"]
-        assert limits["max_hours"] == 1.0 and limits["notice_s"] == 60.0, limits
-        assert limits["max_per_user"] == 2, limits
-        # ...and the GPU-hour budget the banner names, as the pool page shows it.
-        budgets = requests.get(f"{hub}/services/gpu-pool/api/wait", headers=auth, timeout=30).json()["budgets"]
-        assert [b["limit_gpu_hours"] for b in budgets] == [0.25], budgets
-        assert "0.25 GPU-hours per 1 h" in next(line for line in lines if "Pool page:" in line)
+        yield Demo(proc=proc, banner=banner, lines=lines, url=f"http://127.0.0.1:{port}", ssh_port=ssh_port,
+                   prefix=prefix)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
@@ -169,3 +145,231 @@ def test_each_line_of_the_demos_banner_works(tmp_path, docker_client, hub_networ
         remove_what_a_hub_made(docker_client, prefix, hub_network.name, [int(env["GPUHUB_HUB_PORT"]), port + 2, port])
     assert proc.returncode == 0, "\n".join(banner.lines[-30:])
 
+
+def user_token(hub: str, name: str, password: str) -> dict[str, str]:
+    """An API token of `name`'s, made through the hub's login form, as an Authorization header."""
+    session = log_in(hub, name, password)
+    r = session.post(f"{hub}/hub/api/users/{name}/tokens", json={"note": "demo test", "expires_in": 600},
+                     headers={"X-XSRFToken": session.cookies.get("_xsrf")}, timeout=30)
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"token {r.json()['token']}"}
+
+
+# ------------------------------------------------------------------ the first-day tutorial
+
+TUTORIAL = REPO / "docs" / "users" / "first-day.md"
+MODEL = "my-first-model.keras"
+NOTEBOOK = "first-day.ipynb"
+# TensorFlow's import and the 20 epochs on 2 busy cores, in the demo's image.
+TRAIN_TIMEOUT = 240
+
+
+def tutorial_cell() -> str:
+    """The code the tutorial has the student paste (its one Python block), as they would copy it."""
+    blocks = re.findall(r"^( *)```python\n(.*?)^\1```", TUTORIAL.read_text(), flags=re.S | re.M)
+    assert len(blocks) == 1, "the tutorial has one code cell"
+    indent, code = blocks[0]
+    return "\n".join(line[len(indent):] for line in code.splitlines())
+
+
+def contents(hub: str, auth: dict[str, str], user: str, path: str, content: bool = False) -> dict | None:
+    """A file of `user`'s home as their server's contents API has it; None when it is not there."""
+    r = requests.get(f"{hub}/user/{user}/api/contents/{path}", params={"content": int(content)}, headers=auth,
+                     timeout=30)
+    if r.status_code == 404:
+        return None
+    assert r.status_code == 200, (r.status_code, r.text[:300])
+    return r.json()
+
+
+def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str | None) -> str:
+    """Steps 5 and 9: the cell typed (or found) in the notebook, Shift+Enter; its output, once the model's
+    file is newer than `before` (its last_modified before the run)."""
+    from selenium.webdriver.common.keys import Keys
+
+    from .test_browser import KERNEL_TIMEOUT, text_of
+
+    panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+    editor = b.wait(lambda d: next((e for e in d.find_elements(*by_css(f"{panel} .jp-Cell .cm-content"))
+                                    if e.is_displayed()), None), LAB_TIMEOUT, "no notebook is open")
+    b.wait(lambda d: "| Idle" in text_of(b, "#jp-main-statusbar"), KERNEL_TIMEOUT,
+           "the notebook's kernel did not become idle")
+    editor.click()
+    if MODEL not in editor.text:
+        editor.send_keys(tutorial_cell())
+    b.driver.switch_to.active_element.send_keys(Keys.SHIFT, Keys.ENTER)
+
+    def trained(d) -> str | None:
+        model = contents(hub, auth, user, MODEL)
+        if model is None or (before is not None and model["last_modified"] <= before):
+            return None
+        out = "".join(e.text for e in d.find_elements(*by_css(f"{panel} .jp-Cell:first-child .jp-OutputArea-output")))
+        return out if f"saved {MODEL}" in out else None
+
+    return b.wait(trained, TRAIN_TIMEOUT, f"the cell saved no {MODEL} in {TRAIN_TIMEOUT} s")
+
+
+def stop_server(b, hub: str) -> None:
+    """Step 7: File > Hub Control Panel > Stop My Server."""
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from .test_browser import STOP_BUTTON_READY
+
+    b.driver.get(f"{hub}/hub/home")
+    stop = b.wait(EC.element_to_be_clickable(by_css("#stop")), 60, "no Stop My Server button")
+    b.wait(lambda d: d.execute_script(STOP_BUTTON_READY), 30, "the home page's script did not load")
+    stop.click()
+    b.wait(lambda d: not d.find_element(*by_css("#stop")).is_displayed()
+           and d.find_element(*by_css("#start")).text.strip() == "Start My Server", 90, "the server did not stop")
+
+
+def test_the_first_day_tutorial_on_the_demo(demo, browser):
+    """docs/users/first-day.md, step by step, in Chromium: its screenshots are the page's pictures."""
+    from types import SimpleNamespace
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from .test_browser import spawn_with_profile
+
+    alice = seed.users_for("openldap")["alice"]
+    assert f"`{alice.name}`, password `{alice.password}`" in TUTORIAL.read_text()
+    hub, server = demo.url, SimpleNamespace(url=demo.url)
+    b = browser("first-day")
+    # The page's pictures, named as docs/users/images/ has them: copied from here after a passing run.
+    pictures = b.artifacts / "tutorial"
+    pictures.mkdir(parents=True, exist_ok=True)
+    for old in pictures.glob("*.png"):
+        old.unlink()
+
+    def shot(step: str, taken: str | None = None) -> None:
+        """The screenshot of step `step`: taken now, or one spawn_with_profile took (`taken`)."""
+        path = pictures / f"first-day-{step}.png"
+        if taken:
+            shutil.copy(b.artifacts / f"{b.name}-{taken}.png", path)
+        else:
+            b.driver.save_screenshot(str(path))
+
+    # 1. Log in.
+    b.driver.get(f"{hub}/hub/login")
+    b.wait(EC.visibility_of_element_located(by_css("#username_input")), 60, "no login form")
+    b.driver.find_element(*by_css("#username_input")).send_keys(alice.name)
+    b.driver.find_element(*by_css("#password_input")).send_keys(alice.password)
+    shot("1-login")
+    click(b, "#login_submit")
+    b.wait(lambda d: "/hub/spawn" in d.current_url, 60, "no profile form after the login")
+    auth = user_token(hub, alice.name, alice.password)
+
+    # 2-3. The GPU profile; the server starts with the GPU it was lent.
+    progress = spawn_with_profile(b, server, alice.name, "tf-gpu-1")  # shots spawn-form, spawn-pending
+    assert any("Leased 1 GPU" in m for m in progress), progress
+    shot("2-profile", "spawn-form")
+    shot("3-starting", "spawn-pending")
+
+    # 4. JupyterLab's launcher: a new Python notebook.
+    card = '.jp-LauncherCard[data-category="Notebook"]'
+    b.wait(EC.visibility_of_element_located(by_css(card)), LAB_TIMEOUT, "JupyterLab's launcher did not appear")
+    b.wait(lambda d: d.find_elements(*by_css("#jp-main-statusbar #gpuhub-status")), LAB_TIMEOUT,
+           "JupyterLab's status bar shows no GPU")
+    shot("4-jupyterlab")
+    click(b, card)
+
+    # 5. The tutorial's cell trains and saves the model, in the home.
+    assert contents(hub, auth, alice.name, MODEL) is None
+    output = run_tutorial_cell(b, hub, auth, alice.name, None)
+    assert "GPUs: 0" in output, output  # the demo's GPUs are simulated: TensorFlow runs on the CPU
+    shot("5-trained")
+    gpu_model = contents(hub, auth, alice.name, MODEL)
+    assert gpu_model and gpu_model["type"] == "file" and gpu_model["size"] > 1000, gpu_model
+
+    # 6. The model in the file browser; Ctrl+S saves the notebook with the cell.
+    def listed(*names: str):
+        return lambda d: set(names) <= {e.text for e in d.find_elements(*by_css(".jp-DirListing-itemText"))}
+
+    b.wait(listed(MODEL), 60, f"the file browser does not show {MODEL}")
+    b.driver.switch_to.active_element.send_keys(Keys.CONTROL, "s")
+    name = b.wait(EC.element_to_be_clickable(by_css(".jp-Dialog input")), 30, "Ctrl+S asked for no name")
+    name.send_keys(Keys.CONTROL, "a")
+    name.send_keys(NOTEBOOK)
+    click(b, ".jp-Dialog button.jp-mod-accept")
+    b.wait(lambda d: MODEL in json.dumps((contents(hub, auth, alice.name, NOTEBOOK, content=True) or {})
+                                         .get("content")), 60, "Ctrl+S did not save the notebook with its cell")
+    b.wait(listed(MODEL, NOTEBOOK), 60, f"the file browser does not show {NOTEBOOK}")
+    shot("6-model-file")
+
+    # 7. Stop the server; the model stays in the home.
+    stop_server(b, hub)
+    shot("7-stopped")
+
+    # 8. Start again with the CPU profile.
+    click(b, "#start")
+    spawn_with_profile(b, server, alice.name, "tf-cpu")
+    shot("8-cpu-profile", "spawn-form")
+    kept = contents(hub, auth, alice.name, MODEL)
+    assert kept and kept["last_modified"] == gpu_model["last_modified"], (kept, gpu_model)
+
+    # 9. The notebook again (open, or a double-click in the file browser), the same cell, Shift+Enter.
+    b.wait(lambda d: d.find_elements(*by_css("#jp-main-statusbar")), LAB_TIMEOUT, "JupyterLab did not open")
+    if not b.driver.find_elements(*by_css(".jp-NotebookPanel:not(.lm-mod-hidden)")):
+        item = b.wait(lambda d: next((e for e in d.find_elements(*by_css(".jp-DirListing-itemText"))
+                                      if e.text == NOTEBOOK), None), 60, f"no {NOTEBOOK} in the file browser")
+        ActionChains(b.driver).double_click(item).perform()
+    output = run_tutorial_cell(b, hub, auth, alice.name, gpu_model["last_modified"])
+    assert "GPUs: 0" in output, output
+    shot("9-cpu-trained")
+    cpu_model = contents(hub, auth, alice.name, MODEL)
+    assert cpu_model and cpu_model["size"] > 1000, cpu_model
+
+    # 10. Stop it again.
+    stop_server(b, hub)
+
+    # Each picture of the page is one of these screenshots, and each screenshot is on the page.
+    page = TUTORIAL.read_text()
+    assert sorted(re.findall(r"\(images/(first-day-[\w-]+\.png)\)", page)) == sorted(p.name for p in pictures.glob("*.png"))
+
+
+def test_each_line_of_the_demos_banner_works(demo, tmp_path):
+    lines, prefix, ssh_port, hub = demo.lines, demo.prefix, demo.ssh_port, demo.url
+    text = "\n".join(lines)
+    assert f"your setting: GPUHUB_CONTAINER_PREFIX={prefix}" in text
+    for feature in ("Start a server:", "Pool page:", "Bookings:", "Jobs:", "Action scripts:", "SSH:"):
+        assert any(feature in line for line in lines), f"no {feature} line in the banner:\n{text}"
+
+    # Every URL of the banner answers (a page, or the hub's login page it sends you to).
+    urls = sorted(set(re.findall(r"http://127\.0\.0\.1:\d+[^\s,;)]*", text)))
+    assert f"{hub}/services/gpu-pool/" in urls
+    for url in urls:
+        r = requests.get(url, timeout=30)
+        assert r.status_code == 200, (url, r.status_code, r.text[:300])
+
+    # The SSH line, as printed, with OpenSSH's client and the password it names.
+    ssh_line = next(line for line in lines if "SSH: ssh -p" in line)
+    m = re.search(r"ssh -p (\d+) (\w+)@127\.0\.0\.1 \(password ([^;]+);", ssh_line)
+    assert m and int(m.group(1)) == ssh_port, ssh_line
+    user, password = m.group(2), m.group(3)
+    assert password == seed.users_for("openldap")[user].password
+    log_in(hub, user, password)  # the SSH line's "once alice has logged in" (the gateway says so before)
+    result = SSHClient(ssh_port, tmp_path / "ssh").ssh(user, "echo demo-ssh-ok; whoami", password=password,
+                                                        timeout=300)
+    assert result.returncode == 0 and "demo-ssh-ok" in result.stdout, (result.stdout, result.stderr)
+    assert user in result.stdout
+
+    # carol (the banner's action-script runner) runs one in alice's server, by the pool page's API.
+    carol = seed.users_for("openldap")["carol"]
+    assert "log in as carol" in next(line for line in lines if "Action scripts:" in line)
+    auth = user_token(hub, carol.name, carol.password)
+    r = requests.post(f"{hub}/services/gpu-pool/api/exec", headers=auth, timeout=120,
+                      json={"script": "echo ran-by-carol", "timeout": 30, "users": [user]})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["exit_code"] for x in results] == [0] and "ran-by-carol" in results[0]["output"], results
+
+    # The bookings answer with the demo's limits (an hour at most, a minute's notice), and --config's.
+    limits = requests.get(f"{hub}/services/gpu-pool/api/bookings", headers=auth, timeout=30).json()["limits"]
+    assert limits["max_hours"] == 1.0 and limits["notice_s"] == 60.0, limits
+    assert limits["max_per_user"] == 2, limits
+    # ...and the GPU-hour budget the banner names, as the pool page shows it.
+    budgets = requests.get(f"{hub}/services/gpu-pool/api/wait", headers=auth, timeout=30).json()["budgets"]
+    assert [b["limit_gpu_hours"] for b in budgets] == [0.25], budgets
+    assert "0.25 GPU-hours per 1 h" in next(line for line in lines if "Pool page:" in line)

@@ -61,3 +61,20 @@ def test_the_sites_search_and_header_in_chromium(site, browser):
     click(b, ".bd-header .bd-navbar-elements a.nav-link[href='users/index.html']")
     b.wait(lambda d: d.current_url.endswith("users/index.html"), 30, "the Using it tab leads elsewhere")
     assert "Using it" in b.driver.find_element(*by_css("h1")).text
+
+
+def test_the_first_day_tutorial_page_shows_its_pictures(site, browser):
+    b = browser("reader")
+    b.driver.get((site / "users" / "index.html").as_uri())
+    click(b, "article a[href='first-day.html']")
+    b.wait(lambda d: d.current_url.endswith("users/first-day.html"), 30, "the users' index has no link to the tutorial")
+    steps = b.driver.find_elements(*by_css("article ol > li"))
+    assert len(steps) >= 10, [s.text[:40] for s in steps]
+    # Every step's screenshot is there and loaded (a picture the tests no longer make would be missing).
+    images = b.wait(lambda d: d.find_elements(*by_css("article img")), 30, "the tutorial shows no picture")
+    assert len(images) >= 9
+    broken = [i.get_attribute("src") for i in images
+              if not b.driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", i)]
+    assert not broken, broken
+    b.driver.execute_script("window.scrollTo(0, 0)")
+    b.shot("first-day-page")
