@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
 from ..ssh.settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
-from .parsing import SettingsError, env_bool, env_choice, env_float, env_int
+from .parsing import SettingsError, env_bool, env_choice, env_float, env_int, env_key_values
 from .secret_files import private_file, secret_setting, with_secret_files
 
 DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
@@ -152,19 +152,6 @@ def _json_object(env: Mapping[str, str], name: str) -> dict:
     return value
 
 
-def _key_values(env: Mapping[str, str], name: str) -> dict[str, str]:
-    """`key=value,key=value` (spaces around each ignored); an item without `=` is an error."""
-    pairs = {}
-    for item in env.get(name, "").split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SettingsError(f"{name}: {item.strip()!r} is not key=value (e.g. gpuhub.pool=lab)")
-        pairs[key.strip()] = value.strip()
-    return pairs
-
-
 def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dict:
     """GPUHUB_HUB_CONNECT_IP and GPUHUB_SWARM_*; with the swarm spawner, a PostgreSQL ledger."""
     values = dict(
@@ -173,7 +160,7 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
         swarm_homes_root_options=_json_object(env, "GPUHUB_SWARM_HOMES_ROOT_OPTIONS"),
         swarm_cpu_constraints=tuple(c.strip() for c in env.get("GPUHUB_SWARM_CPU_CONSTRAINTS", "").split(",")
                                     if c.strip()),
-        swarm_node_labels=_key_values(env, "GPUHUB_SWARM_NODE_LABELS"),
+        swarm_node_labels=env_key_values(env, "GPUHUB_SWARM_NODE_LABELS"),
     )
     if spawner == "swarm":
         if not ledger_env(ENV_DB_URL, env).startswith("postgresql"):

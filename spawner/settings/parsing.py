@@ -72,3 +72,15 @@ def env_groups(env: Mapping[str, str], name: str) -> tuple[str, ...]:
         items = raw.split(",")
     return tuple(item.strip() for item in items if item.strip())
 
+
+def env_key_values(env: Mapping[str, str], name: str) -> dict[str, str]:
+    """`key=value,key=value` (spaces around each ignored); an item without `=` is an error."""
+    pairs = {}
+    for item in env.get(name, "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"{name}: {item.strip()!r} is not key=value (e.g. gpuhub.pool=lab)")
+        pairs[key.strip()] = value.strip()
+    return pairs
