@@ -210,6 +210,12 @@ class GPULendingSpawner(Spawner):
         self._settling: set[int] = set()  # ...and those being settled right now
         self._background: set[asyncio.Task] = set()
 
+    @property
+    def server_label(self) -> str:
+        """`user` or `user:name`, as the hub's own log lines name a server (JupyterHub's own
+        log name for it is private; this one is built from the public `user` and `name`)."""
+        return f"{self.user.name}:{self.name}" if self.name else self.user.name
+
     # ------------------------------------------------------------------ pool
 
     @property
@@ -321,7 +327,7 @@ class GPULendingSpawner(Spawner):
             return False
         self._set_lease(lease)
         self.log.info("Adopted GPU lease %s (%s) of %s from its container", lease.id,
-                      ",".join(lease.gpu_uuids), self._log_name)
+                      ",".join(lease.gpu_uuids), self.server_label)
         return True
 
     # ------------------------------------------------------- ending a lease
@@ -392,7 +398,7 @@ class GPULendingSpawner(Spawner):
 
     async def _settle(self, held: HeldLease) -> None:
         """Release `held` once the engine confirms nothing given it still runs; else keep it lent."""
-        await settle_lease(held, self.lease_holders, self._ledger, self.pool, self.log, self._log_name)
+        await settle_lease(held, self.lease_holders, self._ledger, self.pool, self.log, self.server_label)
 
     # ------------------------------------------------------ end reasons
 

@@ -51,11 +51,11 @@ def make_stop_token(spawner) -> str | None:
     `User.new_api_token`, which `User.spawn` uses for the server's token); None if the hub
     would not make one (the slow stop then runs)."""
     try:
-        return spawner.user.new_api_token(note=f"gpu-swarm: stop {spawner._log_name}",
+        return spawner.user.new_api_token(note=f"gpu-swarm: stop {spawner.server_label}",
                                           scopes=[stop_token_scope(spawner)], expires_in=STOP_TOKEN_SECONDS)
     except Exception as exc:
         spawner.log.info("Could not make a token to ask %s's server to exit (%s); Swarm stops it",
-                         spawner._log_name, exc)
+                         spawner.server_label, exc)
         return None
 
 
@@ -69,7 +69,7 @@ def drop_stop_token(spawner, token: str) -> None:
             db.delete(found)
             db.commit()
     except Exception as exc:  # it expires within STOP_TOKEN_SECONDS anyway
-        spawner.log.warning("Could not delete the stop token of %s: %s", spawner._log_name, exc)
+        spawner.log.warning("Could not delete the stop token of %s: %s", spawner.server_label, exc)
 
 
 async def ask_server_to_exit(spawner) -> bool:
@@ -100,22 +100,22 @@ async def _ask(spawner, token: str) -> bool:
         # cleans up before it answers and stops its loop: it may be exiting, so watch its task.
         if exc.code != 599:
             spawner.log.info("%s's server refused the shutdown request (%s); Swarm stops it",
-                             spawner._log_name, exc)
+                             spawner.server_label, exc)
             return False
         spawner.log.info("%s's server gave no answer to the shutdown request at %s (%s); watching its task",
-                         spawner._log_name, url, exc)
+                         spawner.server_label, url, exc)
     except Exception as exc:  # not listening (yet), unreachable: Swarm stops it
         spawner.log.info("%s's server did not take the shutdown request (%s); Swarm stops it",
-                         spawner._log_name, exc)
+                         spawner.server_label, exc)
         return False
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
     while time.monotonic() < deadline:
         task = await spawner.get_task()
         if not task or (task.get("Status") or {}).get("State") not in LIVE_TASK_STATES:
-            spawner.log.info("%s's server exited %.1f s after it was asked to", spawner._log_name,
+            spawner.log.info("%s's server exited %.1f s after it was asked to", spawner.server_label,
                              time.monotonic() - began)
             return True
         await asyncio.sleep(EXIT_LOOK_SECONDS)
     spawner.log.info("%s's server did not exit within %g s of its shutdown; Swarm stops it",
-                     spawner._log_name, EXIT_WAIT_SECONDS)
+                     spawner.server_label, EXIT_WAIT_SECONDS)
     return False

@@ -38,7 +38,7 @@ class _Spawner:
     def __init__(self, user, name=""):
         self.user, self.name, self.api_token, self.server = user, name, "", _Server()
         self.log = logging.getLogger("test")
-        self._log_name = f"{user.name}:{name}" if name else user.name
+        self.server_label = f"{user.name}:{name}" if name else user.name
 
 
 @pytest.fixture

@@ -11,7 +11,9 @@ in our code, remove its test here.
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from dockerspawner import DockerSpawner, SwarmSpawner
@@ -22,8 +24,43 @@ from jupyterhub.spawner import Spawner
 pytestmark = pytest.mark.unit
 
 
+PACKAGE = Path(__file__).resolve().parents[2] / "spawner"
+
+
 def _source(obj) -> str:
     return inspect.getsource(obj)
+
+
+def upstream_privates_used_without_a_contract(package: Path, contract: str) -> dict[str, list[str]]:
+    """The private members of Spawner, DockerSpawner and SwarmSpawner that code under `package`
+    reads (`self._x`, `spawner._x`, `DockerSpawner._x`) and never defines itself, which
+    `contract` (this file's text) does not name: each is an upgrade that would break silently."""
+    upstream = {name for cls in (Spawner, DockerSpawner, SwarmSpawner) for name in vars(cls)
+                if name.startswith("_") and not name.startswith("__")}
+    sources = {module: module.read_text() for module in package.rglob("*.py")}
+    ours = {m.group(1) or m.group(2) for text in sources.values()
+            for m in re.finditer(r"def (_[a-z]\w*)\(|self\.(_[a-z]\w*) *(?::|=[^=])", text)}
+    used: dict[str, list[str]] = {}
+    pattern = re.compile(r"\b(?:self|spawner|DockerSpawner|SwarmSpawner|Spawner)\.(_[a-z]\w*)")
+    for module, text in sorted(sources.items()):
+        for m in pattern.finditer(text):
+            name = m.group(1)
+            if name in upstream and name not in ours and not re.search(rf"\b{name}\b", contract):
+                used.setdefault(name, []).append(str(module.relative_to(package.parent)))
+    return used
+
+
+def test_every_upstream_private_our_code_uses_has_a_contract_test_here():
+    contract = Path(__file__).read_text()
+    assert upstream_privates_used_without_a_contract(PACKAGE, contract) == {}
+
+
+def test_the_contract_rule_finds_a_private_used_without_a_test(tmp_path):
+    (tmp_path / "spawner").mkdir()
+    (tmp_path / "spawner" / "mod.py").write_text(
+        "class S:\n    def f(self):\n        self._own = 1\n        return self._log_name, self._own\n")
+    found = upstream_privates_used_without_a_contract(tmp_path / "spawner", contract="")
+    assert found == {"_log_name": ["spawner/mod.py"]}
 
 
 def test_spawner_stop_pending_is_a_class_flag_read_by_pending():
@@ -42,8 +79,7 @@ def test_hub_app_has_a_start_future_resolved_when_it_has_started():
 def test_nothing_reads_who_stopped_a_server_from_the_hub_s_handlers_any_more():
     # Who ended a server is recorded by the asker in the ledger (end intents); the stack walk
     # for BaseHandler._jupyterhub_user is gone and must not come back.
-    package = Path(__file__).resolve().parents[2] / "spawner"
-    for module in package.rglob("*.py"):
+    for module in PACKAGE.rglob("*.py"):
         source = module.read_text()
         assert "_jupyterhub_user" not in source and "_getframe" not in source, module
 
@@ -118,6 +154,27 @@ def test_dockerspawner_escapes_a_user_name_with_its_own_escape():
     assert DockerSpawner._escape("a.b@c") == "a-2eb-40c"
     # ...and it is the default of the `escape` trait that a server's {username} goes through.
     assert "return self._escape" in _source(DockerSpawner._escape_default.func)
+
+
+def test_dockerspawner_legacy_escape_is_its_old_escape_by_behaviour():
+    # spawner/docker/jobs.py and spawner/settings/jobs.py follow `escape = "legacy"` with
+    # DockerSpawner._legacy_escape (escapism with `_` and upper-case hex), so a job of a hub that
+    # kept the old volume names mounts the same home as the user's server.
+    assert isinstance(inspect.getattr_static(DockerSpawner, "_legacy_escape"), staticmethod)
+    assert DockerSpawner._legacy_escape("alice") == "alice"
+    assert DockerSpawner._legacy_escape("a.b-c_d") == "a_2Eb-c_5Fd"
+    assert DockerSpawner._legacy_escape("\u00c9mile x") == "_C3_89mile_20x"
+    # ...and it is what DockerSpawner itself uses when an admin sets escape = "legacy".
+    assert DockerSpawner(escape="legacy").escape is DockerSpawner._legacy_escape
+
+
+def test_dockerspawner_object_name_default_renders_the_name_template():
+    # spawner/lending/docker_common.py asks DockerSpawner._object_name_default for the name that
+    # start() will give the container (service), to refuse one that is a batch job's name.
+    assert DockerSpawner._trait_default_generators["object_name"] is DockerSpawner._object_name_default
+    spawner = DockerSpawner(name_template="{prefix}-{username}-x", prefix="lab", name="",
+                            user=SimpleNamespace(name="a.b", id=1, url="/user/a.b/"))
+    assert spawner._object_name_default() == "lab-a-2eb-x" == spawner.object_name
 
 
 def test_a_user_makes_a_scoped_expiring_token_and_the_orm_finds_it_by_value():
