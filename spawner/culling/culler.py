@@ -105,7 +105,7 @@ class GPUIdleCuller(IdleCuller):
     gpu_contended_timeout = Int(
         0,
         help="Seconds a GPU server may stay inactive while a request waits for GPUs on its host (read "
-        "from the ledger named by GPU_POOL_DB_URL).  Shorter than `gpu_timeout`: an idle GPU then keeps "
+        "from the ledger named by GPUHUB_POOL_DB_URL).  Shorter than `gpu_timeout`: an idle GPU then keeps "
         "someone waiting.  0 turns it off; when nobody waits, `gpu_timeout` holds.",
     ).tag(config=True)
 

@@ -58,7 +58,7 @@ class Deadline:
     by_max_age: bool = False
 
 
-def idle_limit(rules: CullRules, is_gpu: bool, profile: str | None, contended: bool) -> tuple[float, str]:
+def idle_rule(rules: CullRules, is_gpu: bool, profile: str | None, contended: bool) -> tuple[float, str]:
     """(seconds of inactivity allowed, what sets it) for one server."""
     if profile and profile in rules.profile_idle:
         limit, source = rules.profile_idle[profile], f"profile {profile}'s idle limit"
@@ -74,7 +74,7 @@ def idle_limit(rules: CullRules, is_gpu: bool, profile: str | None, contended: b
 def deadline(rules: CullRules, *, last_activity: datetime | None, started: datetime | None, is_gpu: bool,
              profile: str | None, contended: bool) -> Deadline:
     """When the server is culled if nothing happens in it (the culler culls at or after it)."""
-    limit, source = idle_limit(rules, is_gpu, profile, contended)
+    limit, source = idle_rule(rules, is_gpu, profile, contended)
     idle_at = (last_activity or started)
     at = idle_at + timedelta(seconds=limit) if idle_at is not None and limit > 0 else None
     reason = f"{source}, {_minutes(limit)}"

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Awaitable, Callable
 
 from .deadline import CullRules
-from .deadline import idle_limit as rules_idle_limit
+from .deadline import idle_rule
 
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
 # (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
@@ -44,15 +44,15 @@ def is_gpu_server(state: dict | None) -> bool:
     return bool(state.get("gpu_uuids")) or state.get("gpu_lease_id") is not None
 
 
-def idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float, rules: CullRules | None = None,
+def server_idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float, rules: CullRules | None = None,
                contended: bool = False) -> float:
     """Seconds of inactivity after which the culler stops this server: the one rule the
-    culler applies (GPUCullPolicy.decide, through deadline.idle_limit) and the deadline the
+    culler applies (GPUCullPolicy.decide, through deadline.idle_rule) and the deadline the
     pool service shows in JupyterLab and on its page (cull_deadline).  `rules`: the hub's
     (profiles' limits, the contended timeout, which applies when `contended`)."""
     rules = rules or CullRules(cpu_timeout, gpu_timeout)
     profile = (state or {}).get("profile")
-    return rules_idle_limit(rules, is_gpu_server(state), profile if isinstance(profile, str) else None,
+    return idle_rule(rules, is_gpu_server(state), profile if isinstance(profile, str) else None,
                             contended)[0]
 
 
@@ -63,7 +63,7 @@ def cull_deadline(last_activity: datetime | None, state: dict | None, cpu_timeou
     idle limit.  The culler acts at its first check after that (every `cull_every` s).
     None when no activity is recorded yet (the culler then keeps it) or culling is off
     (a limit of 0)."""
-    limit = idle_limit(state, cpu_timeout, gpu_timeout, rules, contended)
+    limit = server_idle_limit(state, cpu_timeout, gpu_timeout, rules, contended)
     if last_activity is None or limit <= 0:
         return None
     return last_activity + timedelta(seconds=limit)
@@ -173,7 +173,7 @@ class GPUCullPolicy:
         if max_age > 0 and age is not None and age >= max_age:
             return Verdict(True, f"running for {age:.1f} s, profile {profile}'s maximum age {max_age:g} s")
         contended = bool(is_gpu and self.contention is not None and self.contention(state.get("gpu_host", "")))
-        limit, source = rules_idle_limit(self.rules, is_gpu, profile, contended)
+        limit, source = idle_rule(self.rules, is_gpu, profile, contended)
         kind = "GPU" if is_gpu else "CPU"
         if idle is None:
             return Verdict(False, "no activity recorded yet")

@@ -4,7 +4,7 @@ Users log in with the hub's own OAuth (HubOAuthenticated), or send a hub API
 token (`Authorization: token ...`).  Every logged-in user may look; the
 `custom:gpu-pool:admin` scope drains and undrains GPUs and sees everyone's usage.
 This module holds the page, the first API handlers and the routes of all; the
-base handlers live in handlers.py, which every API module imports.
+base handlers live in handlers/base.py, which every API module in handlers/ imports.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from spawner.culling.policy import GPUCullPolicy, cull_deadline, idle_limit
+from spawner.culling.policy import GPUCullPolicy, cull_deadline, server_idle_limit
 from spawner.pool.models import Lease
 from spawner.poolpage.handlers.lab import ENDED_NOTICE, ended_part, free_per_profile
 from spawner.profiles import load_profiles
@@ -19,7 +19,7 @@ def test_the_deadline_shown_is_the_moment_the_culler_culls():
     for state in (GPU_STATE, {}):
         last = NOW - timedelta(seconds=100)
         deadline = cull_deadline(last, state, 3600, 900)
-        assert deadline == last + timedelta(seconds=idle_limit(state, 3600, 900))
+        assert deadline == last + timedelta(seconds=server_idle_limit(state, 3600, 900))
         just_before = deadline - timedelta(seconds=1) - last
         assert not policy.decide(just_before, {"state": state}).cull
         assert policy.decide(deadline - last, {"state": state}).cull
