@@ -44,8 +44,8 @@ def is_gpu_server(state: dict | None) -> bool:
     return bool(state.get("gpu_uuids")) or state.get("gpu_lease_id") is not None
 
 
-def server_idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float, rules: CullRules | None = None,
-               contended: bool = False) -> float:
+def server_idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float,
+                      rules: CullRules | None = None, contended: bool = False) -> float:
     """Seconds of inactivity after which the culler stops this server: the one rule the
     culler applies (GPUCullPolicy.decide, through deadline.idle_rule) and the deadline the
     pool service shows in JupyterLab and on its page (cull_deadline).  `rules`: the hub's
@@ -53,7 +53,7 @@ def server_idle_limit(state: dict | None, cpu_timeout: float, gpu_timeout: float
     rules = rules or CullRules(cpu_timeout, gpu_timeout)
     profile = (state or {}).get("profile")
     return idle_rule(rules, is_gpu_server(state), profile if isinstance(profile, str) else None,
-                            contended)[0]
+                     contended)[0]
 
 
 def cull_deadline(last_activity: datetime | None, state: dict | None, cpu_timeout: float,
