@@ -73,12 +73,13 @@ def test_a_ledger_locked_for_a_moment_does_not_fail_the_waiters(tmp_path):
     holder = pool.try_acquire("holder", "", 1)
 
     async def main():
-        positions = []
-        waiters = [
-            asyncio.create_task(pool.acquire(u, "", 1, timeout=30, on_wait=lambda p, w, f: positions.append(p)))
-            for u in ("alice", "bob")
-        ]
-        await until(lambda: len(pool.queue()) == 2)
+        # One after the other, each seen in the queue before the next asks: two requests made at
+        # once take the ledger's lock in either order (its threads race), and bob could be first.
+        waiters = []
+        for u in ("alice", "bob"):
+            waiters.append(asyncio.create_task(pool.acquire(u, "", 1, timeout=30)))
+            await until(lambda: len(pool.queue()) == len(waiters))
+        assert [w.user for w in pool.queue()] == ["alice", "bob"]
         # Locked for 1 s: every turn of both waiters in that time fails to get the lock.
         await asyncio.to_thread(hold_write_lock, path, 1.0)
         assert not any(w.done() for w in waiters)
