@@ -33,6 +33,7 @@ from devservices.hub import REPO, remove_what_a_hub_made
 from devservices.ldap import seed
 from devservices.ports import free_port
 from devservices.ssh_client import SSHClient
+from spawner.labels import LABEL_USER
 
 from .test_browser import LAB_TIMEOUT, by_css, click
 
@@ -182,9 +183,12 @@ def contents(hub: str, auth: dict[str, str], user: str, path: str, content: bool
     return r.json()
 
 
-def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str | None) -> str:
+def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str | None, step: str,
+                      server_log=None) -> str:
     """Steps 5 and 9: the cell typed (or found) in the notebook, Shift+Enter; its output, once the model's
-    file is newer than `before` (its last_modified before the run)."""
+    file is newer than `before` (its last_modified before the run).  When it is not, the failure says what
+    the notebook showed (notebook_report) and keeps a screenshot, `<browser>-<step>-timeout.png`."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.keys import Keys
 
     from .test_browser import KERNEL_TIMEOUT, text_of
@@ -206,7 +210,55 @@ def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str 
         out = "".join(e.text for e in d.find_elements(*by_css(f"{panel} .jp-Cell:first-child .jp-OutputArea-output")))
         return out if f"saved {MODEL}" in out else None
 
-    return b.wait(trained, TRAIN_TIMEOUT, f"the cell saved no {MODEL} in {TRAIN_TIMEOUT} s")
+    try:
+        return b.wait(trained, TRAIN_TIMEOUT)
+    except TimeoutException:
+        shot = b.shot(f"{step}-timeout")
+        raise AssertionError(f"step {step}: the cell saved no {MODEL} in {TRAIN_TIMEOUT} s (before: {before}); "
+                             f"screenshot {shot}\n{notebook_report(b, hub, auth, user, server_log)}") from None
+
+
+# What the open notebook shows, read in one go: each cell's prompt ("[ ]:" not run, "[*]:" running,
+# "[1]:" done), whether it is the active one, its source's start and its output's end.
+NOTEBOOK_STATE = """
+const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+const notebook = panel && panel.querySelector('.jp-Notebook');
+const a = document.activeElement;
+return {
+  tabs: [...document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab')].map(
+    t => (t.classList.contains('lm-mod-current') ? '*' : '') + t.innerText),
+  mode: notebook ? (notebook.classList.contains('jp-mod-editMode') ? 'edit' : 'command') : null,
+  focus: a ? `${a.tagName}.${a.className}` : null,
+  cells: panel ? [...panel.querySelectorAll('.jp-Cell')].map(c => ({
+    prompt: (c.querySelector('.jp-InputPrompt') || {}).innerText,
+    active: c.classList.contains('jp-mod-active'),
+    source: ((c.querySelector('.cm-content') || {}).innerText || '').slice(0, 60),
+    output: [...c.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText).join('\\n').slice(-1500)})) : [],
+  statusbar: (document.querySelector('#jp-main-statusbar') || {}).innerText,
+  dialogs: [...document.querySelectorAll('.jp-Dialog')].map(d => d.innerText),
+};
+"""
+
+
+def notebook_report(b, hub: str, auth: dict[str, str], user: str, server_log=None) -> str:
+    """What a person would look at when the cell saved nothing: the notebook's cells (prompt, output),
+    the status bar, any dialog, the model's contents-API entry, the server's kernels, its log's end."""
+    lines: list[str] = []
+
+    def add(label: str, read) -> None:
+        try:
+            value = read()
+        except Exception as exc:  # a report that says why a part is missing, never a second error
+            value = f"(unreadable: {type(exc).__name__}: {exc})"
+        lines.append(f"{label}: {value if isinstance(value, str) else json.dumps(value, indent=1)}")
+
+    add("page", lambda: b.driver.current_url)
+    add("notebook", lambda: b.driver.execute_script(NOTEBOOK_STATE))
+    add(f"contents API {MODEL}", lambda: contents(hub, auth, user, MODEL))
+    add("kernels", lambda: requests.get(f"{hub}/user/{user}/api/kernels", headers=auth, timeout=30).json())
+    if server_log is not None:
+        add("server log (end)", server_log)
+    return "\n".join(lines)
 
 
 def stop_server(b, hub: str) -> None:
@@ -223,7 +275,7 @@ def stop_server(b, hub: str) -> None:
            and d.find_element(*by_css("#start")).text.strip() == "Start My Server", 90, "the server did not stop")
 
 
-def test_the_first_day_tutorial_on_the_demo(demo, browser):
+def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     """docs/users/first-day.md, step by step, in Chromium: its screenshots are the page's pictures."""
     from types import SimpleNamespace
 
@@ -237,6 +289,16 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser):
     assert f"`{alice.name}`, password `{alice.password}`" in TUTORIAL.read_text()
     hub, server = demo.url, SimpleNamespace(url=demo.url)
     b = browser("first-day")
+
+    def server_log() -> str:
+        """The end of alice's server's log (its kernels' restarts, a traceback), without the polls' 200s."""
+        mine = [c for c in docker_client.containers.list(filters={"label": f"{LABEL_USER}={alice.name}"})
+                if c.name.startswith(demo.prefix)]
+        return "\n".join(f"{c.name}:\n" + "\n".join(
+            [line for line in c.logs(tail=400).decode(errors="replace").splitlines()
+             if " 200 GET " not in line and "/api/contents/my-first-model" not in line][-40:])
+            for c in mine) or "(no container)"
+
     # The page's pictures, named as docs/users/images/ has them: copied from here after a passing run.
     pictures = b.artifacts / "tutorial"
     pictures.mkdir(parents=True, exist_ok=True)
@@ -277,7 +339,7 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser):
 
     # 5. The tutorial's cell trains and saves the model, in the home.
     assert contents(hub, auth, alice.name, MODEL) is None
-    output = run_tutorial_cell(b, hub, auth, alice.name, None)
+    output = run_tutorial_cell(b, hub, auth, alice.name, None, "5", server_log)
     assert "GPUs: 0" in output, output  # the demo's GPUs are simulated: TensorFlow runs on the CPU
     shot("5-trained")
     gpu_model = contents(hub, auth, alice.name, MODEL)
@@ -315,7 +377,7 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser):
         item = b.wait(lambda d: next((e for e in d.find_elements(*by_css(".jp-DirListing-itemText"))
                                       if e.text == NOTEBOOK), None), 60, f"no {NOTEBOOK} in the file browser")
         ActionChains(b.driver).double_click(item).perform()
-    output = run_tutorial_cell(b, hub, auth, alice.name, gpu_model["last_modified"])
+    output = run_tutorial_cell(b, hub, auth, alice.name, gpu_model["last_modified"], "9", server_log)
     assert "GPUs: 0" in output, output
     shot("9-cpu-trained")
     cpu_model = contents(hub, auth, alice.name, MODEL)
