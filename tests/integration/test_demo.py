@@ -186,40 +186,47 @@ def contents(hub: str, auth: dict[str, str], user: str, path: str, content: bool
 def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str | None, step: str,
                       server_log=None) -> str:
     """Steps 5 and 9: the cell typed (or found) in the notebook, Shift+Enter; its output, once the model's
-    file is newer than `before` (its last_modified before the run).  When it is not, the failure says what
-    the notebook showed (notebook_report) and keeps a screenshot, `<browser>-<step>-timeout.png`."""
+    file is newer than `before` (its last_modified before the run).  A wait that times out says what the
+    notebook showed (notebook_report) and keeps a screenshot, `<browser>-<step>-timeout.png`."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.keys import Keys
 
-    from .test_browser import KERNEL_TIMEOUT, text_of
+    from .test_browser import KERNEL_TIMEOUT, cell_of, text_of
+
+    def wait(condition, timeout: float, what: str):
+        try:
+            return b.wait(condition, timeout)
+        except TimeoutException:
+            shot = b.shot(f"{step}-timeout")
+            raise AssertionError(f"step {step}: {what} in {timeout} s (the model's last_modified before: {before}); "
+                                 f"screenshot {shot}\n{notebook_report(b, hub, auth, user, server_log)}") from None
 
     panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
-    editor = b.wait(lambda d: next((e for e in d.find_elements(*by_css(f"{panel} .jp-Cell .cm-content"))
-                                    if e.is_displayed()), None), LAB_TIMEOUT, "no notebook is open")
-    b.wait(lambda d: "| Idle" in text_of(b, "#jp-main-statusbar"), KERNEL_TIMEOUT,
-           "the notebook's kernel did not become idle")
+    editor = wait(lambda d: next((e for e in d.find_elements(*by_css(f"{panel} .jp-Cell .cm-content"))
+                                  if e.is_displayed()), None), LAB_TIMEOUT, "no notebook is open")
+    wait(lambda d: "| Idle" in text_of(b, "#jp-main-statusbar"), KERNEL_TIMEOUT,
+         "the notebook's kernel did not become idle")
     editor.click()
     if MODEL not in editor.text:
         editor.send_keys(tutorial_cell())
     b.driver.switch_to.active_element.send_keys(Keys.SHIFT, Keys.ENTER)
+    # The output of the cell that ran, the one shown with the editor just clicked (see cell_of).
+    cell = cell_of(editor)
 
     def trained(d) -> str | None:
         model = contents(hub, auth, user, MODEL)
         if model is None or (before is not None and model["last_modified"] <= before):
             return None
-        out = "".join(e.text for e in d.find_elements(*by_css(f"{panel} .jp-Cell:first-child .jp-OutputArea-output")))
+        out = "".join(e.text for e in cell.find_elements(*by_css(".jp-OutputArea-output")))
         return out if f"saved {MODEL}" in out else None
 
-    try:
-        return b.wait(trained, TRAIN_TIMEOUT)
-    except TimeoutException:
-        shot = b.shot(f"{step}-timeout")
-        raise AssertionError(f"step {step}: the cell saved no {MODEL} in {TRAIN_TIMEOUT} s (before: {before}); "
-                             f"screenshot {shot}\n{notebook_report(b, hub, auth, user, server_log)}") from None
+    out = wait(trained, TRAIN_TIMEOUT, f"the cell saved no {MODEL}")
+    return out
 
 
-# What the open notebook shows, read in one go: each cell's prompt ("[ ]:" not run, "[*]:" running,
-# "[1]:" done), whether it is the active one, its source's start and its output's end.
+# What the open notebook shows, read in one go: each cell node's prompt ("[ ]:" not run, "[*]:" running,
+# "[1]:" done), whether a person sees it (JupyterLab can keep a hidden one, see cell_of), whether it is
+# the active one, its source's start and its output's end.
 NOTEBOOK_STATE = """
 const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
 const notebook = panel && panel.querySelector('.jp-Notebook');
@@ -230,6 +237,7 @@ return {
   mode: notebook ? (notebook.classList.contains('jp-mod-editMode') ? 'edit' : 'command') : null,
   focus: a ? `${a.tagName}.${a.className}` : null,
   cells: panel ? [...panel.querySelectorAll('.jp-Cell')].map(c => ({
+    shown: c.offsetHeight > 0 && getComputedStyle(c).opacity !== '0',
     prompt: (c.querySelector('.jp-InputPrompt') || {}).innerText,
     active: c.classList.contains('jp-mod-active'),
     source: ((c.querySelector('.cm-content') || {}).innerText || '').slice(0, 60),
@@ -279,6 +287,7 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     """docs/users/first-day.md, step by step, in Chromium: its screenshots are the page's pictures."""
     from types import SimpleNamespace
 
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as EC
@@ -371,12 +380,32 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     kept = contents(hub, auth, alice.name, MODEL)
     assert kept and kept["last_modified"] == gpu_model["last_modified"], (kept, gpu_model)
 
-    # 9. The notebook again (open, or a double-click in the file browser), the same cell, Shift+Enter.
-    b.wait(lambda d: d.find_elements(*by_css("#jp-main-statusbar")), LAB_TIMEOUT, "JupyterLab did not open")
-    if not b.driver.find_elements(*by_css(".jp-NotebookPanel:not(.lm-mod-hidden)")):
-        item = b.wait(lambda d: next((e for e in d.find_elements(*by_css(".jp-DirListing-itemText"))
-                                      if e.text == NOTEBOOK), None), 60, f"no {NOTEBOOK} in the file browser")
-        ActionChains(b.driver).double_click(item).perform()
+    # 9. The notebook again.  JupyterLab reopens the tabs its saved layout names, and that layout still
+    # names the notebook as it was before Ctrl+S renamed it (Untitled.ipynb, gone): so JupyterLab shows a
+    # Launcher, and the notebook comes with a double-click in the file browser.  That double-click waits
+    # until the file browser has restored (a single one made while it restored once left nothing open:
+    # "no notebook is open" 180 s later), and is made again when one did not take.  The same cell,
+    # Shift+Enter.
+    opened = {"at": 0.0, "times": 0}
+
+    def notebook_in_front(d) -> bool:
+        if not d.find_elements(*by_css(".jp-FileBrowser")) or d.find_elements(*by_css(".jp-FileBrowser.jp-mod-restoring")):
+            return False  # JupyterLab still restoring its layout and file browser
+        if any(e.is_displayed() for e in d.find_elements(*by_css(".jp-NotebookPanel:not(.lm-mod-hidden) .cm-content"))):
+            return True
+        item = next((e for e in d.find_elements(*by_css(".jp-DirListing-itemText"))
+                     if e.text == NOTEBOOK and e.is_displayed()), None)
+        if item is not None and time.monotonic() - opened["at"] > 15:
+            ActionChains(d).double_click(item).perform()
+            opened.update(at=time.monotonic(), times=opened["times"] + 1)
+        return False
+
+    try:
+        b.wait(notebook_in_front, LAB_TIMEOUT)
+    except TimeoutException:
+        raise AssertionError(f"step 9: {NOTEBOOK} not in front in {LAB_TIMEOUT} s ({opened['times']} double-clicks); "
+                             f"screenshot {b.shot('9-timeout')}\n"
+                             + notebook_report(b, hub, auth, alice.name, server_log)) from None
     output = run_tutorial_cell(b, hub, auth, alice.name, gpu_model["last_modified"], "9", server_log)
     assert "GPUs: 0" in output, output
     shot("9-cpu-trained")
