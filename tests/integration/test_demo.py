@@ -269,8 +269,10 @@ def notebook_report(b, hub: str, auth: dict[str, str], user: str, server_log=Non
     return "\n".join(lines)
 
 
-def stop_server(b, hub: str) -> None:
-    """Step 7: File > Hub Control Panel > Stop My Server."""
+def stop_server(b, hub: str, auth: dict[str, str], user: str) -> None:
+    """Step 7: File > Hub Control Panel > Stop My Server; done once the hub has no server of `user`'s.
+    The home page shows "Start My Server" as soon as the hub accepts the stop (202, still stopping):
+    a Start pressed then reaches a "Server not running" page, not the profile form."""
     from selenium.webdriver.support import expected_conditions as EC
 
     from .test_browser import STOP_BUTTON_READY
@@ -281,6 +283,12 @@ def stop_server(b, hub: str) -> None:
     stop.click()
     b.wait(lambda d: not d.find_element(*by_css("#stop")).is_displayed()
            and d.find_element(*by_css("#start")).text.strip() == "Start My Server", 90, "the server did not stop")
+
+    def stopped(_) -> bool:
+        r = requests.get(f"{hub}/hub/api/users/{user}", headers=auth, timeout=30)
+        return r.status_code == 200 and "" not in r.json().get("servers", {})
+
+    b.wait(stopped, 90, "the hub still lists the server 90 s after Stop My Server")
 
 
 def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
@@ -370,7 +378,7 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     shot("6-model-file")
 
     # 7. Stop the server; the model stays in the home.
-    stop_server(b, hub)
+    stop_server(b, hub, auth, alice.name)
     shot("7-stopped")
 
     # 8. Start again with the CPU profile.
@@ -413,7 +421,7 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     assert cpu_model and cpu_model["size"] > 1000, cpu_model
 
     # 10. Stop it again.
-    stop_server(b, hub)
+    stop_server(b, hub, auth, alice.name)
 
     # Each picture of the page is one of these screenshots, and each screenshot is on the page.
     page = TUTORIAL.read_text()
