@@ -147,6 +147,19 @@ def spawn_with_profile(browser, hub, username: str, slug: str) -> list[str]:
     return seen
 
 
+# The notebook cell (`.jp-Cell`) an element is in.
+CELL_OF = "./ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' jp-Cell ')][1]"
+
+
+def cell_of(element):
+    """The notebook cell that `element` (a cell's editor) is in.  Not `.jp-Cell:first-child`: JupyterLab's
+    windowed notebook can keep a hidden (opacity 0, height 0) cell node before the notebook's first cell,
+    the one it drew before the file's content came, and that one never runs or shows an output."""
+    from selenium.webdriver.common.by import By
+
+    return element.find_element(By.XPATH, CELL_OF)
+
+
 def run_in_new_notebook(browser, code: str) -> str:
     """Open a new Python notebook from JupyterLab's launcher, run one cell, return its output."""
     from selenium.common.exceptions import TimeoutException
@@ -168,16 +181,15 @@ def run_in_new_notebook(browser, code: str) -> str:
                  "the notebook's kernel did not become idle")
     editor.click()
     editor.send_keys(code)
-    first_cell = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell:first-child"
+    cell = cell_of(editor)
 
     def cell_output(d) -> str | None:
-        return "".join(el.text for el in d.find_elements(
-            *by_css(f"{first_cell} .jp-OutputArea-output"))).strip() or None
+        return "".join(el.text for el in cell.find_elements(*by_css(".jp-OutputArea-output"))).strip() or None
 
     output = None
     for attempt in range(3):
         if attempt:
-            driver.find_element(*by_css(f"{first_cell} .cm-content")).click()
+            editor.click()
         driver.switch_to.active_element.send_keys(Keys.SHIFT, Keys.ENTER)
         try:
             output = browser.wait(cell_output, KERNEL_TIMEOUT / 3)

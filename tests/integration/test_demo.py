@@ -33,6 +33,7 @@ from devservices.hub import REPO, remove_what_a_hub_made
 from devservices.ldap import seed
 from devservices.ports import free_port
 from devservices.ssh_client import SSHClient
+from spawner.labels import LABEL_USER
 
 from .test_browser import LAB_TIMEOUT, by_css, click
 
@@ -182,35 +183,96 @@ def contents(hub: str, auth: dict[str, str], user: str, path: str, content: bool
     return r.json()
 
 
-def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str | None) -> str:
+def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str | None, step: str,
+                      server_log=None) -> str:
     """Steps 5 and 9: the cell typed (or found) in the notebook, Shift+Enter; its output, once the model's
-    file is newer than `before` (its last_modified before the run)."""
+    file is newer than `before` (its last_modified before the run).  A wait that times out says what the
+    notebook showed (notebook_report) and keeps a screenshot, `<browser>-<step>-timeout.png`."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.keys import Keys
 
-    from .test_browser import KERNEL_TIMEOUT, text_of
+    from .test_browser import KERNEL_TIMEOUT, cell_of, text_of
+
+    def wait(condition, timeout: float, what: str):
+        try:
+            return b.wait(condition, timeout)
+        except TimeoutException:
+            shot = b.shot(f"{step}-timeout")
+            raise AssertionError(f"step {step}: {what} in {timeout} s (the model's last_modified before: {before}); "
+                                 f"screenshot {shot}\n{notebook_report(b, hub, auth, user, server_log)}") from None
 
     panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
-    editor = b.wait(lambda d: next((e for e in d.find_elements(*by_css(f"{panel} .jp-Cell .cm-content"))
-                                    if e.is_displayed()), None), LAB_TIMEOUT, "no notebook is open")
-    b.wait(lambda d: "| Idle" in text_of(b, "#jp-main-statusbar"), KERNEL_TIMEOUT,
-           "the notebook's kernel did not become idle")
+    editor = wait(lambda d: next((e for e in d.find_elements(*by_css(f"{panel} .jp-Cell .cm-content"))
+                                  if e.is_displayed()), None), LAB_TIMEOUT, "no notebook is open")
+    wait(lambda d: "| Idle" in text_of(b, "#jp-main-statusbar"), KERNEL_TIMEOUT,
+         "the notebook's kernel did not become idle")
     editor.click()
     if MODEL not in editor.text:
         editor.send_keys(tutorial_cell())
     b.driver.switch_to.active_element.send_keys(Keys.SHIFT, Keys.ENTER)
+    # The output of the cell that ran, the one shown with the editor just clicked (see cell_of).
+    cell = cell_of(editor)
 
     def trained(d) -> str | None:
         model = contents(hub, auth, user, MODEL)
         if model is None or (before is not None and model["last_modified"] <= before):
             return None
-        out = "".join(e.text for e in d.find_elements(*by_css(f"{panel} .jp-Cell:first-child .jp-OutputArea-output")))
+        out = "".join(e.text for e in cell.find_elements(*by_css(".jp-OutputArea-output")))
         return out if f"saved {MODEL}" in out else None
 
-    return b.wait(trained, TRAIN_TIMEOUT, f"the cell saved no {MODEL} in {TRAIN_TIMEOUT} s")
+    out = wait(trained, TRAIN_TIMEOUT, f"the cell saved no {MODEL}")
+    return out
 
 
-def stop_server(b, hub: str) -> None:
-    """Step 7: File > Hub Control Panel > Stop My Server."""
+# What the open notebook shows, read in one go: each cell node's prompt ("[ ]:" not run, "[*]:" running,
+# "[1]:" done), whether a person sees it (JupyterLab can keep a hidden one, see cell_of), whether it is
+# the active one, its source's start and its output's end.
+NOTEBOOK_STATE = """
+const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+const notebook = panel && panel.querySelector('.jp-Notebook');
+const a = document.activeElement;
+return {
+  tabs: [...document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab')].map(
+    t => (t.classList.contains('lm-mod-current') ? '*' : '') + t.innerText),
+  mode: notebook ? (notebook.classList.contains('jp-mod-editMode') ? 'edit' : 'command') : null,
+  focus: a ? `${a.tagName}.${a.className}` : null,
+  cells: panel ? [...panel.querySelectorAll('.jp-Cell')].map(c => ({
+    shown: c.offsetHeight > 0 && getComputedStyle(c).opacity !== '0',
+    prompt: (c.querySelector('.jp-InputPrompt') || {}).innerText,
+    active: c.classList.contains('jp-mod-active'),
+    source: ((c.querySelector('.cm-content') || {}).innerText || '').slice(0, 60),
+    output: [...c.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText).join('\\n').slice(-1500)})) : [],
+  statusbar: (document.querySelector('#jp-main-statusbar') || {}).innerText,
+  dialogs: [...document.querySelectorAll('.jp-Dialog')].map(d => d.innerText),
+};
+"""
+
+
+def notebook_report(b, hub: str, auth: dict[str, str], user: str, server_log=None) -> str:
+    """What a person would look at when the cell saved nothing: the notebook's cells (prompt, output),
+    the status bar, any dialog, the model's contents-API entry, the server's kernels, its log's end."""
+    lines: list[str] = []
+
+    def add(label: str, read) -> None:
+        try:
+            value = read()
+        except Exception as exc:  # a report that says why a part is missing, never a second error
+            value = f"(unreadable: {type(exc).__name__}: {exc})"
+        lines.append(f"{label}: {value if isinstance(value, str) else json.dumps(value, indent=1)}")
+
+    add("page", lambda: b.driver.current_url)
+    add("notebook", lambda: b.driver.execute_script(NOTEBOOK_STATE))
+    add(f"contents API {MODEL}", lambda: contents(hub, auth, user, MODEL))
+    add("kernels", lambda: requests.get(f"{hub}/user/{user}/api/kernels", headers=auth, timeout=30).json())
+    if server_log is not None:
+        add("server log (end)", server_log)
+    return "\n".join(lines)
+
+
+def stop_server(b, hub: str, auth: dict[str, str], user: str) -> None:
+    """Step 7: File > Hub Control Panel > Stop My Server; done once the hub has no server of `user`'s.
+    The home page shows "Start My Server" as soon as the hub accepts the stop (202, still stopping):
+    a Start pressed then reaches a "Server not running" page, not the profile form."""
     from selenium.webdriver.support import expected_conditions as EC
 
     from .test_browser import STOP_BUTTON_READY
@@ -222,11 +284,18 @@ def stop_server(b, hub: str) -> None:
     b.wait(lambda d: not d.find_element(*by_css("#stop")).is_displayed()
            and d.find_element(*by_css("#start")).text.strip() == "Start My Server", 90, "the server did not stop")
 
+    def stopped(_) -> bool:
+        r = requests.get(f"{hub}/hub/api/users/{user}", headers=auth, timeout=30)
+        return r.status_code == 200 and "" not in r.json().get("servers", {})
 
-def test_the_first_day_tutorial_on_the_demo(demo, browser):
+    b.wait(stopped, 90, "the hub still lists the server 90 s after Stop My Server")
+
+
+def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     """docs/users/first-day.md, step by step, in Chromium: its screenshots are the page's pictures."""
     from types import SimpleNamespace
 
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as EC
@@ -237,6 +306,16 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser):
     assert f"`{alice.name}`, password `{alice.password}`" in TUTORIAL.read_text()
     hub, server = demo.url, SimpleNamespace(url=demo.url)
     b = browser("first-day")
+
+    def server_log() -> str:
+        """The end of alice's server's log (its kernels' restarts, a traceback), without the polls' 200s."""
+        mine = [c for c in docker_client.containers.list(filters={"label": f"{LABEL_USER}={alice.name}"})
+                if c.name.startswith(demo.prefix)]
+        return "\n".join(f"{c.name}:\n" + "\n".join(
+            [line for line in c.logs(tail=400).decode(errors="replace").splitlines()
+             if " 200 GET " not in line and "/api/contents/my-first-model" not in line][-40:])
+            for c in mine) or "(no container)"
+
     # The page's pictures, named as docs/users/images/ has them: copied from here after a passing run.
     pictures = b.artifacts / "tutorial"
     pictures.mkdir(parents=True, exist_ok=True)
@@ -277,7 +356,7 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser):
 
     # 5. The tutorial's cell trains and saves the model, in the home.
     assert contents(hub, auth, alice.name, MODEL) is None
-    output = run_tutorial_cell(b, hub, auth, alice.name, None)
+    output = run_tutorial_cell(b, hub, auth, alice.name, None, "5", server_log)
     assert "GPUs: 0" in output, output  # the demo's GPUs are simulated: TensorFlow runs on the CPU
     shot("5-trained")
     gpu_model = contents(hub, auth, alice.name, MODEL)
@@ -299,7 +378,7 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser):
     shot("6-model-file")
 
     # 7. Stop the server; the model stays in the home.
-    stop_server(b, hub)
+    stop_server(b, hub, auth, alice.name)
     shot("7-stopped")
 
     # 8. Start again with the CPU profile.
@@ -309,20 +388,40 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser):
     kept = contents(hub, auth, alice.name, MODEL)
     assert kept and kept["last_modified"] == gpu_model["last_modified"], (kept, gpu_model)
 
-    # 9. The notebook again (open, or a double-click in the file browser), the same cell, Shift+Enter.
-    b.wait(lambda d: d.find_elements(*by_css("#jp-main-statusbar")), LAB_TIMEOUT, "JupyterLab did not open")
-    if not b.driver.find_elements(*by_css(".jp-NotebookPanel:not(.lm-mod-hidden)")):
-        item = b.wait(lambda d: next((e for e in d.find_elements(*by_css(".jp-DirListing-itemText"))
-                                      if e.text == NOTEBOOK), None), 60, f"no {NOTEBOOK} in the file browser")
-        ActionChains(b.driver).double_click(item).perform()
-    output = run_tutorial_cell(b, hub, auth, alice.name, gpu_model["last_modified"])
+    # 9. The notebook again.  JupyterLab reopens the tabs its saved layout names, and that layout still
+    # names the notebook as it was before Ctrl+S renamed it (Untitled.ipynb, gone): so JupyterLab shows a
+    # Launcher, and the notebook comes with a double-click in the file browser.  That double-click waits
+    # until the file browser has restored (a single one made while it restored once left nothing open:
+    # "no notebook is open" 180 s later), and is made again when one did not take.  The same cell,
+    # Shift+Enter.
+    opened = {"at": 0.0, "times": 0}
+
+    def notebook_in_front(d) -> bool:
+        if not d.find_elements(*by_css(".jp-FileBrowser")) or d.find_elements(*by_css(".jp-FileBrowser.jp-mod-restoring")):
+            return False  # JupyterLab still restoring its layout and file browser
+        if any(e.is_displayed() for e in d.find_elements(*by_css(".jp-NotebookPanel:not(.lm-mod-hidden) .cm-content"))):
+            return True
+        item = next((e for e in d.find_elements(*by_css(".jp-DirListing-itemText"))
+                     if e.text == NOTEBOOK and e.is_displayed()), None)
+        if item is not None and time.monotonic() - opened["at"] > 15:
+            ActionChains(d).double_click(item).perform()
+            opened.update(at=time.monotonic(), times=opened["times"] + 1)
+        return False
+
+    try:
+        b.wait(notebook_in_front, LAB_TIMEOUT)
+    except TimeoutException:
+        raise AssertionError(f"step 9: {NOTEBOOK} not in front in {LAB_TIMEOUT} s ({opened['times']} double-clicks); "
+                             f"screenshot {b.shot('9-timeout')}\n"
+                             + notebook_report(b, hub, auth, alice.name, server_log)) from None
+    output = run_tutorial_cell(b, hub, auth, alice.name, gpu_model["last_modified"], "9", server_log)
     assert "GPUs: 0" in output, output
     shot("9-cpu-trained")
     cpu_model = contents(hub, auth, alice.name, MODEL)
     assert cpu_model and cpu_model["size"] > 1000, cpu_model
 
     # 10. Stop it again.
-    stop_server(b, hub)
+    stop_server(b, hub, auth, alice.name)
 
     # Each picture of the page is one of these screenshots, and each screenshot is on the page.
     page = TUTORIAL.read_text()
