@@ -17,7 +17,9 @@ also the page's HTML and the browser console.
 
 from __future__ import annotations
 
+import re
 import secrets
+from urllib.parse import urlparse
 
 from devservices.ldap.common import Directory
 
@@ -111,7 +113,9 @@ def spawn_with_profile(browser, hub, username: str, slug: str) -> list[str]:
     from selenium.common.exceptions import TimeoutException, WebDriverException
 
     driver = browser.driver
-    if "/hub/spawn" not in driver.current_url:
+    # The form itself (/hub/spawn[/user]), not the pending page (/hub/spawn-pending/user) that
+    # a Start clicked while a stop was still pending reaches.
+    if not re.search(r"/hub/spawn(/[^/]+)?/?$", urlparse(driver.current_url).path):
         driver.get(f"{hub.url}/hub/spawn")
     click(browser, f'input[name="profile"][value="{slug}"]', 60, f"no profile {slug} on the spawn form")
     browser.shot("spawn-form")
