@@ -91,13 +91,14 @@ class Policy:
     queue_timeout: float = JobSettings.queue_timeout
 
 
-def policies() -> list[Policy]:
+def policies(product_pool: dict | None = None) -> list[Policy]:
+    """The three policies; `product_pool`: GPUPool settings that replace the product's defaults."""
     vanilla = {"queue_order": "fifo", "backfill_window": 0.0}
     product = Settings()  # the hub's defaults; the pool's are GPUPool's own
     return [
         Policy("fifo", vanilla, None),
         Policy("fifo+cull1h", vanilla, CullRules(3600, 3600), cull_every=600, activity_interval=300),
-        Policy("product", {}, rules_from_settings(product), cull_every=product.cull_every,
+        Policy("product", dict(product_pool or {}), rules_from_settings(product), cull_every=product.cull_every,
                activity_interval=activity_interval(product), contention=True, bookings=True, budgets=True),
     ]
 
@@ -179,6 +180,7 @@ class Metrics:
     gave_up: int
     refused: int
     lost_busy_gpu_hours: float
+    free_while_waiting_gpu_hours: float = 0.0
     runtime_s: float = 0.0
     done: dict = field(default_factory=dict)  # user -> busy GPU-hours done
     due: dict = field(default_factory=dict)  # user -> busy GPU-hours due
@@ -254,6 +256,7 @@ class Replay:
             self._booking_check = LedgerBookings(self.pool)
         self.shortest = policy.rules.shortest if policy.rules is not None else math.inf
         self.used: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # user -> (start, end, gpus)
+        self.free_while_waiting = 0.0  # GPU-seconds
 
     # --- the event queue ---------------------------------------------------------------------
 
@@ -274,13 +277,21 @@ class Replay:
             self.at(self.policy.cull_every, self.cull_pass)
         while self.events and self.events[0][0] <= horizon:
             t, _, fn, args = heapq.heappop(self.events)
+            self._account(t)
             self.clock.t = t
             fn(*args)
+        self._account(horizon)
         self.clock.t = horizon
         for run in list(self.running.values()):
             run.ended, run.end = horizon, "horizon"
         for run in self.waiting.values():
             run.ended, run.end = horizon, "horizon"
+
+    def _account(self, t: float) -> None:
+        """GPU-seconds left free while requests waited, up to `t` (the state since the last event)."""
+        if self.waiting:
+            free = self.trace.capacity - sum(r.req.total for r in self.running.values())
+            self.free_while_waiting += free * (t - self.clock.t)
 
     # --- the ledger calls of a wait (see the module docstring) ---------------------------------
 
@@ -416,6 +427,7 @@ class Replay:
         t = self.clock.t
         self.at(t + self.policy.cull_every, self.cull_pass)
         assert self.policy_fn is not None
+        self._beat()  # the waiters are alive (their heartbeats come every few seconds): contention reads them
         culled = []
         in_window = any(s <= t < e for s, e in self.windows)
         for run in list(self.running.values()):
@@ -488,7 +500,7 @@ class Replay:
             sum(1 for _, _, why, _ in self.culls if why == "budget"),
             sum(1 for _, _, why, _ in self.culls if why == "booking"),
             sum(1 for r in self.runs if r.end == "gave-up"), sum(1 for r in self.runs if r.end == "refused"),
-            lost, runtime, dict(done), due)
+            lost, self.free_while_waiting / 3600, runtime, dict(done), due)
 
 
 def replay(trace: wl.Trace, policy: Policy) -> Metrics:
@@ -510,8 +522,8 @@ def table(rows: list[Metrics]) -> str:
     lines = [
         "| policy | lent / capacity | busy / lent | interactive wait p50 / p95 / p99 (min) | job wait p50 / p95 / p99 "
         "(min) | Jain | bookings honoured | busy culled | idle culled | budget / booking stops | gave up / refused "
-        "| busy GPU-h lost | replay (s) |",
-        "|" + "---|" * 13,
+        "| busy GPU-h lost | GPU-h free while requests waited | replay (s) |",
+        "|" + "---|" * 14,
     ]
     for m in rows:
         iw, jw = m.interactive_waits, m.job_waits
@@ -522,7 +534,7 @@ def table(rows: list[Metrics]) -> str:
             f"| {_minutes(percentile(jw, .5))} / {_minutes(percentile(jw, .95))} / {_minutes(percentile(jw, .99))} "
             f"| {m.jain:.3f} | {m.bookings_honoured}/{m.bookings} | {m.busy_culled} | {m.idle_culled} "
             f"| {m.stopped_budget} / {m.stopped_booking} | {m.gave_up} / {m.refused} | {m.lost_busy_gpu_hours:.1f} "
-            f"| {m.runtime_s:.1f} |")
+            f"| {m.free_while_waiting_gpu_hours:.0f} | {m.runtime_s:.1f} |")
     return "\n".join(lines)
 
 
@@ -531,7 +543,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(wl.SIZES), default="small")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", action="append", help="only these policies (default: all three)")
+    parser.add_argument("--set", action="append", default=[], metavar="TRAIT=SECONDS",
+                        help="a GPUPool setting of the product policy (a number), e.g. backfill_window=600")
     args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not hasattr(GPUPool, name):
+            parser.error(f"--set {item}: GPUPool has no setting {name}")
+        overrides[name] = float(value)
     size = wl.SIZES[args.size]
     trace = wl.generate(size, args.seed)
     sessions = sum(r.kind == "session" for r in trace.requests)
@@ -543,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
           f"capacity), of it busy {sum(r.total * r.busy_seconds() for r in trace.requests) / 3600:.0f} GPU-h; "
           f"budget {trace.user_budget} GPU-h per user per week (product only)")
     rows = []
-    for policy in policies():
+    for policy in policies(overrides):
         if args.policy and policy.name not in args.policy:
             continue
         rows.append(replay(trace, policy))

@@ -78,7 +78,7 @@ OFFERED_LOAD = 0.70  # jobs are added until sessions + jobs would hold this shar
 BOOKING_DAY, BOOKING_HOUR, BOOKING_HOURS = 1, 14, 2.0  # Tuesday 14:00-16:00
 BOOKING_MADE = 9 * 3600.0  # booked on Monday 09:00 (ahead of the notice)
 BOOKING_SHARE = 0.5  # of one host's GPUs
-COURSE_GROUP = "course-101"
+COURSE_GROUP = "course-101"  # its members: as many light users as GPUs booked, each at the session
 ATTENDEE_LATE = 600.0  # attendees arrive within this many seconds of the start
 EXERCISE_BUSY, EXERCISE_IDLE = 10 * 60.0, 3 * 60.0  # the course's cells: mostly busy
 
@@ -206,7 +206,8 @@ def generate(size: Size, seed: int = 1) -> Trace:
     rng = random.Random(seed)
     users = [f"u{i:03d}" for i in range(size.users)]
     heavy = set(rng.sample(users, max(1, round(HEAVY_FRACTION * size.users))))
-    course = [u for u in users if u not in heavy][: max(1, size.users // 3)]
+    booked = max(1, round(BOOKING_SHARE * size.gpus_per_host))
+    course = [u for u in users if u not in heavy][:booked]  # the course's students, one GPU each
     groups = {u: ((COURSE_GROUP,) if u in course else ()) for u in users}
     requests: list[Request] = []
     for user in users:
@@ -217,10 +218,9 @@ def generate(size: Size, seed: int = 1) -> Trace:
             for _ in range(n):
                 requests.append(_session(rng, len(requests), user, groups[user], _arrival(rng, day)))
     bookings = []
-    booked = max(1, round(BOOKING_SHARE * size.gpus_per_host))
     start = BOOKING_DAY * DAY + BOOKING_HOUR * 3600
     bookings.append(Booking(COURSE_GROUP, booked, BOOKING_MADE, start, start + BOOKING_HOURS * 3600))
-    for user in course[:booked]:
+    for user in course:
         span = BOOKING_HOURS * 3600 - ATTENDEE_LATE
         busy = _phases(rng, span, EXERCISE_BUSY, 0.3, EXERCISE_IDLE, 0.3)
         requests.append(Request(len(requests), "session", user, groups[user],
