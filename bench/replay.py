@@ -37,7 +37,8 @@ Metrics (see `Metrics`): GPU-hours lent / capacity; busy / lent; waits of intera
 and jobs (p50/p95/p99; a request that gave up counts with the time it waited); Jain's index of
 each user's work done against the work they were due (their offered busy GPU-hours, cut to a
 max-min fair share of the capacity when demand exceeds it); bookings honoured (every attendee
-served within `HONOURED_WAIT` of arriving); busy servers culled by the idle rule (must be 0);
+served within `HONOURED_WAIT` of arriving); busy servers culled by the idle rule (must be 0); idle servers culled, and of them those whose
+user came back for more of the session's work (a new spawn, the kernels' state lost);
 stops by budget or booking; cancelled work (requests that gave up or were refused, and the busy
 GPU-hours they and the stops lost).
 """
@@ -52,9 +53,11 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable
+
+from traitlets import TraitType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -91,10 +94,11 @@ class Policy:
     queue_timeout: float = JobSettings.queue_timeout
 
 
-def policies(product_pool: dict | None = None) -> list[Policy]:
-    """The three policies; `product_pool`: GPUPool settings that replace the product's defaults."""
+def policies(product_pool: dict | None = None, product_hub: dict | None = None) -> list[Policy]:
+    """The three policies; `product_pool`, `product_hub`: GPUPool settings and hub Settings fields
+    (spawner/settings/hub.py) that replace the product's defaults."""
     vanilla = {"queue_order": "fifo", "backfill_window": 0.0}
-    product = Settings()  # the hub's defaults; the pool's are GPUPool's own
+    product = replace(Settings(), **(product_hub or {}))  # the hub's defaults; the pool's are GPUPool's own
     return [
         Policy("fifo", vanilla, None),
         Policy("fifo+cull1h", vanilla, CullRules(3600, 3600), cull_every=600, activity_interval=300),
@@ -181,6 +185,7 @@ class Metrics:
     refused: int
     lost_busy_gpu_hours: float
     free_while_waiting_gpu_hours: float = 0.0
+    respawns: int = 0  # culled servers whose users came back for more work (their kernels' state lost)
     runtime_s: float = 0.0
     done: dict = field(default_factory=dict)  # user -> busy GPU-hours done
     due: dict = field(default_factory=dict)  # user -> busy GPU-hours due
@@ -500,7 +505,7 @@ class Replay:
             sum(1 for _, _, why, _ in self.culls if why == "budget"),
             sum(1 for _, _, why, _ in self.culls if why == "booking"),
             sum(1 for r in self.runs if r.end == "gave-up"), sum(1 for r in self.runs if r.end == "refused"),
-            lost, self.free_while_waiting / 3600, runtime, dict(done), due)
+            lost, self.free_while_waiting / 3600, sum(1 for r in self.runs if r.respawn), runtime, dict(done), due)
 
 
 def replay(trace: wl.Trace, policy: Policy) -> Metrics:
@@ -521,7 +526,7 @@ def _minutes(s: float) -> str:
 def table(rows: list[Metrics]) -> str:
     lines = [
         "| policy | lent / capacity | busy / lent | interactive wait p50 / p95 / p99 (min) | job wait p50 / p95 / p99 "
-        "(min) | Jain | bookings honoured | busy culled | idle culled | budget / booking stops | gave up / refused "
+        "(min) | Jain | bookings honoured | busy culled | idle culled (came back) | budget / booking stops | gave up / refused "
         "| busy GPU-h lost | GPU-h free while requests waited | replay (s) |",
         "|" + "---|" * 14,
     ]
@@ -532,7 +537,7 @@ def table(rows: list[Metrics]) -> str:
             f"| {m.busy_share:.0%} "
             f"| {_minutes(percentile(iw, .5))} / {_minutes(percentile(iw, .95))} / {_minutes(percentile(iw, .99))} "
             f"| {_minutes(percentile(jw, .5))} / {_minutes(percentile(jw, .95))} / {_minutes(percentile(jw, .99))} "
-            f"| {m.jain:.3f} | {m.bookings_honoured}/{m.bookings} | {m.busy_culled} | {m.idle_culled} "
+            f"| {m.jain:.3f} | {m.bookings_honoured}/{m.bookings} | {m.busy_culled} | {m.idle_culled} ({m.respawns}) "
             f"| {m.stopped_budget} / {m.stopped_booking} | {m.gave_up} / {m.refused} | {m.lost_busy_gpu_hours:.1f} "
             f"| {m.free_while_waiting_gpu_hours:.0f} | {m.runtime_s:.1f} |")
     return "\n".join(lines)
@@ -543,15 +548,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=sorted(wl.SIZES), default="small")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", action="append", help="only these policies (default: all three)")
-    parser.add_argument("--set", action="append", default=[], metavar="TRAIT=SECONDS",
-                        help="a GPUPool setting of the product policy (a number), e.g. backfill_window=600")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=NUMBER",
+                        help="a GPUPool setting or a hub Settings field of the product policy, e.g. "
+                             "backfill_window=600 or activity_interval=30")
     args = parser.parse_args(argv)
-    overrides = {}
+    overrides: dict[str, float] = {}
+    hub: dict[str, Any] = {}
     for item in args.set:
         name, _, value = item.partition("=")
-        if not hasattr(GPUPool, name):
-            parser.error(f"--set {item}: GPUPool has no setting {name}")
-        overrides[name] = float(value)
+        if hasattr(GPUPool, name) and isinstance(getattr(GPUPool, name, None), TraitType):
+            overrides[name] = float(value)
+        elif name in {f.name for f in fields(Settings)}:
+            hub[name] = type(getattr(Settings(), name) or 0)(float(value))
+        else:
+            parser.error(f"--set {item}: neither a GPUPool setting nor a hub Settings field")
     size = wl.SIZES[args.size]
     trace = wl.generate(size, args.seed)
     sessions = sum(r.kind == "session" for r in trace.requests)
@@ -563,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
           f"capacity), of it busy {sum(r.total * r.busy_seconds() for r in trace.requests) / 3600:.0f} GPU-h; "
           f"budget {trace.user_budget} GPU-h per user per week (product only)")
     rows = []
-    for policy in policies(overrides):
+    for policy in policies(overrides, hub):
         if args.policy and policy.name not in args.policy:
             continue
         rows.append(replay(trace, policy))

@@ -78,7 +78,7 @@ OFFERED_LOAD = 0.70  # jobs are added until sessions + jobs would hold this shar
 BOOKING_DAY, BOOKING_HOUR, BOOKING_HOURS = 1, 14, 2.0  # Tuesday 14:00-16:00
 BOOKING_MADE = 9 * 3600.0  # booked on Monday 09:00 (ahead of the notice)
 BOOKING_SHARE = 0.5  # of one host's GPUs
-COURSE_GROUP = "course-101"  # its members: as many light users as GPUs booked, each at the session
+COURSE_GROUP = "course-101"  # its members: as many students as GPUs booked, each at the session only
 ATTENDEE_LATE = 600.0  # attendees arrive within this many seconds of the start
 EXERCISE_BUSY, EXERCISE_IDLE = 10 * 60.0, 3 * 60.0  # the course's cells: mostly busy
 
@@ -207,8 +207,8 @@ def generate(size: Size, seed: int = 1) -> Trace:
     users = [f"u{i:03d}" for i in range(size.users)]
     heavy = set(rng.sample(users, max(1, round(HEAVY_FRACTION * size.users))))
     booked = max(1, round(BOOKING_SHARE * size.gpus_per_host))
-    course = [u for u in users if u not in heavy][:booked]  # the course's students, one GPU each
-    groups = {u: ((COURSE_GROUP,) if u in course else ()) for u in users}
+    course = [f"s{i:02d}" for i in range(booked)]  # the course's students (besides the lab's users)
+    groups = {u: ((COURSE_GROUP,) if u in course else ()) for u in users + course}
     requests: list[Request] = []
     for user in users:
         rate = SESSIONS_PER_WEEKDAY["heavy" if user in heavy else "light"]
@@ -236,4 +236,4 @@ def generate(size: Size, seed: int = 1) -> Trace:
         target -= job.total * job.hold / 3600
     requests.sort(key=lambda r: (r.arrive, r.id))
     budget = BUDGET_TIMES_FAIR * capacity / size.users
-    return Trace(size.hosts, size.gpus_per_host, users, heavy, groups, requests, bookings, round(budget, 1))
+    return Trace(size.hosts, size.gpus_per_host, users + course, heavy, groups, requests, bookings, round(budget, 1))

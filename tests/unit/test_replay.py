@@ -62,7 +62,7 @@ def test_a_hand_computed_trace_gives_every_figure():
     assert m.jain == pytest.approx((6 / 7 + 1) ** 2 / (2 * ((6 / 7) ** 2 + 1)))
     assert (m.bookings, m.bookings_honoured) == (0, 0)
     assert (m.busy_culled, m.idle_culled, m.stopped_budget, m.stopped_booking) == (0, 1, 0, 0)
-    assert (m.gave_up, m.refused) == (1, 0)
+    assert (m.gave_up, m.refused, m.respawns) == (1, 0, 0)  # (alice had no more work in that server)
     assert m.lost_busy_gpu_hours == pytest.approx(1 / 6)
     # Free GPUs while someone waited: one GPU 3600-5400 (bob's 2-GPU job waits), none 6000-6300.
     assert m.free_while_waiting_gpu_hours == pytest.approx(0.5)
@@ -92,3 +92,16 @@ def test_the_generated_week_has_the_workloads_parts():
     assert 0.6 < trace.offered_gpu_hours() / (trace.capacity * 168) < 0.8
     text = R.table([R.replay(TRACE, POLICY)])
     assert "| hand |" in text
+
+
+def test_a_user_whose_server_was_culled_comes_back_for_the_rest_of_the_work():
+    """Busy 0-600 and 4000-4600, kept until 5000: culled at the 2400 pass (600 + 1800), the user
+    spawns again at 4000 for the rest, which ends at 5000."""
+    trace = wl.Trace(hosts=1, gpus_per_host=1, users=["alice"], heavy=set(), groups={"alice": ()},
+                     requests=[request(0, "session", "alice", 0, 1, ((0, 600), (4000, 4600)), 5000)],
+                     horizon=2 * 3600.0)
+    m = R.replay(trace, POLICY)
+    assert (m.idle_culled, m.respawns, m.busy_culled) == (1, 1, 0)
+    assert m.lent_gpu_hours == pytest.approx((2400 + 1000) / 3600)
+    assert m.busy_gpu_hours == pytest.approx(1200 / 3600)
+    assert sorted(m.interactive_waits) == [0, 0]
