@@ -185,7 +185,7 @@ class Metrics:
     refused: int
     lost_busy_gpu_hours: float
     free_while_waiting_gpu_hours: float = 0.0
-    respawns: int = 0  # culled servers whose users came back for more work (their kernels' state lost)
+    respawns: int = 0  # idle servers culled whose users came back for more work (their kernels' state lost)
     runtime_s: float = 0.0
     done: dict = field(default_factory=dict)  # user -> busy GPU-hours done
     due: dict = field(default_factory=dict)  # user -> busy GPU-hours due
@@ -248,7 +248,7 @@ class Replay:
         self.running: dict[int, Run] = {}
         self.runs: list[Run] = []
         self.lease_run: dict[int, Run] = {}
-        self.culls: list[tuple[Run, float, str, bool]] = []
+        self.culls: list[tuple[Run, float, str, bool, bool]] = []  # (run, when, why, busy, came back)
         self.windows = [(b.starts, b.ends) for b in trace.bookings] if policy.bookings else []
         self.policy_fn = None
         if policy.rules is not None:
@@ -452,11 +452,11 @@ class Replay:
                 culled.append((run, verdict.end_reason))
         for run, reason in culled:
             busy = run.busy_at(t)
-            self.culls.append((run, t, reason, busy))
             self.finish(run, reason)
             # The user comes back for the work still to do: a new spawn at the next busy phase.
             rel = t - (run.started or 0.0)
             later = [(a, b) for a, b in run.busy if b > rel]
+            self.culls.append((run, t, reason, busy, bool(later)))
             if later:
                 back = max(rel, later[0][0])
                 rest = tuple((max(a, back) - back, b - back) for a, b in later)
@@ -494,18 +494,19 @@ class Replay:
                              for run in attendees):
             honoured = 1
         lost = sum(r.req.total * r.req.busy_seconds() / 3600 for r in self.runs if r.end in ("gave-up", "refused"))
-        for run, t, _, _ in self.culls:
+        for run, t, _, _, _ in self.culls:
             rel = t - (run.started or 0.0)
             if run.end in ("budget", "booking"):
                 lost += run.req.total * _overlap(run.busy, rel, math.inf) / 3600
         return Metrics(
             self.policy.name, capacity, lent, busy, inter, jobs, jain(xs), len(self.trace.bookings), honoured,
-            sum(1 for _, _, why, b in self.culls if why == "culled" and b),
-            sum(1 for _, _, why, b in self.culls if why == "culled" and not b),
-            sum(1 for _, _, why, _ in self.culls if why == "budget"),
-            sum(1 for _, _, why, _ in self.culls if why == "booking"),
+            sum(1 for _, _, why, b, _ in self.culls if why == "culled" and b),
+            sum(1 for _, _, why, b, _ in self.culls if why == "culled" and not b),
+            sum(1 for _, _, why, _, _ in self.culls if why == "budget"),
+            sum(1 for _, _, why, _, _ in self.culls if why == "booking"),
             sum(1 for r in self.runs if r.end == "gave-up"), sum(1 for r in self.runs if r.end == "refused"),
-            lost, self.free_while_waiting / 3600, sum(1 for r in self.runs if r.respawn), runtime, dict(done), due)
+            lost, self.free_while_waiting / 3600,
+            sum(1 for _, _, why, b, back in self.culls if why == "culled" and not b and back), runtime, dict(done), due)
 
 
 def replay(trace: wl.Trace, policy: Policy) -> Metrics:
