@@ -84,7 +84,7 @@ EXERCISE_BUSY, EXERCISE_IDLE = 10 * 60.0, 3 * 60.0  # the course's cells: mostly
 
 # --- budgets (this product's GPU-hour budgets: the lab's own settings) ----------------------
 
-BUDGET_TIMES_FAIR = 3.0  # each user's weekly budget: this many times capacity / users
+BUDGET_TIMES_FAIR = 2.0  # each user's weekly budget: this many times capacity / users
 
 
 @dataclass
