@@ -19,7 +19,7 @@ VARIANTS ?= mkl
 TEST_PACKAGES := debootstrap slapd ldap-utils samba samba-common-bin openssl postgresql \
 	chromium chromium-driver systemd openssh-client
 
-.PHONY: help venv deps docker test-packages lint typecheck images install test-cuda-image demo demo-swarm test test-unit test-docs-cli test-integration docs bench clean
+.PHONY: help venv deps docker test-packages lint typecheck images install test-cuda-image demo demo-swarm test test-unit test-docs-cli test-integration docs bench bench-replay clean
 
 help:
 	@echo "make demo    run the hub on http://127.0.0.1:8000 (Ctrl-C stops it)"
@@ -30,6 +30,7 @@ help:
 	@echo "make typecheck  the type checker (mypy on spawner/), run by make test after lint"
 	@echo "make docs    build the documentation site into docs/_build/html (warnings are errors)"
 	@echo "make bench   run the benchmarks and print their tables"
+	@echo "make bench-replay  a lab's week replayed through the pool on a virtual clock (SIZE=small|large; no Docker)"
 	@echo "make install install on a server: /opt/jupyterhub-gpu, images, settings, systemd unit (as root)"
 
 $(VENV)/.installed: pyproject.toml
@@ -103,6 +104,12 @@ docs: venv
 
 bench: deps docker
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# A lab's week replayed through the real pool on a virtual clock (issue 37); no Docker.
+# SIZE=large for 64 GPUs on 8 hosts and 300 users.
+SIZE ?= small
+bench-replay: venv
+	$(PY) bench/replay.py --size $(SIZE)
 
 clean:
 	rm -rf $(VENV) .cache test-artifacts .pytest_cache docs/_build

@@ -353,6 +353,21 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
         help="The Inventory of this hub's host (set by the constructor; not configurable).",
     )
 
+    clock = AnyTrait(
+        None,
+        allow_none=True,
+        help="""The ledger's clock: a callable returning the time now as an aware UTC datetime (not configurable).
+
+        None (the default) is the database's own clock (SQLite: this machine's; PostgreSQL: the
+        server's, one for all hubs).  Every decision of the pool that depends on time reads
+        it: lease and queue times, waiters' heartbeats and staleness, the backfill window,
+        `fifo_after`, the fair-share decay, budgets and bookings.  Tests and the replay bench
+        (bench/replay.py) pass a virtual clock here to run hours of the pool's policy in
+        milliseconds.  Only the queue wait of `acquire` (its timeout, the heartbeat and poll
+        pace) runs on the event loop's own clock.
+        """,
+    )
+
     @validate("group_gpu_hour_budgets")
     def _check_budgets(self, proposal):
         for name, hours in proposal.value.items():

@@ -302,6 +302,8 @@ class Store:
 
     def _check_clock(self, engine: Engine) -> None:
         """Say so when this machine's clock is off the database's (which the ledger uses)."""
+        if getattr(self.settings, "clock", None) is not None:
+            return  # the ledger runs on the injected clock, not the database's
         mine = self.clock()
         theirs = self.transact(engine, self.now, write=False)
         off = (mine - theirs).total_seconds()
@@ -469,8 +471,11 @@ class Store:
         may disagree by seconds, the server's is one for all.  An SQLite
         ledger lives on one machine (see the lock file), whose clock SQLite's
         'now' reads, in milliseconds only; it is read here in microseconds,
-        so that short leases keep their length.
+        so that short leases keep their length.  `GPUPool.clock`, when set, replaces either.
         """
+        injected = getattr(self.settings, "clock", None)  # GPUPool.clock: a virtual clock (tests, bench)
+        if injected is not None:
+            return injected()
         at = conn.info.get(_NOW_KEY)  # PostgreSQL: read with the write lock
         if at is not None:
             return at

@@ -1,0 +1,107 @@
+"""bench/replay.py on a trace small enough to replay by hand: two users, two GPUs, five requests.
+
+The replay drives the real pool on a virtual clock; every figure of its table is checked
+against the arithmetic below (times in seconds from the start; horizon 4 h; capacity 8 GPU-h).
+
+  t=0     alice opens a 1-GPU server: busy 0-3600, then idle (she would keep it until 7200)
+  t=0     bob's 1-GPU job runs 0-3600
+  t=600   bob's 2-GPU job waits (FIFO): one GPU frees at 3600, alice holds the other
+  t=5400  the culler's pass (every 600 s, GPU idle limit 1800 s; alice's last activity,
+          reported every 300 s, is 3600) culls alice's idle server; bob's 2-GPU job starts
+          (waited 4800 s) and runs until 9000
+  t=6000  alice opens a server again (busy 0-600): both GPUs are lent, she gives up at 6300
+  t=9600  bob opens a 1-GPU server: busy 0-600, stopped at 10800
+
+Lent: alice 1.5 + job 1 + 2-GPU job 2 + bob's server 1/3 = 29/6 GPU-h.
+Busy: 1 + 1 + 2 + 1/6 = 25/6 GPU-h.  Work due (= demand, under capacity): alice 7/6, bob 19/6;
+done: alice 1, bob 19/6, so Jain = (6/7 + 1)^2 / (2 ((6/7)^2 + 1)).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import replay as R
+from bench import replay_workload as wl
+from spawner.culling.deadline import CullRules
+
+
+def request(rid, kind, user, arrive, gpus, busy, hold, limit=None):
+    return wl.Request(rid, kind, user, (), arrive, gpus, busy=busy, hold=hold, limit=limit)
+
+
+TRACE = wl.Trace(
+    hosts=1, gpus_per_host=2, users=["alice", "bob"], heavy=set(), groups={"alice": (), "bob": ()},
+    requests=[
+        request(0, "session", "alice", 0, 1, ((0, 3600),), 7200),
+        request(1, "job", "bob", 0, 1, ((0, 3600),), 3600, limit=7200),
+        request(2, "job", "bob", 600, 2, ((0, 3600),), 3600, limit=7200),
+        request(3, "session", "alice", 6000, 1, ((0, 600),), 900),
+        request(4, "session", "bob", 9600, 1, ((0, 600),), 1200),
+    ],
+    horizon=4 * 3600.0,
+)
+
+POLICY = R.Policy("hand", {"queue_order": "fifo", "backfill_window": 0.0}, CullRules(1800, 1800),
+                  cull_every=600, activity_interval=300)
+
+
+def test_a_hand_computed_trace_gives_every_figure():
+    m = R.replay(TRACE, POLICY)
+    assert m.capacity_gpu_hours == 8
+    assert m.lent_gpu_hours == pytest.approx(29 / 6)
+    assert m.busy_gpu_hours == pytest.approx(25 / 6)
+    assert m.busy_share == pytest.approx(25 / 29)
+    assert sorted(m.interactive_waits) == [0, 0, 300]
+    assert (R.percentile(m.interactive_waits, .5), R.percentile(m.interactive_waits, .95),
+            R.percentile(m.interactive_waits, .99)) == (0, 300, 300)
+    assert sorted(m.job_waits) == [0, 4800]
+    assert (R.percentile(m.job_waits, .5), R.percentile(m.job_waits, .95)) == (0, 4800)
+    assert m.due == pytest.approx({"alice": 7 / 6, "bob": 19 / 6})
+    assert m.done == pytest.approx({"alice": 1.0, "bob": 19 / 6})
+    assert m.jain == pytest.approx((6 / 7 + 1) ** 2 / (2 * ((6 / 7) ** 2 + 1)))
+    assert (m.bookings, m.bookings_honoured) == (0, 0)
+    assert (m.busy_culled, m.idle_culled, m.stopped_budget, m.stopped_booking) == (0, 1, 0, 0)
+    assert (m.gave_up, m.refused, m.respawns) == (1, 0, 0)  # (alice had no more work in that server)
+    assert m.lost_busy_gpu_hours == pytest.approx(1 / 6)
+    # Free GPUs while someone waited: one GPU 3600-5400 (bob's 2-GPU job waits), none 6000-6300.
+    assert m.free_while_waiting_gpu_hours == pytest.approx(0.5)
+
+
+def test_without_a_culler_the_idle_server_keeps_its_gpu():
+    """The same trace with no culling: bob's 2-GPU job waits for alice to stop at 7200."""
+    m = R.replay(TRACE, R.Policy("fifo", {"queue_order": "fifo", "backfill_window": 0.0}, None))
+    assert sorted(m.job_waits) == [0, 6600]
+    assert m.idle_culled == 0
+    # Lent: alice 0-7200, bob's job 0-3600, the 2-GPU job 7200-10800.  At 6000 one GPU is
+    # free but held for the 2-GPU job ahead (FIFO, no backfill): alice gives up at 6300; bob's
+    # server at 9600 finds both lent and gives up at 9900.
+    assert m.lent_gpu_hours == pytest.approx(2 + 1 + 2)
+    assert m.gave_up == 2
+
+
+def test_the_generated_week_has_the_workloads_parts():
+    """The generator's week (the full replay is make bench-replay), the same for the same seed."""
+    trace = wl.generate(wl.SIZES["small"], seed=1)
+    assert trace.requests == wl.generate(wl.SIZES["small"], seed=1).requests
+    kinds = {r.kind for r in trace.requests}
+    assert kinds == {"session", "job"}
+    assert any(r.workers == 2 for r in trace.requests) and any(r.workers == 4 for r in trace.requests)
+    durations = [r.hold for r in trace.requests if r.kind == "job"]
+    assert max(durations) / min(durations) >= 1000  # three orders of magnitude
+    assert 0.6 < trace.offered_gpu_hours() / (trace.capacity * 168) < 0.8
+    text = R.table([R.replay(TRACE, POLICY)])
+    assert "| hand |" in text
+
+
+def test_a_user_whose_server_was_culled_comes_back_for_the_rest_of_the_work():
+    """Busy 0-600 and 4000-4600, kept until 5000: culled at the 2400 pass (600 + 1800), the user
+    spawns again at 4000 for the rest, which ends at 5000."""
+    trace = wl.Trace(hosts=1, gpus_per_host=1, users=["alice"], heavy=set(), groups={"alice": ()},
+                     requests=[request(0, "session", "alice", 0, 1, ((0, 600), (4000, 4600)), 5000)],
+                     horizon=2 * 3600.0)
+    m = R.replay(trace, POLICY)
+    assert (m.idle_culled, m.respawns, m.busy_culled) == (1, 1, 0)
+    assert m.lent_gpu_hours == pytest.approx((2400 + 1000) / 3600)
+    assert m.busy_gpu_hours == pytest.approx(1200 / 3600)
+    assert sorted(m.interactive_waits) == [0, 0]
