@@ -183,23 +183,30 @@ def contents(hub: str, auth: dict[str, str], user: str, path: str, content: bool
     return r.json()
 
 
+def reported_wait(b, step: str, condition, timeout: float, what: str, report):
+    """b.wait; one that times out fails as `step <step>: <what> in <timeout> s`, with a screenshot
+    (`<browser>-<step>-timeout.png`) and report(), read then."""
+    from selenium.common.exceptions import TimeoutException
+
+    try:
+        return b.wait(condition, timeout)
+    except TimeoutException:
+        shot = b.shot(f"{step}-timeout")
+        raise AssertionError(f"step {step}: {what} in {timeout} s; screenshot {shot}\n{report()}") from None
+
+
 def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str | None, step: str,
                       server_log=None) -> str:
     """Steps 5 and 9: the cell typed (or found) in the notebook, Shift+Enter; its output, once the model's
     file is newer than `before` (its last_modified before the run).  A wait that times out says what the
     notebook showed (notebook_report) and keeps a screenshot, `<browser>-<step>-timeout.png`."""
-    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.keys import Keys
 
     from .test_browser import KERNEL_TIMEOUT, cell_of, text_of
 
     def wait(condition, timeout: float, what: str):
-        try:
-            return b.wait(condition, timeout)
-        except TimeoutException:
-            shot = b.shot(f"{step}-timeout")
-            raise AssertionError(f"step {step}: {what} in {timeout} s (the model's last_modified before: {before}); "
-                                 f"screenshot {shot}\n{notebook_report(b, hub, auth, user, server_log)}") from None
+        return reported_wait(b, step, condition, timeout, what, lambda: (
+            f"the model's last_modified before: {before}\n{notebook_report(b, hub, auth, user, server_log)}"))
 
     panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
     editor = wait(lambda d: next((e for e in d.find_elements(*by_css(f"{panel} .jp-Cell .cm-content"))
@@ -220,8 +227,7 @@ def run_tutorial_cell(b, hub: str, auth: dict[str, str], user: str, before: str 
         out = "".join(e.text for e in cell.find_elements(*by_css(".jp-OutputArea-output")))
         return out if f"saved {MODEL}" in out else None
 
-    out = wait(trained, TRAIN_TIMEOUT, f"the cell saved no {MODEL}")
-    return out
+    return wait(trained, TRAIN_TIMEOUT, f"the cell saved no {MODEL}")
 
 
 # What the open notebook shows, read in one go: each cell node's prompt ("[ ]:" not run, "[*]:" running,
@@ -295,7 +301,6 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     """docs/users/first-day.md, step by step, in Chromium: its screenshots are the page's pictures."""
     from types import SimpleNamespace
 
-    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as EC
@@ -408,12 +413,8 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
             opened.update(at=time.monotonic(), times=opened["times"] + 1)
         return False
 
-    try:
-        b.wait(notebook_in_front, LAB_TIMEOUT)
-    except TimeoutException:
-        raise AssertionError(f"step 9: {NOTEBOOK} not in front in {LAB_TIMEOUT} s ({opened['times']} double-clicks); "
-                             f"screenshot {b.shot('9-timeout')}\n"
-                             + notebook_report(b, hub, auth, alice.name, server_log)) from None
+    reported_wait(b, "9", notebook_in_front, LAB_TIMEOUT, f"{NOTEBOOK} not in front", lambda: (
+        f"{opened['times']} double-clicks\n{notebook_report(b, hub, auth, alice.name, server_log)}"))
     output = run_tutorial_cell(b, hub, auth, alice.name, gpu_model["last_modified"], "9", server_log)
     assert "GPUs: 0" in output, output
     shot("9-cpu-trained")
