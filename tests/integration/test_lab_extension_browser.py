@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import requests
+
 from ..fixtures.hub import DUMMY_PASSWORD, wait_for
 from .test_browser import LAB_TIMEOUT, by_css, click, log_in, text_of
 from .test_poolpage import ADMIN_ENV, page_api, wait_for_page
@@ -42,9 +44,27 @@ def status_item(browser) -> dict:
 
 
 def open_lab(browser, hub, user: str) -> None:
+    from selenium.common.exceptions import TimeoutException
+
     browser.driver.get(f"{hub.url}/user/{user}/lab")
-    browser.wait(lambda d: d.find_elements(*by_css("#jp-main-statusbar #gpuhub-status")), LAB_TIMEOUT,
-                 "JupyterLab's status bar has no GPU status item")
+    try:
+        browser.wait(lambda d: d.find_elements(*by_css("#jp-main-statusbar #gpuhub-status")), LAB_TIMEOUT,
+                     "JupyterLab's status bar has no GPU status item")
+    except TimeoutException as exc:
+        # The page's side is in the message; the server's side says whether the browser ever reached it.
+        raise AssertionError(f"{exc.msg}\n{server_report(hub, user)}") from None
+
+
+def server_report(hub, user: str) -> str:
+    """The hub's model of `user`'s server, and the server's own status (its last activity, its
+    connections), asked through the proxy as the browser would reach it."""
+    try:
+        status = requests.get(f"{hub.url}/user/{user}/api/status", timeout=30,
+                              headers={"Authorization": f"token {hub.user_token(user)}"})
+        answer = f"{status.status_code} {status.text[:300]}"
+    except requests.RequestException as exc:
+        answer = f"(no answer: {exc})"
+    return f"hub's model of the server: {hub.server_model(user)}\nthe server's api/status: {answer}"
 
 
 def element_shot(browser, selector: str, label: str) -> None:
