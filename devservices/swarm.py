@@ -9,7 +9,10 @@ generic resources and node labels, and the NVIDIA *runtime* test double as
 its default runtime: it records the NVIDIA_VISIBLE_DEVICES each container's
 OCI bundle carries, then runs runc.  Everything made here carries the
 `gpuhub-swarm-<session>` name prefix and the harness label, and is removed at
-the end of the session.
+the end of the session.  A session killed before its end (SIGTERM or SIGKILL to
+pytest, which runs no teardown) leaves its Swarm behind; each thing made here
+also names its owner (the process's pid and start time, OWNER_LABEL), and the
+next start_swarm removes what belongs to an owner that no longer runs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS_LABEL = "org.jupyter.gpuhub.swarm-harness"
+# "<pid>:<start time>" of the process that made it: a pid alone may be reused by then.
+OWNER_LABEL = f"{HARNESS_LABEL}.owner"
+# On the manager's node, when start_swarm made it a manager: the owner that should leave.
+INITED_BY_LABEL = "gpuhub.harness-inited-by"
 NODE_PACKAGES = "docker.io,iptables,ca-certificates,procps"
 NODE_REPO = "gpuhub/swarm-node"
 # Where a node container finds the runtime double and writes its records.
@@ -79,6 +86,69 @@ def docker(*args: str, input: bytes | None = None, check: bool = True, timeout: 
     if check and proc.returncode != 0:
         raise RuntimeError(f"docker {' '.join(args[:3])}... failed: {proc.stderr.decode(errors='replace')[-1500:]}")
     return proc.stdout.decode(errors="replace").strip()
+
+
+def process_start(pid: int) -> str:
+    """The start time of process `pid` (clock ticks since boot, /proc/<pid>/stat), '' if none runs."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # The command name (field 2) is in parentheses and may hold spaces; start time is field 22.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def this_owner() -> str:
+    return f"{os.getpid()}:{process_start(os.getpid())}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process that `owner` (an OWNER_LABEL value) names still runs."""
+    pid, _, start = owner.partition(":")
+    return pid.isdigit() and bool(start) and process_start(int(pid)) == start
+
+
+def harness_labels(session: str) -> list[str]:
+    """The `--label` arguments of everything the harness makes for `session`."""
+    return ["--label", f"{HARNESS_LABEL}={session}", "--label", f"{OWNER_LABEL}={this_owner()}"]
+
+
+def abandoned_sessions() -> set[str]:
+    """Sessions whose containers, services, volumes or networks name an owner that no longer runs."""
+    dead: set[str] = set()
+    listings = [("ps", "-a", "--filter", f"label={HARNESS_LABEL}", "--format", "{{.Labels}}"),
+                ("volume", "ls", "--filter", f"label={HARNESS_LABEL}", "--format", "{{.Labels}}"),
+                ("network", "ls", "--filter", f"label={HARNESS_LABEL}", "--format", "{{.Labels}}")]
+    for listing in listings:
+        for line in docker(*listing, check=False).splitlines():
+            labels = dict(part.partition("=")[::2] for part in line.split(","))
+            session, owner = labels.get(HARNESS_LABEL, ""), labels.get(OWNER_LABEL, "")
+            if session and owner and not owner_alive(owner):
+                dead.add(session)
+    return dead
+
+
+def remove_abandoned() -> list[str]:
+    """Remove the Swarm of every session whose owner is gone (see the module's docstring);
+    the manager leaves the swarm too when such a session made it one and no live session
+    is left on it.  Returns the sessions removed."""
+    sessions = sorted(abandoned_sessions())
+    for session in sessions:
+        nodes = docker("node", "ls", "-q", "--filter", f"node.label=gpuhub.test-session={session}",
+                       check=False).split()
+        stop_swarm(Swarm(session=session, manager_addr="", network=f"gpuhub-swarm-{session}",
+                         homes_root=Path("/nonexistent"), inited_here=False, node_image="",
+                         nodes=[SwarmNode(container="", hostname="", gpus=[], labels={},
+                                          state_dir=Path("/nonexistent"), node_id=n) for n in nodes]))
+        for base in Path("/var/tmp").glob(f"gpuhub-swarm-{session}-*"):
+            shutil.rmtree(base, ignore_errors=True)
+    inited_by = docker("node", "inspect", docker("info", "--format", "{{.Swarm.NodeID}}", check=False) or "self",
+                       "--format",
+                       f'{{{{index .Spec.Labels "{INITED_BY_LABEL}"}}}}', check=False)
+    if inited_by and not owner_alive(inited_by) and not docker(
+            "ps", "-aq", "--filter", f"label={HARNESS_LABEL}", check=False):
+        docker("swarm", "leave", "--force", check=False)
+    return sessions
 
 
 @dataclass
@@ -188,7 +258,7 @@ def _start_node(session: str, index: int, image: str, gpus: int, labels: dict[st
     script.chmod(0o755)
     uuids = [simulated_uuid(hostname, i) for i in range(gpus)]
     volume = f"{name}-lib"
-    docker("volume", "create", "--label", f"{HARNESS_LABEL}={session}", volume)
+    docker("volume", "create", *harness_labels(session), volume)
     cmd = ["dockerd", "--host", "unix:///var/run/docker.sock", "--storage-driver", "overlay2",
            "--add-runtime", f"nvidia={DOUBLE_DIR}/nvidia-runtime", "--default-runtime", "nvidia"]
     if no_new_privileges:
@@ -196,7 +266,7 @@ def _start_node(session: str, index: int, image: str, gpus: int, labels: dict[st
         cmd.append("--no-new-privileges")
     for uuid in uuids:
         cmd += ["--node-generic-resource", f"GPU={uuid}"]
-    docker("run", "-d", "--name", name, "--hostname", hostname, "--label", f"{HARNESS_LABEL}={session}",
+    docker("run", "-d", "--name", name, "--hostname", hostname, *harness_labels(session),
            "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
            "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
            "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run",
@@ -225,11 +295,14 @@ def start_swarm(session: str | None = None, gpus_per_node: int = 2, homes_root: 
     `homes_root`: the directory standing in for shared storage (kept); by default one
     inside the harness's temporary directory (removed with the swarm)."""
     session = session or secrets.token_hex(3)
+    remove_abandoned()
     state = docker("info", "--format", "{{.Swarm.LocalNodeState}}")
     gateway = _docker0_gateway()
     inited = False
     if state == "inactive":
         docker("swarm", "init", "--advertise-addr", gateway, "--listen-addr", f"{gateway}:2377")
+        docker("node", "update", "--label-add", f"{INITED_BY_LABEL}={this_owner()}",
+               docker("info", "--format", "{{.Swarm.NodeID}}"))
         inited = True
     elif state != "active":
         raise SwarmUnavailable(f"the session dockerd's swarm state is {state!r}")
@@ -252,7 +325,7 @@ def start_swarm(session: str | None = None, gpus_per_node: int = 2, homes_root: 
         # Not `--opt encrypted` (the production recipe's): this machine's kernel may lack ESP
         # (CONFIG_INET_ESP), and then nothing would cross nodes; the jobs' overlays follow it.
         docker("network", "create", "--driver", "overlay", "--attachable",
-               "--label", f"{HARNESS_LABEL}={session}", swarm.network)
+               *harness_labels(session), swarm.network)
     except BaseException:
         stop_swarm(swarm)
         raise
@@ -348,7 +421,7 @@ class HubSite:
 
 def start_hub_site(swarm: Swarm, image: str, index: int) -> HubSite:
     name = f"gpuhub-swarm-{swarm.session}-hub{index}"
-    docker("run", "-d", "--name", name, "--label", f"{HARNESS_LABEL}={swarm.session}",
+    docker("run", "-d", "--name", name, *harness_labels(swarm.session),
            "--network", "bridge", "--entrypoint", "sleep", image, "infinity")
     docker("network", "connect", swarm.network, name)
     info = json.loads(docker("inspect", name))[0]

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from devservices.swarm import add_node, remove_node
+from devservices.swarm import REPO, add_node, remove_node
 from devservices.swarm_hub import profiles_config
 from tests.fixtures.hub import wait_for
 from tests.fixtures.swarm import docker
@@ -141,3 +142,45 @@ def test_a_stopped_server_exits_by_itself_before_swarm_signals_it(make_swarm_hub
     assert "kill" not in actions, events
     die = next(json.loads(line.split(" ", 1)[1]) for line in events.splitlines() if line.startswith("die "))
     assert die["exitCode"] == "0", events
+
+
+KILLED_SESSION = """
+import sys, time
+from devservices.swarm import start_swarm
+swarm = start_swarm(session=sys.argv[1])
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_swarm_left_by_a_killed_session_is_removed_by_the_next_start(swarm_cluster):
+    """pytest killed by SIGKILL (or SIGTERM) runs no teardown: its Swarm's workers, nodes, volumes
+    and overlay stay.  The next start_swarm removes them (their owner no longer runs) and leaves
+    the live session's Swarm alone."""
+    from devservices.swarm import HARNESS_LABEL, remove_abandoned
+
+    session = "killed" + swarm_cluster.session[:4]
+    owner = subprocess.Popen([sys.executable, "-c", KILLED_SESSION, session], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+    try:
+        assert owner.stdout.readline().strip() == "ready", owner.stderr.read()[-2000:]
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)
+
+    def left() -> dict[str, list[str]]:
+        label = f"label={HARNESS_LABEL}={session}"
+        return {"containers": docker("ps", "-aq", "--filter", label).split(),
+                "volumes": docker("volume", "ls", "-q", "--filter", label).split(),
+                "networks": docker("network", "ls", "-q", "--filter", label).split(),
+                "nodes": docker("node", "ls", "-q", "--filter", f"node.label=gpuhub.test-session={session}").split()}
+
+    before = left()
+    assert len(before["containers"]) == 2 and len(before["nodes"]) == 2 and before["networks"], before
+    assert session in remove_abandoned()
+    assert left() == {"containers": [], "volumes": [], "networks": [], "nodes": []}
+    assert not list(Path("/var/tmp").glob(f"gpuhub-swarm-{session}-*"))
+    # The live session's Swarm is as it was: its workers run and are ready, and it is still a swarm.
+    assert all(node.running() for node in swarm_cluster.nodes)
+    assert all(docker("node", "inspect", "-f", "{{.Status.State}}", n.node_id) == "ready" for n in swarm_cluster.nodes)
+    assert session not in remove_abandoned() and swarm_cluster.session not in remove_abandoned()
