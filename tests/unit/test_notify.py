@@ -429,3 +429,84 @@ def test_a_version_11_ledger_gains_the_outbox_in_place(tmp_path):
             == str(SCHEMA_VERSION) == "12"
     p.close()
     engine.dispose()
+
+
+# --- the API and the unsubscribe links -------------------------------------------------------------
+
+
+@pytest.fixture
+def service(tmp_path):
+    """The pool service's app on a free port; the hub's login stood in for by a header."""
+    import requests  # noqa: F401
+    from tests.fixtures.pool_app import serving_app
+
+    def current_user(self):
+        name = self.request.headers.get("X-User")
+        return {"name": name, "scopes": [], "kind": "user", "groups": []} if name else None
+
+    pool = make_pool(tmp_path)
+    with serving_app(pool, current_user) as url:
+        yield url, pool
+    pool.close()
+
+
+def test_choices_are_read_and_set_and_bad_ones_change_nothing(service):
+    import requests
+
+    url, pool = service
+    api = url + "api/notifications"
+    r = requests.get(api, headers={"X-User": "bob"}, timeout=10)
+    assert r.status_code == 200
+    assert r.json()["events"] == {"granted": {"email": "auto"}, "job-ended": {"email": "auto"}}
+    assert r.json()["address"] is None and r.json()["channels"] == {"email": {"enabled": False}}
+    assert requests.get(api, timeout=10).status_code == 403
+    r = requests.put(api, data='{"events": {"granted": {"email": "always"}}}', headers={"X-User": "bob"}, timeout=10)
+    assert r.status_code == 200 and r.json()["events"]["granted"] == {"email": "always"}
+    for body, status, says in [('{"events": {"granted": {"email": "loud"}}}', 400, "must be one of auto"),
+                               ("{", 400, "must be JSON"), ("x" * 5000, 413, "over 4096 bytes")]:
+        r = requests.put(api, data=body, headers={"X-User": "bob"}, timeout=10)
+        assert (r.status_code, says in r.json()["message"]) == (status, True), r.text
+    assert requests.get(api, headers={"X-User": "bob"}, timeout=10).json()["events"]["granted"] == {"email": "always"}
+    # Another user's choices are theirs: bob's PUT changed nothing of carol's.
+    assert requests.get(api, headers={"X-User": "carol"}, timeout=10).json()["events"]["granted"] == {"email": "auto"}
+
+
+def test_puts_are_rate_limited_per_user(service):
+    import requests
+
+    url, _ = service
+    api = url + "api/notifications"
+    codes = [requests.put(api, data='{"events": {}}', headers={"X-User": "dave"}, timeout=10).status_code
+             for _ in range(21)]
+    assert codes[:20] == [200] * 20 and codes[20] == 429
+    assert requests.put(api, data='{"events": {}}', headers={"X-User": "erin"}, timeout=10).status_code == 200
+
+
+def test_the_mails_unsubscribe_link_stops_that_event_only(service, smtp_server):
+    import re
+    from urllib.parse import urlsplit
+
+    import requests
+
+    url, pool = service
+    directory.record_address(pool, "bob", AUTH_STATE)
+    always(pool)
+    jobs = JobLedger(pool)
+    job = jobs.create("bob", [], "p", ["true"], ".", 60, "node-1", 1, 1)
+    jobs.update(job.id, ("queued",), "ended_at", state="cancelled")
+    base = url.split("/services/")[0]
+    assert asyncio.run(Sender(pool, settings(smtp_server.port, public_url=base), "/services/gpu-pool/", "").run_once()) == 1
+    [(_, msg)] = smtp_server.inbox.messages
+    link = re.search(r"<([^>]+)>", msg["List-Unsubscribe"]).group(1)
+    assert urlsplit(link).path == "/services/gpu-pool/notifications/unsubscribe"
+    page = requests.get(link, timeout=10)
+    assert page.status_code == 200 and "Unsubscribe" in page.text
+    assert requests.get(url + "api/notifications", headers={"X-User": "bob"}, timeout=10).json()["events"][
+        "job-ended"] == {"email": "always"}  # a GET (a link scanner) changes nothing
+    forged = link.replace("user=bob", "user=carol")
+    assert requests.post(forged, data="List-Unsubscribe=One-Click", timeout=10).status_code == 403
+    done = requests.post(link, data="List-Unsubscribe=One-Click", timeout=10)  # RFC 8058's one click
+    assert done.status_code == 200 and "no more mails about" in done.text
+    events = requests.get(url + "api/notifications", headers={"X-User": "bob"}, timeout=10).json()["events"]
+    assert events == {"granted": {"email": "always"}, "job-ended": {"email": "never"}}
+    assert requests.get(link.split("&token")[0], timeout=10).status_code == 403
