@@ -64,7 +64,7 @@ def test_a_queued_spawn_gets_its_granted_mail_within_seconds_of_the_grant(make_h
             wait_for(lambda: hub.ledger().queue(), timeout=30, what="gus in the queue", hub=hub)
             assert len(smtp.inbox.messages) == n - 1  # nothing before the grant
             hub.stop_server("eve")  # the grant
-            wait_for(lambda: len(smtp.inbox.messages) == n, timeout=30, what=f"mail {n}", hub=hub)
+            wait_for(lambda n=n: len(smtp.inbox.messages) == n, timeout=30, what=f"mail {n}", hub=hub)
             event = hub.ledger()._store.read(lambda conn: outbox.entries(conn, "gus", 1))[0]
             assert event["event"] == "granted" and event["state"] == "sent"
             latencies.append(smtp.inbox.received_at[-1] - event["created_at"].timestamp())
