@@ -104,6 +104,10 @@ class Sender:
         store = self.pool._store
         return store.write(lambda conn: fn(store, conn, *args))
 
+    def _read(self, fn, *args):
+        store = self.pool._store
+        return store.read(lambda conn: fn(store, conn, *args))
+
     # --- one pass ----------------------------------------------------------------------
 
     async def run_once(self) -> int:
@@ -132,7 +136,7 @@ class Sender:
             prefs, address = directory.record(store, conn, user)
             since = store.now(conn) - timedelta(seconds=RATE_WINDOW_S)
             return prefs, address, outbox.sent_since(store, conn, user, CHANNEL, since)
-        raw, address, recent = await self._ledger(self._write, look)
+        raw, address, recent = await self._ledger(self._read, look)
         choices = preferences.stored(raw)
         wanted = [e for e in entries if preferences.wants(choices, e.event, e.channel, e.payload)]
         unwanted = [e.id for e in entries if e not in wanted]

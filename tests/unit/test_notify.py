@@ -77,9 +77,11 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-def make_pool(tmp_path, gpus: int = 1, **kwargs) -> GPUPool:
-    return GPUPool(inventory=SimulatedInventory(count=gpus, host="node-1"),
-                   db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.05, **kwargs)
+def make_pool(where, gpus: int = 1, **kwargs) -> GPUPool:
+    """A pool on an SQLite file in the directory `where`, or on the database URL `where`
+    (tests/integration/test_notify_postgres.py runs these scenarios on PostgreSQL)."""
+    url = where if isinstance(where, str) else f"sqlite:///{where / 'ledger.sqlite'}"
+    return GPUPool(inventory=SimulatedInventory(count=gpus, host="node-1"), db_url=url, poll_interval=0.05, **kwargs)
 
 
 def settings(port: int, **kwargs) -> EmailNotifications:
@@ -112,6 +114,10 @@ async def queued_grant(pool) -> None:
 
 
 def test_a_queued_grant_writes_its_event_with_the_lease_and_is_mailed_once(tmp_path, smtp_server):
+    a_queued_grant_writes_its_event_with_the_lease_and_is_mailed_once(tmp_path, smtp_server)
+
+
+def a_queued_grant_writes_its_event_with_the_lease_and_is_mailed_once(tmp_path, smtp_server):
     pool = make_pool(tmp_path)
     directory.record_address(pool, "bob", AUTH_STATE)
     always(pool)
@@ -251,6 +257,10 @@ def test_events_past_the_age_bound_are_dropped_not_sent(tmp_path, smtp_server):
 
 
 def test_after_a_crash_unsent_claims_are_sent_and_half_sent_ones_never_again(tmp_path, smtp_server):
+    after_a_crash_unsent_claims_are_sent_and_half_sent_ones_never_again(tmp_path, smtp_server)
+
+
+def after_a_crash_unsent_claims_are_sent_and_half_sent_ones_never_again(tmp_path, smtp_server):
     clock = Clock()
     pool = make_pool(tmp_path, clock=clock)
     directory.record_address(pool, "bob", AUTH_STATE)
@@ -276,6 +286,10 @@ def test_after_a_crash_unsent_claims_are_sent_and_half_sent_ones_never_again(tmp
 
 
 def test_a_flood_of_job_ends_becomes_a_digest_within_the_hourly_limit(tmp_path, smtp_server):
+    a_flood_of_job_ends_becomes_a_digest_within_the_hourly_limit(tmp_path, smtp_server)
+
+
+def a_flood_of_job_ends_becomes_a_digest_within_the_hourly_limit(tmp_path, smtp_server):
     clock = Clock()
     pool = make_pool(tmp_path, clock=clock)
     directory.record_address(pool, "bob", AUTH_STATE)
