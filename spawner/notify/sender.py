@@ -77,6 +77,11 @@ class Sender:
             except asyncio.CancelledError:
                 pass
             self._task = None
+            try:  # what it claimed and never began to send goes to the next sender at once
+                await self._ledger(self._write, outbox.give_back, self.owner)
+            except Exception as exc:
+                log.warning("Could not give back the claimed notifications (%s); they are settled after "
+                            "EmailNotifications.stuck_after", exc)
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def poke(self) -> None:

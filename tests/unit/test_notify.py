@@ -92,8 +92,8 @@ def settings(port: int, **kwargs) -> EmailNotifications:
     return EmailNotifications(**values)
 
 
-def sender(pool, port: int, **kwargs) -> Sender:
-    return Sender(pool, settings(port, **kwargs), "/services/gpu-pool/", "http://127.0.0.1:8000/")
+def sender(pool, port: int, owner: str | None = None, **kwargs) -> Sender:
+    return Sender(pool, settings(port, **kwargs), "/services/gpu-pool/", "http://127.0.0.1:8000/", owner=owner)
 
 
 def rows(pool, user: str | None = None) -> list[dict]:
@@ -282,6 +282,28 @@ def after_a_crash_unsent_claims_are_sent_and_half_sent_ones_never_again(tmp_path
     states = [r["state"] for r in sorted(rows(pool), key=lambda r: r["id"])]
     assert states == ["unknown", "sent", "sent"]  # at most once: the half-sent one is never repeated
     assert len(smtp_server.inbox.messages) == 2
+    pool.close()
+
+
+def test_a_stopping_sender_gives_back_what_it_claimed_and_never_began(tmp_path, smtp_server):
+    pool = make_pool(tmp_path)
+    directory.record_address(pool, "bob", AUTH_STATE)
+    always(pool)
+    jobs = JobLedger(pool)
+    job = jobs.create("bob", [], "p", ["true"], ".", 60, "node-1", 1, 1)
+    jobs.update(job.id, ("queued",), "ended_at", state="cancelled")
+    first = sender(pool, smtp_server.port)
+    store = pool._store
+
+    async def main():
+        first._task = asyncio.create_task(asyncio.sleep(3600))  # a running sender, stopped below
+        store.write(lambda conn: outbox.claim(store, conn, first.owner, "email", 10))
+        await first.stop()
+        assert (rows(pool)[0]["state"], rows(pool)[0]["attempts"]) == ("pending", 0)
+        assert await sender(pool, smtp_server.port, owner="next:2").run_once() == 1  # at once, not after stuck_after
+
+    asyncio.run(main())
+    assert len(smtp_server.inbox.messages) == 1
     pool.close()
 
 

@@ -99,6 +99,14 @@ def retry(store, conn, ids: list[int], delay_s: float, error: str) -> None:
                              next_at=store.now(conn) + timedelta(seconds=delay_s)))
 
 
+def give_back(store, conn, owner: str) -> int:
+    """A stopping sender's rows it claimed but never began to send: pending again, due now."""
+    t = outbox_table.c
+    return conn.execute(update(outbox_table).where(t.state == CLAIMED, t.claimed_by == owner)
+                        .values(state=PENDING, claimed_by=None, next_at=store.now(conn),
+                                attempts=t.attempts - 1)).rowcount
+
+
 def release_stuck(store, conn, older_than_s: float) -> tuple[int, int]:
     """Rows claimed longer ago than `older_than_s` by a sender that never finished them (it
     crashed): `claimed` ones pending again, due now; `sending` ones `unknown` (the server may
