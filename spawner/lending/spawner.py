@@ -27,6 +27,7 @@ from ..pool.ledger.off_loop import ledger_call
 from ..metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from . import admission
 from ..identity import container_identity
+from ..notify.directory import record_address
 from ..pool import EndReason, GPUPool, Lease, PoolError, ordinal
 from .ending import HeldLease, settle_lease
 from ..profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, options_form_html
@@ -440,6 +441,13 @@ class GPULendingSpawner(Spawner):
 
     async def run_auth_state_hook(self, auth_state):
         self._auth_state = dict(auth_state or {})
+        if "user_attributes" in self._auth_state:
+            # The directory's mail attribute, for the notification mails (spawner/notify/): kept
+            # at each spawn, so a changed or removed address is followed.
+            try:
+                await self._ledger(record_address, self.pool, self.user.name, self._auth_state)
+            except PoolError as exc:
+                self.log.warning("Could not record %s's mail address for notifications: %s", self.user.name, exc)
         return await super().run_auth_state_hook(auth_state)
 
     def get_env(self):

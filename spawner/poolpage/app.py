@@ -32,6 +32,9 @@ from .handlers import history as history_api
 from .handlers import wait as insight
 from .handlers import jobs as jobs_api
 from .handlers import lab as lab_api
+from .handlers import notifications as notifications_api
+from ..notify import EmailNotifications, directory
+from ..notify.sender import Sender
 from . import views
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .limits import PoolServiceLimits
@@ -127,12 +130,12 @@ class PageHandler(BaseHandler):
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one."""
     return (history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
-            + bookings_api.routes(prefix) + lab_api.routes(prefix))
+            + bookings_api.routes(prefix) + lab_api.routes(prefix) + notifications_api.routes(prefix))
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,
              limits: PoolServiceLimits | None = None, page: PoolPageSettings | None = None,
-             recheck: PasswordRecheck | None = None) -> web.Application:
+             recheck: PasswordRecheck | None = None, notify: EmailNotifications | None = None) -> web.Application:
     limits = limits if limits is not None else PoolServiceLimits()
     page = page if page is not None else PoolPageSettings()
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
@@ -157,7 +160,19 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
         pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
         limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
+        notify=notify if notify is not None else EmailNotifications(), notify_key=_key_of(pool),
     )
+
+
+def _key_of(pool: GPUPool):
+    """The unsubscribe links' key, read from the ledger once (on the ledger's threads)."""
+    found: list[bytes] = []
+
+    def key() -> bytes:
+        if not found:
+            found.append(directory.secret(pool))
+        return found[0]
+    return key
 
 
 def bridge_ip(app: web.Application) -> str:
@@ -186,7 +201,11 @@ async def serve(app: web.Application, port: int) -> None:
         bridge.listen(port, address)
         log.info("For the notebook servers on http://%s:%s%s", address, port, app.settings["prefix"])
     stop_jobs = await jobs_api.start_jobs(app)
+    sender = Sender(app.settings["pool"], app.settings["notify"], app.settings["prefix"],
+                    url_path_join(app.settings["page"].proxy_url, app.settings["base_url"]))
+    sender.start()
     await stop.wait()
+    await sender.stop()
     exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
     server.stop()
     if bridge is not None:
@@ -213,7 +232,7 @@ def main() -> None:
     recheck = PasswordRecheck(authenticator_from_env(), timeout=limits.hub_auth_timeout)
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,
                    jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page,
-                   recheck=recheck)
+                   recheck=recheck, notify=EmailNotifications(config=config))
     try:
         asyncio.run(serve(app, url.port or 80))
     finally:

@@ -1,7 +1,7 @@
 """The gpu-pool service's settings file: what the hub writes for it, from its final config.
 
 One file of traitlets config sections (poolpage/service_config.py reads it): the page's
-settings, its limits and, with jobs, the jobs' settings.  Registered by apply_settings after
+settings, its limits, the notification e-mail's settings and, with jobs, the jobs' settings.  Registered by apply_settings after
 every part of the service is configured; written by the hub once every config file is loaded.
 """
 
@@ -12,6 +12,7 @@ import json
 from traitlets import TraitError
 
 from ..hub_service import write_when_config_loaded
+from ..notify import EmailNotifications
 from ..poolpage.limits import PoolServiceLimits
 from ..poolpage.service_config import FILE_NAME, PoolPageSettings, config_values
 from .jobs import job_settings, spawner_profiles
@@ -22,7 +23,9 @@ def service_config(c, settings) -> dict:
     page = config_values(PoolPageSettings(config=c))
     if "profiles" not in c.PoolPageSettings:  # the spawner's own, from the final config
         page["profiles"] = spawner_profiles(c)
-    sections = {"PoolPageSettings": page, "PoolServiceLimits": config_values(PoolServiceLimits(config=c))}
+    sections = {"PoolPageSettings": page, "PoolServiceLimits": config_values(PoolServiceLimits(config=c)),
+                # the mails' settings (spawner/notify/); the SMTP password stays in its own file
+                "EmailNotifications": config_values(EmailNotifications(config=c))}
     if settings.jobs:
         sections["JobSettings"] = job_settings(c, settings).as_dict()
     if "SwarmInventory" in c:  # the nodes the service's jobs may lease from, as the hub's servers

@@ -41,6 +41,7 @@ CLASSES = [
     ("spawner.culling", "GPUIdleCuller"),
     ("spawner.poolpage.limits", "PoolServiceLimits"),
     ("spawner.poolpage.service_config", "PoolPageSettings"),
+    ("spawner.notify", "EmailNotifications"),
     ("spawner.ssh.settings", "SSHGateway"),
     ("spawner.ssh.spawner_access", "SSHAccess"),
     ("gpuhub_activity", "BusyKernelActivity"),

@@ -317,3 +317,15 @@ def test_a_spawn_queued_for_gpus_does_not_count_toward_the_start_limit(config):
         run(scenario())
     finally:
         admission._starting.clear()
+
+
+def test_a_spawn_records_the_directorys_mail_for_notifications_and_follows_its_removal(config):
+    from spawner.notify import directory
+
+    spawner = make(config, "alice")
+    run(spawner.run_auth_state_hook({"uid_number": 1000, "user_attributes": {"mail": ["alice@example.org"]}}))
+    assert directory.read(spawner.pool, "alice") == (None, "alice@example.org")
+    run(spawner.run_auth_state_hook({"uid_number": 1000, "user_attributes": {}}))  # the directory dropped it
+    assert directory.read(spawner.pool, "alice") == (None, None)
+    run(make(config, "bob").run_auth_state_hook(None))  # no directory attributes at all: nothing recorded
+    assert directory.read(spawner.pool, "bob") == (None, None)

@@ -21,7 +21,7 @@ from sqlalchemy import delete
 from ..fair_use import bookings, budget
 from ..history import queue_hours, rollup
 from . import serving_order
-from ..ledger import statements as sql
+from ..ledger import events, statements as sql
 from ..models import Lease, PoolError
 from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
 from ..ledger.schema import waiters_table
@@ -242,6 +242,8 @@ def attempt(
         leases.append(Lease(lease_id, req.user, server_name, host, tuple(uuids), req.groups, now,
                             notice=bookings.notice(later, now) if later else None))
     if waiter_id is not None:
+        if not req.server_name.startswith("job/"):  # a job's grant is told by its end (events.job_ended)
+            events.granted(store, conn, waiter_id, req.user, req.server_name, leases[0].host, req.total, now)
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
         queue_hours.close(store, conn, [{"wid": waiter_id, "now": now, "outcome": "served"}])
     return Outcome(tuple(leases), None, 0, free - req.total, total)

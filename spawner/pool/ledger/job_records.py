@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 
 from ..models import EndReason, iso
+from . import events
 from .schema import jobs_table
 from ..validation import storable_id
 
@@ -191,7 +192,11 @@ class JobLedger:
                 row[stamp] = self._store.now(conn)
             if conn.execute(stmt.values(**row)).rowcount == 0:
                 return None
-            return self._get(conn, job_id)
+            job = self._get(conn, job_id)
+            if (job is not None and values.get("state") not in (None, *ACTIVE_STATES) and expect is not None
+                    and set(expect) <= set(ACTIVE_STATES)):  # from active to ended: once
+                events.job_ended(self._store, conn, job)  # the end and its news in one transaction
+            return job
         return self._store.write(write)
 
     def log(self, job_id: int) -> str | None:

@@ -37,7 +37,9 @@ from ..models import PoolUnavailable
 # period holds, not the history), gpu_pool_bookings; 9: gpu_pool_readings.memory_used_mib
 # 10: gpu_pool_lent_hours (the pool's lent GPU-seconds per hour)
 # 11: gpu_pool_queued_hours (the queue's request-seconds per hour)
-SCHEMA_VERSION = 11
+# 12: gpu_pool_outbox (events to tell users, written with the fact they tell) and
+# gpu_pool_notify_users (each user's notification choices and directory address)
+SCHEMA_VERSION = 12
 NAME_MAX = 255
 
 
@@ -327,6 +329,43 @@ bookings_table = Table(
 )
 
 
+# Events to tell a user outside the tab (spawner/notify/ sends them), written in the transaction
+# of the fact they tell: a queued server granted its GPUs, a job ended.  One row per event and
+# channel; `state` pending -> sending (claimed by one sender) -> sent, or failed / expired /
+# skipped (the user chose not to get it) / unknown (the server may have taken it: never resent).
+outbox_table = Table(
+    "gpu_pool_outbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(NAME_MAX), nullable=False),
+    Column("event", String(32), nullable=False),  # granted, job-ended
+    Column("channel", String(16), nullable=False),  # email
+    Column("payload", Text, nullable=False),  # JSON: what the message says
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_at", UTCDateTime, nullable=False),  # not tried before (backoff)
+    Column("claimed_by", String(NAME_MAX)),  # host:pid of the sender holding it
+    Column("done_at", UTCDateTime),
+    Column("error", Text),  # the last failure, for operators (never a password)
+    Column("mail_id", String(NAME_MAX)),  # the message it went in (several: a digest); rate limits count these
+    Index("ix_gpu_pool_outbox_due", "state", "next_at"),
+    Index("ix_gpu_pool_outbox_user", "user_name", "done_at"),
+    sqlite_autoincrement=True,
+)
+
+# Each user's notification choices (JSON, spawner/notify/preferences.py; NULL: the defaults)
+# and the address the directory gave at their last login or spawn (NULL: none known).
+notify_users_table = Table(
+    "gpu_pool_notify_users",
+    metadata,
+    Column("user_name", String(NAME_MAX), primary_key=True),
+    Column("preferences", Text),
+    Column("address", String(NAME_MAX)),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+
+
 def _add_columns(conn, table: str, columns: dict[str, str]) -> None:
     """ALTER TABLE ADD COLUMN for those of `columns` the table lacks (create_all made new tables whole)."""
     have = {c["name"] for c in inspect(conn).get_columns(table)}
@@ -369,6 +408,7 @@ def create_schema(conn) -> int | None:
                               "FROM gpu_pool_usage_hours GROUP BY hour"))
         # 10 -> 11: gpu_pool_queued_hours, a new table: the caller fills it from the queue's
         # record in this transaction (queue_hours.backfill: the returned version says so).
+        # 11 -> 12: gpu_pool_outbox and gpu_pool_notify_users, new tables create_all has just made.
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

@@ -1,0 +1,125 @@
+"""Events as a mail: plain text and escaped HTML, one event or a digest of several.
+
+No header carries user input unfiltered: every header value passes `header_safe` (control
+characters, CR and LF among them, become spaces; its length is capped), and the mail library's
+own policy refuses a line break in a header besides.  In the HTML part every value is escaped.
+"""
+
+from __future__ import annotations
+
+import email.policy
+import html
+import re
+from dataclasses import dataclass
+from email.message import EmailMessage
+from email.utils import format_datetime, make_msgid
+from datetime import datetime, UTC
+
+from jupyterhub.utils import url_path_join
+
+from ..pool.ledger.events import GRANTED, JOB_ENDED
+from ..pool.ledger.outbox import Entry
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")
+HEADER_MAX = 200
+# CRLF line ends (smtplib sends bytes as they are); header lines up to RFC 5322's 998 characters,
+# so a long link in List-Unsubscribe stays a plain URL (body lines past it are quoted-printable).
+POLICY = email.policy.SMTP.clone(max_line_length=998)
+SUBJECT_PREFIX = "GPU hub"
+
+
+def header_safe(value: str, limit: int = HEADER_MAX) -> str:
+    """`value` on one line (control characters as spaces), at most `limit` characters."""
+    one = _CONTROL.sub(" ", str(value)).strip()
+    return one if len(one) <= limit else one[:limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Links:
+    hub: str  # the hub's public URL, with its base path ("https://hub.example.org/")
+    service: str  # the gpu-pool service's ("https://hub.example.org/services/gpu-pool/")
+    unsubscribe: dict[str, str]  # event -> its signed unsubscribe link
+
+
+def _hours(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], str | None]:
+    """(the event's one-line title, its facts as (label, value) rows, its link)."""
+    p = entry.payload
+    if entry.event == GRANTED:
+        server = p.get("server_name") or ""
+        path = url_path_join(links.hub, "hub", "spawn-pending", entry.user, server) if server else \
+            url_path_join(links.hub, "hub", "spawn-pending", entry.user)
+        title = f"Your GPU{'s are' if int(p.get('gpus') or 1) > 1 else ' is'} granted: your server {server or '(default)'} is starting"
+        rows = [("Server", server or "(default)"), ("GPUs", str(p.get("gpus"))), ("Host", str(p.get("host"))),
+                ("Waited in the queue", _hours(float(p.get("waited_s") or 0)))]
+        return title, rows, path
+    if entry.event == JOB_ENDED:
+        job = p.get("job_id")
+        state = str(p.get("state"))
+        title = f"Your job {job} ended: {state}"
+        rows = [("Job", str(job)), ("State", state),
+                ("Exit code", "none" if p.get("exit_code") is None else str(p.get("exit_code"))),
+                ("Ran for", _hours(float(p.get("ran_s") or 0))), ("GPU-hours", f"{float(p.get('gpu_hours') or 0):.3f}"),
+                ("Command", str(p.get("command") or ""))]
+        if p.get("message"):
+            rows.append(("Why", str(p["message"])))
+        return title, rows, url_path_join(links.service, "jobs", str(job))
+    return f"{entry.event}", [], None
+
+
+def compose(entries: list[Entry], to: str, sender: str, links: Links, domain: str = "gpu-hub.invalid") -> EmailMessage:
+    """One mail to `to` telling `entries` (one user's): a digest when there are several."""
+    parts = [describe(e, links) for e in entries]
+    if len(parts) == 1:
+        subject = f"{SUBJECT_PREFIX}: {parts[0][0]}"
+    else:
+        subject = f"{SUBJECT_PREFIX}: {len(parts)} updates about your GPUs and jobs"
+    events = sorted({e.event for e in entries})
+    text_lines: list[str] = []
+    html_parts: list[str] = []
+    if len(parts) > 1:
+        text_lines += [f"{len(parts)} things happened since the last mail (sent together: at most a few mails an hour).", ""]
+        html_parts.append(f"<p>{len(parts)} things happened since the last mail (sent together: at most a few mails "
+                          "an hour).</p>")
+    for title, rows, link in parts:
+        text_lines.append(title)
+        text_lines += [f"  {label}: {value}" for label, value in rows]
+        if link:
+            text_lines.append(f"  {link}")
+        text_lines.append("")
+        cells = "".join(f"<tr><th align=\"left\">{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
+                        for label, value in rows)
+        link_html = f'<p><a href="{html.escape(link, quote=True)}">{html.escape(link)}</a></p>' if link else ""
+        html_parts.append(f"<h3>{html.escape(title)}</h3><table>{cells}</table>{link_html}")
+    unsubscribe = [links.unsubscribe[e] for e in events if e in links.unsubscribe]
+    text_lines.append("You get this mail because of your notification choices at "
+                      f"{url_path_join(links.service, 'api', 'notifications')}.")
+    for event in events:
+        if event in links.unsubscribe:
+            text_lines.append(f"Stop mails about {event}: {links.unsubscribe[event]}")
+    html_parts.append("<p><small>" + " · ".join(
+        f'<a href="{html.escape(links.unsubscribe[e], quote=True)}">Stop mails about {html.escape(e)}</a>'
+        for e in events if e in links.unsubscribe) + "</small></p>")
+
+    msg = EmailMessage(policy=POLICY)
+    msg["Subject"] = header_safe(subject)
+    msg["From"] = header_safe(sender, 320)
+    msg["To"] = header_safe(to, 320)
+    msg["Date"] = format_datetime(datetime.now(UTC))
+    msg["Message-ID"] = make_msgid("gpu-notify", domain=domain)
+    msg["Auto-Submitted"] = "auto-generated"
+    if unsubscribe:
+        # RFC 8058: the mail client's one-click button POSTs to the first link.
+        msg["List-Unsubscribe"] = ", ".join(f"<{header_safe(u, 2000)}>" for u in unsubscribe)
+        msg["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
+    msg.set_content("\n".join(text_lines))
+    msg.add_alternative("<!DOCTYPE html><html><body>" + "".join(html_parts) + "</body></html>", subtype="html")
+    return msg

@@ -1,0 +1,39 @@
+"""The facts the ledger tells users about (spawner/notify/ sends them), each written to the outbox
+in the transaction that records it.
+
+- `granted`: a request that waited in the queue got its GPUs (its server starts now).  Only
+  notebook servers: a job's grant is told by its end.
+- `job_ended`: a batch job reached an end state (its exit code, GPU-hours, how long it ran).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+
+from . import outbox
+from .schema import waiters_table
+
+GRANTED, JOB_ENDED = "granted", "job-ended"
+EVENTS = (GRANTED, JOB_ENDED)
+
+
+def granted(store, conn, waiter_id: int, user: str, server_name: str, host: str, gpus: int, now: datetime) -> None:
+    """Call before the queue row `waiter_id` is deleted (its enqueued_at says how long it waited)."""
+    enqueued = conn.execute(select(waiters_table.c.enqueued_at).where(waiters_table.c.id == waiter_id)).scalar()
+    waited = max(0.0, (now - enqueued).total_seconds()) if enqueued is not None else 0.0
+    outbox.enqueue(store, conn, user, GRANTED, {
+        "server_name": server_name, "host": host, "gpus": gpus, "waited_s": round(waited, 1),
+        "granted_at": now.isoformat()})
+
+
+def job_ended(store, conn, job) -> None:
+    """`job`: the ended Job (job_records.Job), as just written."""
+    ran = (job.ended_at - job.started_at).total_seconds() if job.started_at and job.ended_at else 0.0
+    gpus = sum(len(u.get("gpus") or ()) for u in job.units) if job.units else len(job.gpu_uuids)
+    outbox.enqueue(store, conn, job.user, JOB_ENDED, {
+        "job_id": job.id, "state": job.public_state, "exit_code": job.exit_code,
+        "message": (job.message or "")[:2000], "command": " ".join(job.command)[:2000],
+        "ran_s": round(max(0.0, ran), 1), "gpu_hours": round(gpus * max(0.0, ran) / 3600, 3),
+        "ended_at": job.ended_at.isoformat() if job.ended_at else None})
