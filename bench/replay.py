@@ -12,7 +12,9 @@ bookings, the budgets and the gang leases are the pool's own code.  The containe
 at the lowest layer: a server or a job holds its lease(s) for its trace time and is busy or idle
 as the trace says.  The idle culler's decisions are GPUCullPolicy.decide's (culling/policy.py,
 with deadline.idle_rule), at the culler's own pace (`cull_every`), fed the activity the hub would
-have seen (the servers report it every `activity_interval`).
+have seen: the servers report it every `activity_interval`, and under the product's policy work
+that follows a quiet spell longer than `quiet_after` (a third of the shortest idle limit) is known
+at once (the images' gpuhub_activity extension posts it to the hub as it starts).
 
 Waiting: `acquire()`'s wait runs on the event loop's clock (its timeout, heartbeats and polls),
 which cannot run virtually.  The replay makes the same ledger calls the wait makes, at each
@@ -67,7 +69,7 @@ from spawner.culling.policy import GPUCullPolicy, LedgerBookings, LedgerBudgets,
 from spawner.inventory.machine import StaticInventory  # noqa: E402
 from spawner.pool import GPUPool, PoolError  # noqa: E402
 from spawner.pool import validation  # noqa: E402
-from spawner.settings.culler import activity_interval, rules_from_settings  # noqa: E402
+from spawner.settings.culler import activity_interval, quiet_after, rules_from_settings  # noqa: E402
 from spawner.settings.hub import Settings  # noqa: E402
 from spawner.jobs.settings import JobSettings  # noqa: E402
 
@@ -87,6 +89,8 @@ class Policy:
     rules: CullRules | None  # None: no culler
     cull_every: float = 60.0
     activity_interval: float = 300.0
+    # Work after a quiet spell longer than this reaches the hub at once; None: only at reports.
+    quiet_after: float | None = None
     contention: bool = False  # the contended timeout reads the ledger's queue
     bookings: bool = False
     budgets: bool = False
@@ -103,7 +107,7 @@ def policies(product_pool: dict | None = None, product_hub: dict | None = None) 
         Policy("fifo", vanilla, None),
         Policy("fifo+cull1h", vanilla, CullRules(3600, 3600), cull_every=600, activity_interval=300),
         Policy("product", dict(product_pool or {}), rules_from_settings(product), cull_every=product.cull_every,
-               activity_interval=activity_interval(product), contention=True, bookings=True, budgets=True),
+               activity_interval=activity_interval(product), quiet_after=quiet_after(product), contention=True, bookings=True, budgets=True),
     ]
 
 
@@ -398,16 +402,21 @@ class Replay:
     # --- the culler ---------------------------------------------------------------------------------
 
     def hub_last_activity(self, run: Run, t: float) -> float:
-        """The last activity the hub knows of at `t`: reported every activity_interval from the start."""
+        """The last activity the hub knows of at `t`: reported every activity_interval from the start,
+        and a busy phase's start at once when it follows more than `quiet_after` of quiet (the
+        server's start counts as activity, as jupyter-server's `started` does)."""
         s = run.started or 0.0
         interval = self.policy.activity_interval
+        quiet = self.policy.quiet_after
         report = s + math.floor((t - s) / interval) * interval
-        if report <= s:
-            return s
         last = s
+        previous = 0.0  # the server's own last activity before each phase, relative to its start
         for a, b in run.busy:
             if s + a <= report:
                 last = max(last, min(s + b, report))
+            if quiet is not None and a - previous > quiet and s + a <= t:
+                last = max(last, s + a)  # posted at once
+            previous = max(previous, b)
         return last
 
     def _used_seconds(self, user: str, t: float) -> float:

@@ -73,6 +73,9 @@ SERVICE_NAME = "idle-culler"
 BUSY_ACTIVITY_SETTING = "gpuhub_busy_kernels_last_activity"
 # The container environment variable that turns the extension off.
 BUSY_SWITCH_ENV = "GPUHUB_BUSY_KERNELS_ACTIVITY"
+# The container environment variable with the quiet spell (seconds) after which the images'
+# extension posts new activity to the hub at once, not at its next periodic report.
+QUIET_ENV = "GPUHUB_ACTIVITY_QUIET_AFTER"
 
 # ------------------------------------------------------------ the culler app
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ..culling.culler import BUSY_SWITCH_ENV, SERVICE_NAME
+from ..culling.culler import BUSY_SWITCH_ENV, QUIET_ENV, SERVICE_NAME
 from ..culling.deadline import CullRules
 from ..profiles import load_profiles
 from ..hub_service import without_named
@@ -46,6 +46,17 @@ def activity_interval(settings) -> int:
         return configured
     shortest = int(rules_from_settings(settings).shortest)  # the contended and profiles' limits too
     return max(1, min(300, shortest // 3))
+
+
+def quiet_after(settings) -> int:
+    """Seconds of quiet after which a server posts its next activity to the hub at once.
+
+    Work that starts again after a quiet spell would otherwise reach the hub only at the
+    next periodic report, up to `activity_interval` later, and a cull pass in between stops
+    a busy server.  A third of the shortest idle limit: a server quiet for less is still far
+    from any deadline, so continuous work adds no requests.
+    """
+    return max(1, int(rules_from_settings(settings).shortest) // 3)
 
 
 def culler_command(settings, python: str | None = None) -> list[str]:
@@ -97,11 +108,16 @@ def configure_culler(c, settings) -> None:
     }]
 
     interval = activity_interval(settings)
+    quiet = quiet_after(settings)
     # The hub drops activity reports closer than activity_resolution to the
-    # last one; keep it finer than the reports, or busy kernels stop counting.
-    section.activity_resolution = max(1, min(30, interval))
+    # last one; keep it finer than the reports, or busy kernels stop counting,
+    # and than the quiet spell, or the post that ends one is dropped.
+    section.activity_resolution = max(1, min(30, interval, quiet))
     keep_busy = getattr(settings, "cull_keep_busy", "extension")
     env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
+           # Read by the images' gpuhub_activity extension: work after a quiet spell this
+           # long reaches the hub at once.
+           QUIET_ENV: str(quiet),
            # Read by the images' gpuhub_activity extension.
            BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
     c.GPUDockerSpawner.environment.update(env)

@@ -45,6 +45,7 @@ CLASSES = [
     ("spawner.ssh.settings", "SSHGateway"),
     ("spawner.ssh.spawner_access", "SSHAccess"),
     ("gpuhub_activity", "BusyKernelActivity"),
+    ("gpuhub_activity", "QuietSpellReport"),
     ("gpuhub_activity.lab", "LabStatus"),
 ]
 

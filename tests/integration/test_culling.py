@@ -273,3 +273,35 @@ def test_an_idle_gpu_server_is_culled_sooner_while_someone_waits_and_the_deadlin
     assert lease.end_reason == "culled"
     bob = wait_for(lambda: leases_of(hub, "bob"), 60, "bob got no lease", hub)
     assert list(bob[0].gpu_uuids) == list(lease.gpu_uuids)
+
+
+def test_work_after_a_quiet_spell_reaches_the_hub_at_once_and_is_not_culled(make_hub):
+    # A server tells the hub of its activity in periodic reports; work that starts after a
+    # quiet spell, shortly before a cull pass, would reach the hub too late and the culler
+    # would stop a busy server.  The servers' reports come every 120 s here (far later than
+    # the 45 s GPU limit allows), so only the immediate post that follows a quiet spell (over
+    # a third of the shortest limit, 15 s) can reach the hub in time.
+    limit = 45
+    hub = culling_hub(make_hub, GPUHUB_CULL_TIMEOUT_GPU=limit, GPUHUB_ACTIVITY_INTERVAL=120)
+    hub.create_user("alice")
+    token = hub.user_token("alice")
+    hub.start_server("alice", {"profile": "tf-gpu-1"})
+
+    # Alice leaves her server quiet for longer than the threshold ...
+    wait_for(lambda: inactive_for(hub, "alice") > limit / 3 + 5, 60, "alice's server to sit quiet", hub)
+    culled_at = time.time() + limit - inactive_for(hub, "alice")  # by the hub's last_activity
+    # ... then starts a long cell, well before the hub's idle deadline.
+    kernel = Kernel(hub, "alice", token)
+    kernel.execute_and_leave("import time; time.sleep(600)")
+    assert time.time() < culled_at - 5
+    # The hub hears of it within seconds, not at the next report (two minutes away).
+    wait_for(lambda: inactive_for(hub, "alice") < 8, 10, "the hub hearing of alice's work at once", hub)
+
+    # Past the old deadline, and a few cull passes after it: her busy server runs on.
+    wait_for(lambda: time.time() > culled_at + 2, limit, "the old idle deadline to pass", hub)
+    hub.wait_cull_rounds(2)
+    alice = hub.server_model("alice")
+    assert alice is not None and alice["ready"], hub.log_tail(80)
+    (lease,) = leases_of(hub, "alice")
+    assert lease.active
+    assert kernel.model()["execution_state"] == "busy"

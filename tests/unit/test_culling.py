@@ -304,6 +304,20 @@ def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
     assert c.JupyterHub.activity_resolution == 2
 
 
+def test_servers_post_work_after_a_third_of_the_shortest_timeout_of_quiet_and_the_hub_keeps_it():
+    c = Config()
+    configure_culler(c, settings())
+    env = c.GPUDockerSpawner.environment.to_dict()["update"]
+    # the contended timeout (300 s by default) is the shortest
+    assert env["GPUHUB_ACTIVITY_QUIET_AFTER"] == "100" == env["JUPYTERHUB_ACTIVITY_INTERVAL"]
+    # Reports configured rarer than that: the hub's resolution stays finer than the quiet spell,
+    # or it would drop the post that ends one.
+    c = Config()
+    configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="45", GPUHUB_ACTIVITY_INTERVAL="120"))
+    assert c.GPUDockerSpawner.environment.to_dict()["update"]["GPUHUB_ACTIVITY_QUIET_AFTER"] == "15"
+    assert c.JupyterHub.activity_resolution == 15
+
+
 def test_busy_kernels_count_through_the_images_extension_and_the_image_keeps_its_command():
     for value in ("", "true", "extension"):
         c = Config()

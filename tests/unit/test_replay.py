@@ -105,3 +105,24 @@ def test_a_user_whose_server_was_culled_comes_back_for_the_rest_of_the_work():
     assert m.lent_gpu_hours == pytest.approx((2400 + 1000) / 3600)
     assert m.busy_gpu_hours == pytest.approx(1200 / 3600)
     assert sorted(m.interactive_waits) == [0, 0]
+
+
+def test_work_after_a_quiet_spell_is_known_to_the_hub_at_once_and_not_culled():
+    """Started at 100, busy 100-700 and 2850-3450, kept until 3700; reports every 300 s from 100.
+    The 3000 pass: the last report (2800) came before the work started again (2850), so the hub
+    knows only 700, 2300 s ago (over the 1800 s limit): culled while busy.  With the immediate
+    post after a quiet spell (2150 s, over 600 s) the hub knows 2850: not culled."""
+    trace = wl.Trace(hosts=1, gpus_per_host=1, users=["alice"], heavy=set(), groups={"alice": ()},
+                     requests=[request(0, "session", "alice", 100, 1, ((0, 600), (2750, 3350)), 3600)],
+                     horizon=2 * 3600.0)
+    m = R.replay(trace, POLICY)
+    assert (m.busy_culled, m.idle_culled) == (1, 0)
+    m = R.replay(trace, R.replace(POLICY, quiet_after=600))
+    assert (m.busy_culled, m.idle_culled) == (0, 0)
+    assert m.lent_gpu_hours == pytest.approx(1)
+
+
+def test_the_products_policy_posts_after_a_third_of_the_shortest_limit():
+    (product,) = [p for p in R.policies() if p.name == "product"]
+    assert product.quiet_after == product.rules.shortest // 3
+    assert all(p.quiet_after is None for p in R.policies() if p.name != "product")

@@ -1,7 +1,8 @@
 """gpuhub_activity: a jupyter-server extension that counts a working kernel as activity,
-serves the in-lab GPU status (lab.py: GET gpuhub/status, POST gpuhub/keep), tells the
-open tabs why the server stops when its lease was ended (notice.py), and has JupyterHub's
-HTTP client find the hub at its current address (hub_dns.py).
+posts the activity that ends a quiet spell to the hub at once, serves the in-lab GPU
+status (lab.py: GET gpuhub/status, POST gpuhub/keep), tells the open tabs why the server
+stops when its lease was ended (notice.py), and has JupyterHub's HTTP client find the hub
+at its current address (hub_dns.py).
 
 Installed and enabled in GPU JupyterHub's notebook images
 (etc/jupyter/jupyter_server_config.d/gpuhub.json), so the image's own start
@@ -28,7 +29,19 @@ websocket connections (a subclass of the configured connection class), so a
 prompt left open in a closed browser tab still counts as waiting.
 
 Setting the environment variable GPUHUB_BUSY_KERNELS_ACTIVITY=0 (the hub does
-so with GPUHUB_CULL_KEEP_BUSY=false) turns the extension off.
+so with GPUHUB_CULL_KEEP_BUSY=false) turns the counting of busy kernels off.
+
+The hub hears of a server's activity only at jupyterhub-singleuser's periodic
+reports (every JUPYTERHUB_ACTIVITY_INTERVAL seconds): work that starts again
+after a quiet spell, shortly before a cull pass, would reach the hub too late,
+and the culler would stop a busy server.  `QuietSpellReport` closes that
+window: when the server's activity (jupyter-server's own `last_activity()`:
+API requests, kernel messages, terminals, the busy kernels above) follows a
+quiet spell longer than GPUHUB_ACTIVITY_QUIET_AFTER seconds (the hub passes a
+third of its shortest idle limit), it posts that activity to the hub at once
+through the hub's public activity API, with the server's own token, as
+jupyterhub-singleuser does.  One post per quiet spell: continuous work adds
+no requests.
 """
 
 from __future__ import annotations
@@ -221,11 +234,114 @@ class BusyKernelActivity(LoggingConfigurable):
                       "kernels waiting for input or stopped in the debugger do not)", self.interval)
 
 
+QUIET_ENV = "GPUHUB_ACTIVITY_QUIET_AFTER"
+POST_TIMEOUT = 10.0
+
+
+def _isoformat(when: datetime) -> str:
+    return when.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class QuietSpellReport(LoggingConfigurable):
+    """Posts the server's activity to the hub at once when it follows a quiet spell."""
+
+    quiet_after = Float(
+        help="Seconds without activity after which the next activity is posted to the hub at "
+        "once, not at jupyterhub-singleuser's next periodic report (in the notebook server's "
+        "jupyter_server_config, or the container's environment variable "
+        "GPUHUB_ACTIVITY_QUIET_AFTER, which the hub sets to a third of its shortest idle "
+        "limit).  0, the default without that variable, turns the immediate post off.",
+    ).tag(config=True)
+
+    @default("quiet_after")
+    def _default_quiet_after(self):
+        try:
+            return max(0.0, float(os.environ.get(QUIET_ENV, "0")))
+        except ValueError:
+            return 0.0
+
+    interval = Float(
+        1.0,
+        help="Seconds between looks at the server's last activity (in the notebook server's "
+        "jupyter_server_config): work after a quiet spell reaches the hub at most this much "
+        "later.  A look reads only jupyter-server's own activity timestamps.",
+    ).tag(config=True)
+
+    def __init__(self, serverapp, **kwargs):
+        super().__init__(parent=serverapp, **kwargs)
+        self.serverapp = serverapp
+        # Set by the hub in every server it spawns, as jupyterhub-singleuser reads them.
+        self.url = os.environ.get("JUPYTERHUB_ACTIVITY_URL", "")
+        self.token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        self.server_name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        self._seen: datetime | None = None
+        self._posting = False
+        self._callback = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.quiet_after > 0 and self.url and self.token)
+
+    def check(self) -> None:
+        """One look: the server's last activity, posted if it ends a quiet spell."""
+        try:
+            last = self.serverapp.web_app.last_activity()
+        except Exception:
+            self.log.debug("gpuhub_activity: cannot read the server's last activity", exc_info=True)
+            return
+        seen, self._seen = self._seen, max(last, self._seen) if self._seen else last
+        if seen is None or last <= seen:
+            return
+        if (last - seen).total_seconds() > self.quiet_after and not self._posting:
+            self._posting = True
+            self._send(last, (last - seen).total_seconds())
+
+    def _send(self, when: datetime, quiet: float) -> None:
+        from tornado.ioloop import IOLoop
+
+        IOLoop.current().add_callback(self.post, when, quiet)
+
+    async def post(self, when: datetime, quiet: float) -> bool:
+        """POST the activity to the hub; a failure is logged, never raised."""
+        from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+        stamp = _isoformat(when)
+        body = {"last_activity": stamp, "servers": {self.server_name: {"last_activity": stamp}}}
+        request = HTTPRequest(self.url, method="POST", body=json.dumps(body),
+                              headers={"Authorization": f"token {self.token}",
+                                       "Content-Type": "application/json"},
+                              request_timeout=POST_TIMEOUT, connect_timeout=POST_TIMEOUT)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except Exception as exc:
+            self.log.warning("gpuhub_activity: the hub did not take the activity after a quiet spell: %s", exc)
+            return False
+        finally:
+            self._posting = False
+        if response.code >= 400:
+            self.log.warning("gpuhub_activity: the hub did not take the activity after a quiet spell (%s)",
+                             response.code)
+            return False
+        self.log.info("gpuhub_activity: activity after %.0f s of quiet posted to the hub at once", quiet)
+        return True
+
+    def start(self) -> None:
+        from tornado.ioloop import PeriodicCallback
+
+        self._callback = PeriodicCallback(self.check, self.interval * 1000)
+        self._callback.start()
+        self.log.info("gpuhub_activity: activity after %g s of quiet reaches the hub at once", self.quiet_after)
+
+
 def _load_jupyter_server_extension(serverapp):
     from . import hub_dns, lab
 
     hub_dns.use_system_resolver(serverapp.log)  # the hub found at its current address (hub_dns.py)
     lab.load(serverapp)  # the in-lab status, whether busy kernels count or not
+    quiet = QuietSpellReport(serverapp)  # whether busy kernels count or not
+    if quiet.enabled:
+        quiet.start()
+        serverapp.web_app.settings["gpuhub_quiet_spell_report"] = quiet
     activity = BusyKernelActivity(serverapp)
     if not activity.enabled:
         serverapp.log.info("gpuhub_activity: off (%s)", ENV_SWITCH)
