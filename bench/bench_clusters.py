@@ -29,9 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import environment, median, percentile  # noqa: E402
 from bench.bench_jobs import jobs_api, started_at, wait_job  # noqa: E402
-
+from bench.common import environment, median, percentile  # noqa: E402
 
 # --- 1. POST -> all workers running ------------------------------------------------------
 

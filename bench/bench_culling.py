@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import environment, percentile  # noqa: E402
-from spawner.pool import GPUPool  # noqa: E402
 from devservices.hub import Hub, cleanup_hub, prepare_hub  # noqa: E402
+from spawner.pool import GPUPool  # noqa: E402
 
 CULL_LINE = re.compile(r"\[I (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) GPUIdleCuller \S+\] Culling server (\S+) ")
 

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import requests
@@ -86,12 +86,12 @@ def image_size_gb(ref: str) -> float:
 def docker_time(value: str) -> float:
     """Docker's RFC 3339 nanosecond timestamps as epoch seconds."""
     head, _, frac = value.rstrip("Z").partition(".")
-    stamp = datetime.fromisoformat(head).replace(tzinfo=timezone.utc).timestamp()
+    stamp = datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp()
     return stamp + (float("0." + frac) if frac else 0.0)
 
 
 def epoch(dt: datetime) -> float:
-    return (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
 
 
 class ServerWatcher(threading.Thread):

@@ -17,6 +17,7 @@ ratio (goal: within 1.1x).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -125,10 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(abs(t))
     finally:
         for container, _ in labs.values():
-            try:
+            with contextlib.suppress(Exception):
                 container.kill()
-            except Exception:
-                pass
     base = statistics.median(times["without"])
     print(f"\nJupyterLab load (page load to idle), {args.runs} loads each, interleaved, image {image}")
     print(f"{'':<18}{'median s':>10}{'min s':>8}{'max s':>8}{'ratio':>8}")

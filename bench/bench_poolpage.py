@@ -32,12 +32,12 @@ import requests  # noqa: E402
 from sqlalchemy import insert, update  # noqa: E402
 
 from bench.common import median, percentile  # noqa: E402
+from devservices.ports import free_port  # noqa: E402
 from spawner.inventory import SimulatedInventory  # noqa: E402
 from spawner.pool import GPUPool  # noqa: E402
 from spawner.pool.ledger.schema import audit_table, lease_gpus_table, leases_table, queue_log_table  # noqa: E402
 from spawner.poolpage import ADMIN_SCOPE, app  # noqa: E402
 from spawner.poolpage.handlers import base as handlers  # noqa: E402
-from devservices.ports import free_port  # noqa: E402
 
 REQUESTS = [("page", ""), ("page, 30 days", "?period=30d"), ("api/usage", "api/usage"),
             ("api/occupancy", "api/occupancy"), ("api/occupancy.csv, 30 days", "api/occupancy.csv?period=30d")]

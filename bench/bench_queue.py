@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import median, percentile  # noqa: E402
 from spawner.inventory import SimulatedInventory  # noqa: E402
-from spawner.pool.ledger.off_loop import ledger_call  # noqa: E402
 from spawner.pool import GPUPool  # noqa: E402
+from spawner.pool.ledger.off_loop import ledger_call  # noqa: E402
 
 
 async def spawns(pool: GPUPool, n: int) -> list[float]:

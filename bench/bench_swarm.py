@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import alternate_spawns, environment, print_storm, spawn_bench_arguments, storm_user  # noqa: E402
-from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa: E402
 from devservices.postgres import start_postgres  # noqa: E402
+from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa: E402
 from devservices.swarm_hub import cleanup_swarm_hub, prepare_swarm_hub  # noqa: E402
 from devservices.tcp_proxy import BlackholeProxy  # noqa: E402
 

@@ -31,8 +31,6 @@ from devservices.swarm import _docker0_gateway, start_swarm, stop_swarm  # noqa:
 from devservices.swarm_hub import cleanup_swarm_hub, prepare_swarm_hub, profiles_config  # noqa: E402
 from devservices.tcp_proxy import BlackholeProxy  # noqa: E402
 
-
-
 SCRIPT = "echo ran as $(id -u); cat /proc/loadavg"
 ADMIN = {"GPUHUB_ADMIN_USERS": "ada", "GPUHUB_POOL_EXEC_USERS": "ada", "GPUHUB_POOL_PAGE": "true"}
 

@@ -55,9 +55,10 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import Any
 
 from traitlets import TraitType
 
@@ -67,11 +68,14 @@ from bench import replay_workload as wl  # noqa: E402
 from spawner.culling.deadline import CullRules  # noqa: E402
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings, LedgerBudgets, LedgerContention  # noqa: E402
 from spawner.inventory.machine import StaticInventory  # noqa: E402
-from spawner.pool import GPUPool, PoolError  # noqa: E402
-from spawner.pool import validation  # noqa: E402
+from spawner.jobs.settings import JobSettings  # noqa: E402
+from spawner.pool import (  # noqa: E402
+    GPUPool,
+    PoolError,
+    validation,  # noqa: E402
+)
 from spawner.settings.culler import activity_interval, quiet_after, rules_from_settings  # noqa: E402
 from spawner.settings.hub import Settings  # noqa: E402
-from spawner.jobs.settings import JobSettings  # noqa: E402
 
 # What the ledger records as each run's end.
 END_REASONS = {("session", "stopped"): "stopped", ("session", "culled"): "culled", ("session", "budget"): "budget",

@@ -32,6 +32,7 @@ Ctrl-C (or SIGTERM) stops what it started, and only that, by pid: the hub
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -200,7 +201,7 @@ class Demo:
     def start_directory(self) -> dict[str, str]:
         """Start the seeded OpenLDAP; return the GPUHUB_DIRECTORY_* settings for it."""
         ldap_dir = self.dir / "openldap"
-        log = open(self.dir / "openldap.log", "ab")
+        log = open(self.dir / "openldap.log", "ab")  # noqa: SIM115 (the directory writes to it until the demo ends)
         # Own session: Ctrl-C reaches only this script, which stops the
         # directory after the hub (whose logins need it until the end).
         self.ldap = subprocess.Popen(
@@ -288,7 +289,7 @@ class Demo:
 
     def start_hub(self, env: dict[str, str]) -> None:
         log_path = self.dir / "hub.log"
-        log = open(log_path, "ab")
+        log = open(log_path, "ab")  # noqa: SIM115 (the hub writes to it until the demo ends)
         self.hub = subprocess.Popen(
             [*self.launcher, PY, "-m", "jupyterhub", "-f", str(self.write_config())],
             cwd=self.hub_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -321,7 +322,7 @@ class Demo:
                 for u in seed.users_for("openldap").values()]
         widths = [max(len(r[i]) for r in rows + [("login", "password", "groups", "role")])
                   for i in range(4)]
-        line = "  ".join("{:<%d}" % w for w in widths)
+        line = "  ".join(f"{{:<{w}}}" for w in widths)
         gpu_text = (f"{gpus} NVIDIA GPU(s) found by NVML" if gpus
                     else f"{SIMULATED_GPUS} simulated GPUs (no NVIDIA GPU found here)")
         print()
@@ -404,10 +405,8 @@ class Demo:
         for pid, started in sorted(self.hub_children):
             if _start_time(pid) == started:
                 say(f"stopping what the hub left running (pid {pid})")
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         (self.hub_dir / "jupyterhub-proxy.pid").unlink(missing_ok=True)
 
     def run(self) -> int:

@@ -31,7 +31,7 @@ ARTIFACTS = REPO / "test-artifacts"
 DUMMY_PASSWORD = "test-password-not-secret"
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str | None = None, hub: "Hub | None" = None,
+def wait_for(predicate, timeout: float = 30.0, what: str | None = None, hub: Hub | None = None,
              interval: float = 0.3):
     """devservices.waiting.until, with the hub's log tail in the message when it times out."""
     return until(predicate, timeout, what, interval, explain=(lambda: hub.log_tail(80)) if hub else None)
@@ -98,8 +98,8 @@ class Hub:
         return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, **kwargs)
 
     # -- process control -------------------------------------------------
-    def start(self, timeout: float = 90) -> "Hub":
-        log = open(self.log_path, "ab")
+    def start(self, timeout: float = 90) -> Hub:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop(), with the hub)
         self._log_files.append(log)
         self.process = subprocess.Popen(
             [*self.launcher, sys.executable, "-m", "jupyterhub", "-f", str(self.config_file), "--debug"],
@@ -137,10 +137,8 @@ class Hub:
     def _stop_proxy(self) -> None:
         pid_file = self.directory / "jupyterhub-proxy.pid"
         if pid_file.exists():
-            try:
+            with contextlib.suppress(ValueError, ProcessLookupError, PermissionError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-            except (ValueError, ProcessLookupError, PermissionError):
-                pass
 
     def log_tail(self, lines: int = 60) -> str:
         try:

@@ -13,7 +13,6 @@ import uuid
 
 import requests
 
-
 V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 
 

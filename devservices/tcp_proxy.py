@@ -8,9 +8,9 @@ network path or a frozen server looks like to its clients.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-
 
 
 class BlackholeProxy:
@@ -39,10 +39,8 @@ class BlackholeProxy:
         self._listener.close()
         with self._lock:
             for s in self._sockets:
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:
-                    pass
 
     def _keep(self, s: socket.socket) -> None:
         with self._lock:

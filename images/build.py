@@ -217,7 +217,7 @@ def wheel_labels(wheelhouse: Path) -> dict[str, str]:
         needed = [_major_minor(str(info["cuda_version"]))]
         for runtime in wheelhouse.glob("nvidia_cuda_runtime_cu*-*.whl"):
             needed.append(_major_minor(runtime.name.split("-")[1]))
-        labels["CUDA_VERSION"] = "%d.%d" % max(needed)
+        labels["CUDA_VERSION"] = "{}.{}".format(*max(needed))
     return labels
 
 

@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from traitlets import Int, TraitError, Unicode, validate
 from traitlets.config import Configurable

@@ -21,11 +21,10 @@ import io
 import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
 
 import docker.errors
 from tornado import web
-
-from typing import Any, Protocol
 
 from .containers import ContainerLimits
 from .labels import LABEL_HOME_OWNER, LABEL_USER

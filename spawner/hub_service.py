@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 # How long a service may take from its stop (SIGINT, SIGTERM) to its exit: what is still
 # running then (a Docker or ledger call waiting on its own timeout, up to a minute) is left.
 EXIT_GRACE_SECONDS = 5.0

@@ -11,8 +11,9 @@ shows the counts read at the previous scrape or lease change, at most
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -48,10 +49,8 @@ class PoolCollector:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            try:
+            with contextlib.suppress(Exception):
                 self._store(self._counts())
-            except Exception:
-                pass
             return
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = loop.create_task(self._refresh())
@@ -59,10 +58,9 @@ class PoolCollector:
     async def _refresh(self) -> None:
         from .pool.ledger.off_loop import ledger_call
 
-        try:
+        # An unreachable ledger: the samples go stale and then disappear.
+        with contextlib.suppress(Exception):
             self._store(await ledger_call(self._counts, timeout=10.0))
-        except Exception:
-            pass  # an unreachable ledger: the samples go stale and then disappear
 
     def _store(self, counts: dict) -> None:
         self._latest, self._read_at = counts, time.monotonic()

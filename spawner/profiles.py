@@ -8,8 +8,9 @@ user's own).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from tornado import web
 
@@ -74,7 +75,7 @@ class Profile:
         return not self.groups or bool(set(self.groups) & set(user_groups))
 
     @classmethod
-    def from_config(cls, raw: dict[str, Any]) -> "Profile":
+    def from_config(cls, raw: dict[str, Any]) -> Profile:
         if not isinstance(raw, dict):
             raise ProfileConfigError(f"a profile must be a dict, not {type(raw).__name__}")
         unknown = set(raw) - _FIELDS

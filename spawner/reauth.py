@@ -114,7 +114,7 @@ class PasswordRecheck:
         try:
             model = await asyncio.wait_for(maybe_future(self.authenticator.get_authenticated_user(
                 None, {"username": name, "password": password})), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("The password re-check of %s did not finish in %g s", name[:64], self.timeout)
             raise web.HTTPError(503, MSG_HUB_SLOW) from None
         except web.HTTPError as refusal:  # a locked or blocked account: the authenticator says why

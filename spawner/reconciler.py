@@ -9,8 +9,8 @@ judges one host's containers, spawner/swarm/reconcile.py every node's tasks).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable

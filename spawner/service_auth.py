@@ -40,7 +40,7 @@ class AsksTheHubFirst(_Handler):
         timeout = self.hub_auth_timeout()
         try:
             await asyncio.wait_for(self.hub_auth.get_user(self, sync=False), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("The hub did not identify a %s %s request within %g s", self.request.method,
                         self.request.path, timeout)
             raise web.HTTPError(503, f"The hub did not confirm who you are within {timeout:g} s; "

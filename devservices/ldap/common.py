@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -23,9 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..apt import ensure_packages, which
 from . import seed
 from .common import Directory, DirectoryServer, PortBusy, port_is_free, serve_from_command_line, wait_for_port
-from ..apt import ensure_packages, which
 from .tls import make_server_cert
 
 BASE_DN = "dc=gpuhub,dc=test"

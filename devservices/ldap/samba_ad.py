@@ -29,10 +29,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import seed
-from .common import (Directory, PortBusy, port_is_free, repo_root, serve_from_command_line, DirectoryServer,
-                     wait_for_port)
 from ..apt import ensure_packages, which
+from . import seed
+from .common import (
+    Directory,
+    DirectoryServer,
+    PortBusy,
+    port_is_free,
+    repo_root,
+    serve_from_command_line,
+    wait_for_port,
+)
 
 REALM = "GPUHUB.TEST"
 DOMAIN = "GPUHUB"

@@ -18,16 +18,16 @@ from . import connection
 from .entries import in_groups
 from .kinds import ACTIVE_DIRECTORY, KINDS, OPENLDAP
 from .login import DirectoryLogin, group_carriers, privileged_groups
-from .standing import StandingCheck
 from .messages import (
-    SETTING,
     MSG_NOT_ALLOWED,
-    DirectoryConfigError,
     MSG_UNAVAILABLE,
+    SETTING,
+    DirectoryConfigError,
     DirectoryUnavailable,
     LoginRefused,
     loggable,
 )
+from .standing import StandingCheck
 from .validation import validate_config
 
 # Carries a refusal from authenticate()/check_allowed() (run by JupyterHub in

@@ -6,6 +6,7 @@ or presents a bad certificate becomes one error, DirectoryUnavailable.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ class Endpoint:
     read_timeout: int = 10
 
     @classmethod
-    def of(cls, settings) -> "Endpoint":
+    def of(cls, settings) -> Endpoint:
         """The endpoint an authenticator's traits describe."""
         return cls(
             address=settings.server_address,
@@ -66,10 +67,8 @@ def close(conn) -> None:
     """Unbind, ignoring a connection that is already broken."""
     if conn is None:
         return
-    try:
+    with contextlib.suppress(LDAPException, OSError):
         conn.unbind()
-    except (LDAPException, OSError):
-        pass
 
 
 def bind(endpoint: Endpoint, user: str | None,

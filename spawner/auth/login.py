@@ -15,8 +15,16 @@ from ldap3.utils.dn import escape_rdn
 from . import connection
 from .entries import first, in_groups, int_or_none, norm_dn
 from .kinds import KINDS, account_problem, bind_problem
-from .messages import (SETTING, MSG_ACCOUNT, MSG_BAD_NAME, MSG_LONG_NAME, MSG_MISCONFIGURED, MSG_NO_NAME,
-                       MSG_NO_PASSWORD, LoginRefused)
+from .messages import (
+    MSG_ACCOUNT,
+    MSG_BAD_NAME,
+    MSG_LONG_NAME,
+    MSG_MISCONFIGURED,
+    MSG_NO_NAME,
+    MSG_NO_PASSWORD,
+    SETTING,
+    LoginRefused,
+)
 
 
 class DirectoryLogin:

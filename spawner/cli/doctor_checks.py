@@ -7,9 +7,9 @@ from __future__ import annotations
 import pwd
 import stat
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 from ..inventory.machine import image_cuda_version

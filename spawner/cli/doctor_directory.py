@@ -8,6 +8,7 @@ GPUHUB_DIRECTORY_* setting to fix; the bind password is never part of one.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import ldap3
@@ -126,10 +127,8 @@ def _steps(a, endpoint, S: dict) -> tuple[Step | None, str]:
         return Step(f"{_where(endpoint)}: {type(e).__name__}: {e}",
                     "check the directory's log; the hub's logins would fail the same way"), ""
     finally:
-        try:
+        with contextlib.suppress(LDAPException, OSError):
             conn.unbind()
-        except (LDAPException, OSError):
-            pass
 
 
 def directory_result(config) -> tuple[str, str, str] | None:

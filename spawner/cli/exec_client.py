@@ -17,7 +17,6 @@ import requests
 
 from ..poolpage import SERVICE_NAME
 
-
 # What a terminal would act on rather than print: escape sequences (CSI, OSC such as
 # title changes and hyperlinks, DCS and the like, two-byte ones), then every other control
 # character but newline and tab (a carriage return or backspace can hide a line).

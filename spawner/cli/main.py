@@ -35,10 +35,18 @@ from sqlalchemy.engine import make_url
 from traitlets import TraitError
 from traitlets.config import Config, PyFileConfigLoader
 
-from ..pool import ENV_DB_URL, ENV_DB_URL_FILE, EndReason, ledger_env, GPUPool, GPUStatus, Lease, PoolError, PoolUnavailable
+from ..pool import (
+    ENV_DB_URL,
+    ENV_DB_URL_FILE,
+    EndReason,
+    GPUPool,
+    GPUStatus,
+    Lease,
+    PoolError,
+    PoolUnavailable,
+    ledger_env,
+)
 from ..pool.validation import FIRST_TIME, LAST_TIME, TimeOutOfRange, iso_time
-
-
 
 # Where `gpu-pool agent` reads its node's GPUs; its options' defaults may come from the
 # environment (a Swarm service's, in the stack file).
@@ -422,8 +430,8 @@ def _exec(args, out) -> int:
 
 
 def _doctor(args, out) -> int:
-    from . import doctor
     from ..settings import SettingsError
+    from . import doctor
 
     hub_user = args.hub_user or pwd.getpwuid(os.geteuid()).pw_name
     config_path = getattr(args, "config", None)

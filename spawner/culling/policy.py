@@ -12,12 +12,12 @@ stack (bench/device_check.py on a bare GPU machine) runs this very code.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Awaitable, Callable
+from typing import Any
 
-from .deadline import CullRules
-from .deadline import idle_rule
+from .deadline import CullRules, idle_rule
 
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
 # (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
@@ -296,8 +296,8 @@ class CullerUtilization:
 
     def _swarm_inventory(self, logging: dict):
         """Swarm: the per-node agents' readings in the ledger (GPUHUB_POOL_DB_URL), no Docker access."""
-        from ..pool import ENV_DB_URL, GPUPool, ledger_env
         from ..inventory.swarm import SwarmInventory
+        from ..pool import ENV_DB_URL, GPUPool, ledger_env
 
         inventory = SwarmInventory(reading_max_age=self.reading_max_age, **logging)
         if self.readings is None:

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 from ..containers import ContainerLimits, gpu_host_config, hardened_host_config
 from ..homes import prepare_home_volume
-from .firewall import BRIDGE_NAME_OPTION, job_bridge_name
 from ..jobs.engine import CREATED, ENDED, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
 from ..jobs.settings import JobSettings
 from ..labels import HOLDING_STATES, LABEL_JOB, LABEL_POOL
+from .firewall import BRIDGE_NAME_OPTION, job_bridge_name
 
 POLL_SECONDS = 0.5
 _DOCKER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpu-jobs-docker")
@@ -33,7 +33,7 @@ def docker_api(timeout: float = 60):
 class _HomeOwner:
     """What homes.prepare_home_volume asks of a spawner, for a job's user: the same rules."""
 
-    def __init__(self, engine: "DockerJobEngine", user: str, has_directory_identity: bool):
+    def __init__(self, engine: DockerJobEngine, user: str, has_directory_identity: bool):
         s = engine.settings
         self.user = SimpleNamespace(name=user)
         self.client = engine.api

@@ -15,8 +15,8 @@ own reconciler (spawner/jobs/reconcile.py, in the gpu-pool service) judges them.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import Iterable
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 
 from ..labels import HOLDING_STATES, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from ..pool import EndReason, GPUPool
@@ -25,7 +25,7 @@ from ..reconciler import ReconcileReport
 
 # When this process (the hub) started: leases older than that cannot belong
 # to a spawn of this process that has not yet recorded its lease.
-PROCESS_STARTED = datetime.now(timezone.utc)
+PROCESS_STARTED = datetime.now(UTC)
 
 
 def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterable[int],
@@ -43,7 +43,7 @@ def reconcile(pool: GPUPool, docker_client, host: str, tracked_lease_ids: Iterab
     report = ReconcileReport()
     tracked = set(tracked_lease_ids)
     in_spawn = set(starting)
-    cutoff = max(datetime.now(timezone.utc) - timedelta(seconds=min_age), process_started or PROCESS_STARTED)
+    cutoff = max(datetime.now(UTC) - timedelta(seconds=min_age), process_started or PROCESS_STARTED)
     # Only containers lent GPUs by this ledger: other hubs on this Docker host
     # (with their own ledgers) are none of our business.
     # ignore_removed: a container removed while we list them must not abort the pass.

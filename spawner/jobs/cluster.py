@@ -28,11 +28,21 @@ import logging
 
 from ..containers import config_digest, lease_labels, runtime_env
 from ..labels import LABEL_JOB, LABEL_POOL
-from ..pool.ledger.job_records import (CANCELLED, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED, TIMED_OUT, Job,
-                                       job_server_name)
+from ..pool.ledger.job_records import (
+    CANCELLED,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    TIMED_OUT,
+    Job,
+    job_server_name,
+)
 from ..pool.validation import worker_server_name
 from ..profiles import Profile
-from .engine import ENDED, RUNNING as RUNNING_UNIT, UNKNOWN, UnitGone, UnitSpec, UnitState
+from .engine import ENDED, UNKNOWN, UnitGone, UnitSpec, UnitState
+from .engine import RUNNING as RUNNING_UNIT
 from .settings import JobSettings
 from .spec import WORKDIR_WRAPPER, container_name, workdir_path
 

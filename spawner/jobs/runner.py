@@ -17,20 +17,32 @@ import functools
 import logging
 from datetime import UTC, datetime
 
-from ..labels import pool_identity
 from ..identity import container_identity
-from ..pool.ledger.off_loop import ledger_call
+from ..labels import pool_identity
 from ..pool import GPUPool, PoolError
 from ..pool.leasing.placement import host_demand
-from ..pool.ledger.job_records import (CANCELLED, END_REASONS, FAILED, QUEUED, RUNNING, STARTING, SUCCEEDED,
-                                       TIMED_OUT, Job, JobLedger, job_server_name)
+from ..pool.ledger.job_records import (
+    CANCELLED,
+    END_REASONS,
+    FAILED,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    SUCCEEDED,
+    TIMED_OUT,
+    Job,
+    JobLedger,
+    job_server_name,
+)
+from ..pool.ledger.off_loop import ledger_call
+from . import cluster
+from .engine import ENDED, UNKNOWN, JobEngine, JobRefused, UnitGone
+from .engine import RUNNING as RUNNING_UNIT
+from .fair_use import FairUseStops
 from .limits import JobLimits
 from .request import BadJob, Submission
 from .settings import JobSettings
-from .engine import ENDED, JobRefused, RUNNING as RUNNING_UNIT, UNKNOWN, JobEngine, UnitGone
 from .spec import container_name, unit_spec
-from . import cluster
-from .fair_use import FairUseStops
 
 log = logging.getLogger("gpu-pool-page")
 LEDGER_TIMEOUT = 10.0

@@ -81,7 +81,7 @@ class JobSettings:
         return asdict(self)
 
     @classmethod
-    def from_config(cls, config) -> "JobSettings | None":
+    def from_config(cls, config) -> JobSettings | None:
         """From the service's settings (a traitlets Config); None when the hub runs no jobs."""
         if "JobSettings" not in config:
             return None

@@ -13,6 +13,7 @@ engine confirms that nothing it was given to can still run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from typing import Any
@@ -22,15 +23,15 @@ from tornado import web
 from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default, validate
 
 from ..containers import runtime_env
-from ..inventory.kinds import inventory_from_config
-from ..pool.ledger.off_loop import ledger_call
-from ..metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
-from . import admission
 from ..identity import container_identity
+from ..inventory.kinds import inventory_from_config
+from ..metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from ..notify.directory import record_address
 from ..pool import EndReason, GPUPool, Lease, PoolError, ordinal
-from .ending import HeldLease, settle_lease
+from ..pool.ledger.off_loop import ledger_call
 from ..profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, options_form_html
+from . import admission
+from .ending import HeldLease, settle_lease
 
 # One pool per hub process, shared by every spawner instance.
 _shared_pools: dict[int, GPUPool] = {}
@@ -276,10 +277,8 @@ class GPULendingSpawner(Spawner):
                 yield self._progress_events[sent]
                 sent += 1
             self._progress_changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._progress_changed.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
-                pass
 
     def _on_wait(self, position: int, wanted: int, free: int, why: str = "") -> None:
         gpus = "GPU" if wanted == 1 else "GPUs"

@@ -11,9 +11,9 @@ import email.policy
 import html
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime, make_msgid
-from datetime import datetime, UTC
 
 from jupyterhub.utils import url_path_join
 

@@ -12,15 +12,15 @@ each SMTP step bounded by `timeout`: a dead SMTP server delays only the mails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from email.utils import parseaddr
-from typing import Callable
-
 
 from ..pool.ledger import outbox
 from ..pool.ledger.off_loop import ledger_call
@@ -72,10 +72,8 @@ class Sender:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
             try:  # what it claimed and never began to send goes to the next sender at once
                 await self._ledger(self._write, outbox.give_back, self.owner)
@@ -96,10 +94,8 @@ class Sender:
                 raise
             except Exception:
                 log.exception("Notification pass failed; trying again in %s s", self.settings.poll_interval)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
-            except asyncio.TimeoutError:
-                pass
             self._wake.clear()
 
     async def _ledger(self, fn, *args):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traitlets import Bool, CaselessStrEnum, Float, Int, Unicode, validate, TraitError
+from traitlets import Bool, CaselessStrEnum, Float, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 

@@ -8,8 +8,8 @@ up to then is retried and one after never is: each event is sent at most once.
 
 from __future__ import annotations
 
+import contextlib
 import smtplib
-import socket
 import ssl
 from collections.abc import Callable
 from email.message import EmailMessage
@@ -80,7 +80,7 @@ def send(msg: EmailMessage, s: EmailNotifications, before_data: Callable[[], Non
     except smtplib.SMTPDataError as e:  # the server answered DATA: it did not take the message
         _close(conn)
         return Outcome(FAILED if e.smtp_code >= 500 else RETRY, f"DATA refused: {_reply(e.smtp_code, e.smtp_error)}")
-    except (OSError, smtplib.SMTPException, socket.timeout) as e:
+    except (TimeoutError, OSError, smtplib.SMTPException) as e:
         _close(conn)
         return Outcome(UNKNOWN, f"the connection failed while sending the message: {type(e).__name__}")
     _quit(conn)
@@ -99,7 +99,5 @@ def _quit(conn) -> None:
 
 def _close(conn) -> None:
     if conn is not None:
-        try:
+        with contextlib.suppress(OSError):
             conn.close()
-        except OSError:
-            pass

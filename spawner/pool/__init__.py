@@ -69,6 +69,22 @@ Layout
 import logging
 
 from .gpupool import LEDGER_FILE, GPUPool
+from .hosts.readings import Reading
+from .ledger.schema import (
+    NAME_MAX,
+    SCHEMA_VERSION,
+    UTCDateTime,
+    audit_table,
+    gpus_table,
+    jobs_table,
+    lease_gpus_table,
+    leases_table,
+    meta_table,
+    metadata,
+    readings_table,
+    waiters_table,
+)
+from .ledger.store import INTEGRITY_RETRIES, PG_LOCK_KEY
 from .models import (
     EndReason,
     GPUStatus,
@@ -84,10 +100,6 @@ from .models import (
     WaitTimeout,
     ordinal,
 )
-from .ledger.schema import (NAME_MAX, SCHEMA_VERSION, UTCDateTime, audit_table, gpus_table, jobs_table,
-                            lease_gpus_table, leases_table, meta_table, metadata, readings_table, waiters_table)
-from .hosts.readings import Reading
-from .ledger.store import INTEGRITY_RETRIES, PG_LOCK_KEY
 
 # The environment variables that name the ledger, for the hub's settings and for the processes
 # beside it (`gpu-pool`, its agent, the idle culler, the pool service): its URL, or a file holding

@@ -21,24 +21,23 @@ from traitlets import CaselessStrEnum, Dict, Float, Int, TraitError, Unicode, va
 from traitlets.config import LoggingConfigurable
 
 from ..inventory.machine import Inventory
-from .fair_use import bookings, budget
-from .hosts import inventory_sync
 from . import validation
-from .history import queue_hours, rollup
-from .leasing import serving_order, grant
-from .leasing.grant import Outcome, QueueRules
-from .hosts.admin import PoolAdministration
+from .fair_use import bookings, budget
 from .fair_use.allowances import PoolFairUse
-from .leasing.lending import PoolLeasing
+from .history import queue_hours, rollup
 from .history.reports import PoolQueries
-from .leasing.placement import Topology
+from .hosts import inventory_sync
+from .hosts.admin import PoolAdministration
 from .hosts.readings import PoolReadings
+from .leasing import grant, serving_order
+from .leasing.grant import Outcome, QueueRules
+from .leasing.lending import PoolLeasing
+from .leasing.placement import Topology
 from .leasing.policy import limit_for
+from .leasing.waiting import QueueWatch, Wakeups
 from .ledger.schema import NAME_MAX, create_schema
 from .ledger.store import Store
 from .validation import HostChoice, Request
-from .leasing.waiting import QueueWatch, Wakeups
-
 
 # The SQLite ledger's file name, in the hub's data directory (GPUHUB_DATA_DIR).
 LEDGER_FILE = "gpu-pool.sqlite"

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, overload
 
-from .models import EndReason, InvalidRequest
 from .ledger.schema import NAME_MAX
+from .models import EndReason, InvalidRequest
 
 
 @dataclass(frozen=True)

@@ -21,25 +21,25 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
 
+from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_gone
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
-from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_gone
+from ..notify import EmailNotifications, directory
+from ..notify.sender import Sender
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..reauth import PasswordRecheck, authenticator_from_env
+from . import views
 from .handlers import actions as actions_api
 from .handlers import bookings as bookings_api
 from .handlers import history as history_api
-from .handlers import wait as insight
 from .handlers import jobs as jobs_api
 from .handlers import lab as lab_api
 from .handlers import notifications as notifications_api
-from ..notify import EmailNotifications, directory
-from ..notify.sender import Sender
-from . import views
+from .handlers import wait as insight
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
+from .handlers.log_streams import Followers
 from .limits import PoolServiceLimits
 from .service_config import PoolPageSettings, load_service_config
-from .handlers.log_streams import Followers
 
 TEMPLATES = Path(__file__).with_name("templates")
 HISTORY_ROWS = 50

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sys
 
+from ..docker.firewall import ICC_OPTION
 from .directory import DirectorySettings
 from .hub import Settings, default_profiles
-from ..docker.firewall import ICC_OPTION
 from .parsing import SettingsError
 
 

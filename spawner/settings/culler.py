@@ -10,8 +10,8 @@ import sys
 
 from ..culling.culler import BUSY_SWITCH_ENV, QUIET_ENV, SERVICE_NAME
 from ..culling.deadline import CullRules
-from ..profiles import load_profiles
 from ..hub_service import without_named
+from ..profiles import load_profiles
 from .hub import default_profiles
 
 

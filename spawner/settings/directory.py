@@ -9,9 +9,9 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from .parsing import SettingsError, env_bool, env_choice, env_groups, env_int
 

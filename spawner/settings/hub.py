@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import urlparse
 
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
@@ -85,7 +85,7 @@ class Settings:
     ssh_page_port: int = 8092  # GPUHUB_SSH_PAGE_PORT: the service's web page (keys), behind the proxy
     ssh_port: int = SSHGateway.port.default_value  # GPUHUB_SSH_PORT: c.SSHGateway.port (its default, read there)
     ssh_address: str = ""  # GPUHUB_SSH_ADDRESS: sets c.SSHGateway.address (its default when unset)
-    directory: "DirectorySettings | None" = None
+    directory: DirectorySettings | None = None
     extra: dict = field(default_factory=dict)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 
 class SettingsError(ValueError):

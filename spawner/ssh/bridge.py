@@ -21,7 +21,7 @@ log = logging.getLogger("gpu-ssh")
 class UpstreamSession(asyncssh.SSHClientSession):
     """The container's side of one relayed session: what sshd sends goes to the person."""
 
-    def __init__(self, down: "DownstreamSession"):
+    def __init__(self, down: DownstreamSession):
         self.down = down
         self.exit_status: int | None = None
         self.exit_signal: tuple | None = None

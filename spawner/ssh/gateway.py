@@ -11,6 +11,7 @@ them so on stderr, the spawn's own progress messages (queue position included) w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -63,7 +64,7 @@ def host_keys(directory: str | Path) -> list[asyncssh.SSHKey]:
 class CountedForwarder(SSHForwarder):
     """A port forward's gateway end: counts as a channel of its connection, and as traffic."""
 
-    def __init__(self, peer, conn: "Connection"):
+    def __init__(self, peer, conn: Connection):
         super().__init__(peer)
         self._conn = conn
         conn.channel_opened(self)
@@ -80,7 +81,7 @@ class CountedForwarder(SSHForwarder):
 class Connection(asyncssh.SSHServer):
     """One person's SSH connection to the gateway."""
 
-    def __init__(self, gateway: "Gateway"):
+    def __init__(self, gateway: Gateway):
         self.gateway = gateway
         self.conn: asyncssh.SSHServerConnection | None = None
         self.source = "?"
@@ -226,10 +227,8 @@ class Connection(asyncssh.SSHServer):
     def _say(self, chan, message: str) -> None:
         if chan is None:
             return
-        try:
+        with contextlib.suppress(OSError, asyncssh.Error):
             chan.write_stderr((message + "\r\n").encode())
-        except (OSError, asyncssh.Error):
-            pass
 
     async def upstream(self, chan) -> asyncssh.SSHClientConnection:
         """The connection to the sshd in this person's container (their server started first
@@ -250,7 +249,7 @@ class Connection(asyncssh.SSHServer):
                         known_hosts=(trusted, [], []), agent_path=None, config=[], preferred_auth="publickey",
                         keepalive_interval=30, encoding=None, encryption_algs=CIPHERS), 10)
                     return self._upstream
-                except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError, asyncssh.Error) as exc:
                     error = exc
                     await asyncio.sleep(0.5)
             log.warning("%s: the server's sshd at %s:%s did not accept the gateway: %s", self.name,
@@ -306,10 +305,9 @@ class Gateway:
         normalises it (" Alice", "alice " and "ALICE" are one account), without a domain
         (alice@example.com, Active Directory's UPN form, is the account alice too)."""
         name = username.strip()
-        try:
+        # An authenticator's own rule that refuses the name: the name counts as given.
+        with contextlib.suppress(Exception):
             name = self.logins.authenticator.normalize_username(name)
-        except Exception:  # an authenticator's own rule that refuses the name: counted as given
-            pass
         return name.lower().partition("@")[0].strip()[:128]
 
     def _displaceable(self, newcomer: Connection) -> Connection | None:

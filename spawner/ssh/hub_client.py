@@ -4,9 +4,10 @@ follow a user's server, report SSH activity), or with a token a person gave as p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
@@ -78,22 +79,18 @@ class HubClient:
                 block, buffer = buffer.split(b"\n\n", 1)
                 for line in block.splitlines():
                     if line.startswith(b"data:"):
-                        try:
+                        with contextlib.suppress(ValueError):
                             on_event(json.loads(line[5:].strip() or b"{}"))
-                        except ValueError:
-                            pass
 
         request = HTTPRequest(self.url + _user_path(name) + "/server/progress", method="GET",
                               request_timeout=timeout, connect_timeout=self.timeout,
                               headers={"Authorization": f"token {self.token}", "Accept": "text/event-stream"},
                               streaming_callback=chunk)
-        try:
+        with contextlib.suppress(OSError, HTTPClientError):  # the caller checks the server's state itself
             await AsyncHTTPClient().fetch(request, raise_error=False)
-        except (OSError, HTTPClientError):
-            pass  # the caller checks the server's state itself
 
     async def report_activity(self, name: str, server: str = "") -> None:
-        now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+        now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         await self._call("POST", _user_path(name) + "/activity", ok=(200, 204),
                          body={"last_activity": now, "servers": {server: {"last_activity": now}}})
 

@@ -162,7 +162,7 @@ class Logins:
                 return Verdict(None)
             name = model["name"] if isinstance(model, dict) else str(model)
             return await self._known_to_hub(name)
-        except (HubUnavailable, asyncio.TimeoutError) as exc:
+        except (TimeoutError, HubUnavailable) as exc:
             log.warning("Login of %r not checked: %s", username[:64], exc or "timed out")
             return Verdict(None, MSG_HUB_DOWN)
 
@@ -184,6 +184,6 @@ class Logins:
             return Verdict(None)
         try:
             return await self._standing(name)
-        except (HubUnavailable, asyncio.TimeoutError) as exc:
+        except (TimeoutError, HubUnavailable) as exc:
             log.warning("Key login of %r not checked: %s", name[:64], exc or "timed out")
             return Verdict(None, MSG_HUB_DOWN)

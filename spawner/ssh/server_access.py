@@ -12,7 +12,7 @@ when the hub starts.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 # Own-server access, as a grant's filter: "" (every server), "own" (the holder's own),
 # "user=NAME", "server=NAME/", "group=GROUP".

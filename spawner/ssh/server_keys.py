@@ -17,6 +17,7 @@ The keys are made once per server and kept, so a container kept between starts
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -109,10 +110,8 @@ class ServerKeys:
         _write_private(self.endpoint_file, json.dumps(asdict(endpoint)).encode())
 
     def withdraw(self) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.endpoint_file.unlink()
-        except FileNotFoundError:
-            pass
 
     def endpoint(self) -> Endpoint | None:
         try:

@@ -19,13 +19,14 @@ the servers' own check) are left out of the lease and of the placement.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Mapping
 
 from ..docker.jobs import DockerJobEngine, _HomeOwner, render_user
-from ..jobs.engine import ENDED, JobRefused, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
+from ..jobs.engine import ENDED, RUNNING, UNKNOWN, JobRefused, UnitGone, UnitSpec, UnitState, wait_until_ended
 from ..labels import LABEL_JOB, LABEL_POOL, LABEL_USER
 from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
@@ -101,10 +102,8 @@ class _Follow:
 
     def close(self) -> None:
         self.closed.set()
-        try:
+        with contextlib.suppress(Exception):
             self.source.close()
-        except Exception:
-            pass
 
 
 class SwarmJobEngine(DockerJobEngine):
@@ -133,8 +132,18 @@ class SwarmJobEngine(DockerJobEngine):
         """create_service keywords for the unit: pure (docker.types only).  `refused`: node id ->
         hostname of the nodes it must not run on; `spec_nnp`: the manager's API carries
         no-new-privileges in the spec (1.44+)."""
-        from docker.types import (ContainerSpec, DriverConfig, EndpointSpec, Mount, NetworkAttachmentConfig,
-                                  Placement, Resources, RestartPolicy, ServiceMode, TaskTemplate)
+        from docker.types import (
+            ContainerSpec,
+            DriverConfig,
+            EndpointSpec,
+            Mount,
+            NetworkAttachmentConfig,
+            Placement,
+            Resources,
+            RestartPolicy,
+            ServiceMode,
+            TaskTemplate,
+        )
         from docker.utils import parse_bytes
 
         user = spec.labels.get(LABEL_USER, "")
@@ -248,16 +257,12 @@ class SwarmJobEngine(DockerJobEngine):
             service_id, unit = service["ID"], service["Spec"]["Name"]
         except docker.errors.NotFound:
             service_id = unit = name  # a removed service's tasks (units() names them by the service id)
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             self.api.remove_service(service_id)
-        except docker.errors.NotFound:
-            pass
         if not self._confirm_ended(service_id, CONFIRM_SECONDS):
             return False
-        try:
+        with contextlib.suppress(docker.errors.APIError):  # none (it had a network), or already gone
             self.api.remove_network(isolated_network(unit))
-        except docker.errors.APIError:
-            pass  # none (it had a network), or already gone
         return True
 
     def _logs(self, name: str, tail: int) -> bytes:
@@ -397,10 +402,8 @@ class SwarmJobEngine(DockerJobEngine):
             # Encrypted as the servers' overlay is (its nodes then carry IPsec between them).
             servers = {}
             if self.settings.network:
-                try:
+                with contextlib.suppress(docker.errors.NotFound):
                     servers = await self.docker("inspect_network", self.settings.network)
-                except docker.errors.NotFound:
-                    pass
             await self.docker("create_network", name, driver="overlay", attachable=True, internal=not outbound,
                               labels=dict(labels), options=overlay_options(servers))
 

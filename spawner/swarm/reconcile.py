@@ -10,10 +10,11 @@ Swarm reports none of its tasks still running; until then the lease stays.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
-from ..labels import LABEL_LEASE, LABEL_POOL, pool_identity
 from ..docker.reconcile import reconcile
+from ..labels import LABEL_LEASE, LABEL_POOL, pool_identity
 from ..reconciler import ReconcileReport
 from .tasks import lease_tasks, node_states, task_holds
 
@@ -37,10 +38,8 @@ class ServiceView:
         """Remove the service; return once none of its tasks can still run, else raise."""
         import docker.errors
 
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             self._client.remove_service(self.id)
-        except docker.errors.NotFound:
-            pass
         deadline = time.monotonic() + REMOVE_WAIT_SECONDS
         while True:
             states = node_states(self._client)

@@ -16,8 +16,17 @@ from __future__ import annotations
 
 import asyncio
 
-from docker.types import (ContainerSpec, DriverConfig, EndpointSpec, Mount, NetworkAttachmentConfig,
-                          Placement, Resources, RestartPolicy, TaskTemplate)
+from docker.types import (
+    ContainerSpec,
+    DriverConfig,
+    EndpointSpec,
+    Mount,
+    NetworkAttachmentConfig,
+    Placement,
+    Resources,
+    RestartPolicy,
+    TaskTemplate,
+)
 from docker.utils import parse_bytes
 from dockerspawner import SwarmSpawner
 from tornado import web
@@ -28,12 +37,12 @@ from ..homes import prepare_home_volume
 from ..labels import pool_identity
 from ..lending.docker_common import GPUContainerSpawner
 from ..pool import PoolError
-from ..pool.leasing.placement import host_demand
 from ..pool.history.queries import counts as counts_of
+from ..pool.leasing.placement import host_demand
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
-from .homes import make_home_directory
 from .generic_guard import GUARD
+from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
 from .stopping import ask_server_to_exit
 from .tasks import DOWN_NODES, LIVE_TASK_STATES, lease_holders_in, node_states, task_ip

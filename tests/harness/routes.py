@@ -41,10 +41,7 @@ def _groups(pattern: str) -> list[str]:
     if match is None:
         return [pattern.replace("\\", "")]
     head, tail, body = pattern[:match.start()], pattern[match.end():], match.group(1)
-    if re.fullmatch(r"[\w-]+(\|[\w-]+)+", body):
-        choices = body.split("|")
-    else:
-        choices = ["<>"]
+    choices = body.split("|") if re.fullmatch(r"[\w-]+(\|[\w-]+)+", body) else ["<>"]
     return [head.replace("\\", "") + c + rest for c in choices for rest in _groups(tail)]
 
 

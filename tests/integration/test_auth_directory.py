@@ -13,10 +13,10 @@ import pytest
 from tornado import web
 from traitlets.config import Config
 
-from spawner import auth
-from spawner.auth import DirectoryAuthenticator
 from devservices.ldap.common import Directory
 from devservices.ldap.tls import make_ca
+from spawner import auth
+from spawner.auth import DirectoryAuthenticator
 
 
 def make(directory: Directory, tls: str = "starttls", **overrides) -> DirectoryAuthenticator:

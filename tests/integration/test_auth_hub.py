@@ -15,8 +15,8 @@ import secrets
 import pytest
 import requests
 
-from spawner import auth
 from devservices.ldap.common import Directory
+from spawner import auth
 
 AUTHENTICATOR = "spawner.auth.DirectoryAuthenticator"
 

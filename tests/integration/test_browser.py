@@ -70,9 +70,12 @@ def text_of(browser, selector: str) -> str:
 def click(browser, selector: str, timeout: float = 60, message: str = "") -> None:
     """Click what `selector` finds, once it is there and clickable; a page that
     is still being re-rendered (stale or covered element) is waited out."""
-    from selenium.common.exceptions import (ElementClickInterceptedException,
-                                            ElementNotInteractableException,
-                                            NoSuchElementException, StaleElementReferenceException)
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException,
+        ElementNotInteractableException,
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
 
     def attempt(d) -> bool:
         try:

@@ -23,7 +23,6 @@ from ..fixtures.hub import wait_for
 from ..fixtures.kernels import Kernel
 
 
-
 def culling_hub(make_hub, start: bool = True, **env):
     settings = {
         "GPUHUB_CULL": "true",

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from devservices.ldap.tls import make_ca
-from spawner.cli import doctor
 from spawner.auth import connection
 from spawner.auth.messages import DirectoryUnavailable
+from spawner.cli import doctor
 
 REPO = Path(__file__).resolve().parents[2]
 ME = pwd.getpwuid(os.geteuid()).pw_name

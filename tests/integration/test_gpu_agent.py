@@ -17,12 +17,12 @@ import sys
 import time
 from datetime import timedelta
 
+from devservices.waiting import until
 from spawner.culling import GPUIdleCuller
 from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool
 from spawner.inventory.swarm import SwarmInventory
+from spawner.pool import GPUPool
 from tests.fixtures.postgres import create_database
-from devservices.waiting import until
 
 NODE = "gpu-node-a"
 MAX_AGE = 2.0

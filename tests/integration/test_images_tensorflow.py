@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.images import (
-    IMAGES, LABEL_CUDA, LABEL_TF, LABEL_VARIANT, docker_run, image_config, image_labels, summary,
+    IMAGES,
+    LABEL_CUDA,
+    LABEL_TF,
+    LABEL_VARIANT,
+    docker_run,
+    image_config,
+    image_labels,
+    summary,
 )
 
 EXAMPLES = "/home/jovyan/tensorflow-examples"

@@ -3,9 +3,8 @@ into a staging root, its programs there, and the installed unit verified against
 
 from __future__ import annotations
 
-import subprocess
-
 import os
+import subprocess
 
 from tests.fixtures.install import PREFIX, REPO, fake_program, run_install, verify_unit
 

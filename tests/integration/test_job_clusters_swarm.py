@@ -15,13 +15,13 @@ import secrets
 
 import pytest
 
+from devservices.waiting import async_until, until
 from spawner.inventory.swarm import SwarmInventory
 from spawner.jobs.request import check_submission
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.swarm.jobs import SwarmJobEngine
-from devservices.waiting import async_until, until
 from tests.fixtures.swarm import docker
 
 pytestmark = pytest.mark.integration

@@ -8,6 +8,7 @@ log read back, stopped, listed for the reconciler, removed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 
 from spawner.docker.jobs import DockerJobEngine
@@ -56,10 +57,8 @@ def test_two_units_of_one_job_talk_on_its_network_and_are_read_stopped_and_remov
         assert net.attrs["Internal"]  # no route out of the job's own network
     finally:
         for name in ("ps", "worker"):
-            try:
+            with contextlib.suppress(Exception):
                 docker_client.containers.get(f"gpuhub-je{tag}-{name}").remove(force=True)
-            except Exception:
-                pass
         asyncio.run(engine.remove_network(network))
     assert not docker_client.networks.list(names=[network])
 

@@ -7,6 +7,7 @@ NVIDIA hook double) and their leases end with job-* reasons.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import requests
@@ -292,6 +293,7 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
     import asyncio
     import secrets
 
+    from spawner.docker.reconcile import reconcile
     from spawner.inventory import SimulatedInventory
     from spawner.jobs.reconcile import reconcile_jobs
     from spawner.jobs.runner import JobRunner
@@ -300,7 +302,6 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
     from spawner.pool import GPUPool
     from spawner.pool.ledger.job_records import RUNNING
     from spawner.profiles import DEFAULT_PROFILES
-    from spawner.docker.reconcile import reconcile
 
     host, tag = "jobs-reconcile-host", secrets.token_hex(3)
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=4, host=host))
@@ -339,10 +340,8 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
         assert left == {live_box.name}, (left, unleased_box.name)
     finally:
         for box in made:
-            try:
+            with contextlib.suppress(Exception):
                 box.remove(force=True)
-            except Exception:
-                pass
         pool.close()
 
 

@@ -9,6 +9,7 @@ bridge's gateway, another port of this host and the cloud metadata address.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -72,10 +73,8 @@ def own_network(docker_client):
     withdrew its host rules)."""
     name = f"gpuhub-iso-{secrets.token_hex(3)}"
     yield name
-    try:
+    with contextlib.suppress(Exception):
         docker_client.networks.get(name).remove()
-    except Exception:
-        pass
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
 from devservices.waiting import until
-
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, PoolUnavailable, lease_gpus_table, leases_table
 
@@ -164,9 +163,8 @@ def test_database_rejects_a_direct_double_insert(ledger_url):
             for u in ("first", "second")
         ]
         conn.execute(insert(lease_gpus_table).values(lease_id=ids[0], uuid=gpu, host=HOST, position=0))
-    with pytest.raises(IntegrityError):
-        with engine.begin() as conn:
-            conn.execute(insert(lease_gpus_table).values(lease_id=ids[1], uuid=gpu, host=HOST, position=0))
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert(lease_gpus_table).values(lease_id=ids[1], uuid=gpu, host=HOST, position=0))
     # The pool itself still sees exactly one holder and lends the other GPUs.
     holders = [s for s in pool.gpus() if s.lease is not None]
     assert [(s.gpu.uuid, s.lease.user) for s in holders] == [(gpu, "first")]

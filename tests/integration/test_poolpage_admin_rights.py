@@ -13,9 +13,9 @@ import secrets
 
 import pytest
 
+from devservices.apt import InstallError
 from devservices.ldap.common import PortBusy
 from devservices.ldap.openldap import GROUP_BASE, OpenLDAP, group_dn, user_dn
-from devservices.apt import InstallError
 from tests.fixtures.services import free_port, service_unavailable
 
 from .test_auth_hub import form_login

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import requests
 
@@ -36,7 +37,7 @@ def service_pid(hub) -> int:
 
 
 def peak_rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise AssertionError("no VmHWM")

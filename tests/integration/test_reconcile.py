@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
-from spawner.inventory import SimulatedInventory
-from spawner.pool import GPUPool
 from spawner.docker.reconcile import reconcile
+from spawner.inventory import SimulatedInventory
+from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from spawner.pool import GPUPool
 
 HOST = "reconcile-test-host"
 
@@ -39,10 +40,8 @@ def containers(docker_client, base_image):
 
     yield run
     for container in made:
-        try:
+        with contextlib.suppress(Exception):
             container.remove(force=True)
-        except Exception:
-            pass
 
 
 def names(docker_client) -> set[str]:
@@ -60,7 +59,7 @@ def test_reconcile_keeps_tracked_ends_orphans_and_stops_unleased_containers(pool
     other_hub = containers("eve", 9999, ("GPU-of-another-ledger",), "another-ledger")
 
     report = reconcile(pool, docker_client, HOST, {tracked.id}, min_age=0,
-                       process_started=datetime.now(timezone.utc))
+                       process_started=datetime.now(UTC))
 
     assert report.kept == [tracked.id]
     assert sorted(report.ended) == sorted([orphan_with_container.id, orphan_without_container.id])
@@ -75,7 +74,7 @@ def test_a_lease_just_granted_is_not_taken_from_its_spawn(pool, docker_client):
     # The spawn that got it has not recorded it yet: not tracked, but young.
     young = pool.try_acquire("fay", "", 1)
     report = reconcile(pool, docker_client, HOST, set(), min_age=60,
-                       process_started=datetime.now(timezone.utc) - timedelta(hours=1))
+                       process_started=datetime.now(UTC) - timedelta(hours=1))
     assert report.ended == [] and [lease.id for lease in pool.leases()] == [young.id]
 
 
@@ -88,7 +87,7 @@ def test_the_lease_of_a_spawn_in_progress_is_left_to_it_at_any_age(pool, contain
     stranger = pool.try_acquire("hal", "", 1)
     started = containers("gil", starting.id, starting.gpu_uuids, ledger)
     report = reconcile(pool, docker_client, HOST, set(), min_age=0, starting={("gil", "")},
-                       process_started=datetime.now(timezone.utc))
+                       process_started=datetime.now(UTC))
     assert report.kept == [starting.id] and report.ended == [stranger.id]
     assert started.name in names(docker_client)
 
@@ -104,7 +103,7 @@ def test_a_reconcile_pass_survives_a_container_removed_while_listing(pool, conta
     # Between the listing and the inspection of each container, one disappears.
     docker_faults.after("GET", r"/containers/json$", lambda: vanishing.remove(force=True))
     client = docker_sdk.DockerClient(base_url=docker_faults.url)
-    report = reconcile(pool, client, HOST, set(), min_age=0, process_started=datetime.now(timezone.utc))
+    report = reconcile(pool, client, HOST, set(), min_age=0, process_started=datetime.now(UTC))
     assert report.ended == [orphan.id]
     assert unleased.name in report.containers_stopped
 
@@ -113,6 +112,6 @@ def test_a_paused_container_holding_gpus_without_a_lease_is_removed(pool, contai
     # Paused is not stopped: `docker unpause` would give it its GPUs back.
     paused = containers("paused", 9997, ("GPU-paused-without-lease",), pool_identity(pool))
     paused.pause()
-    report = reconcile(pool, docker_client, HOST, set(), min_age=0, process_started=datetime.now(timezone.utc))
+    report = reconcile(pool, docker_client, HOST, set(), min_age=0, process_started=datetime.now(UTC))
     assert paused.name in report.containers_stopped
     assert paused.name not in {c.name for c in docker_client.containers.list(all=True, ignore_removed=True)}

@@ -11,9 +11,9 @@ import secrets
 
 from spawner.auth import MSG_ACCOUNT
 
+from ..fixtures.ssh import SSHClient
 from .test_auth_hub import AUTHENTICATOR, form_login
 from .test_ssh import ssh_hub
-from ..fixtures.ssh import SSHClient
 
 
 def test_disabled_and_locked_ad_accounts_cannot_ssh_in(make_hub, samba_ad, tmp_path):

@@ -12,12 +12,11 @@ import json
 import subprocess
 import sys
 
-
 import pytest
 import requests
 
-from tests.fixtures.hub import DUMMY_PASSWORD, wait_for
 from devservices.swarm_hub import profiles_config  # noqa: F401 (the Swarm test modules import it from here)
+from tests.fixtures.hub import DUMMY_PASSWORD, wait_for
 from tests.fixtures.swarm import docker, in_parallel
 
 pytestmark = pytest.mark.integration

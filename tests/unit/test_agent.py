@@ -16,13 +16,12 @@ import pytest
 from traitlets import TraitError
 
 from devservices.waiting import until
-
-from spawner.inventory.agent import Agent
-from spawner.culling.culler import GPUIdleCuller, CullerUtilization
+from spawner.culling.culler import CullerUtilization, GPUIdleCuller
 from spawner.inventory import SimulatedInventory
+from spawner.inventory.agent import Agent
+from spawner.inventory.swarm import SwarmInventory
 from spawner.pool import GPUPool, InvalidRequest
 from spawner.settings import load_settings
-from spawner.inventory.swarm import SwarmInventory
 from tests.unit.test_swarm import Manager, node
 
 
@@ -217,8 +216,9 @@ def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkey
 
 
 def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
-    from spawner.settings.culler import configure_culler
     from traitlets.config import Config
+
+    from spawner.settings.culler import configure_culler
 
     app = GPUIdleCuller()
     app.parse_command_line(["--inventory=swarm", "--reading-max-age=45"])

@@ -10,17 +10,16 @@ import pytest
 from traitlets.config import Config
 
 from devservices.waiting import async_until
-
 from spawner.culling.culler import (
     BUSY_SWITCH_ENV,
     SERVICE_NAME,
+    CullerUtilization,
     GPUCullPolicy,
     GPUIdleCuller,
-    CullerUtilization,
 )
-from spawner.settings.culler import CULLER_SCOPES, activity_interval, configure_culler
 from spawner.inventory import SimulatedInventory
 from spawner.settings import SettingsError, load_settings
+from spawner.settings.culler import CULLER_SCOPES, activity_interval, configure_culler
 
 GPU_A, GPU_B = "GPU-aaaa", "GPU-bbbb"
 
@@ -75,7 +74,7 @@ def test_without_server_state_every_server_gets_the_longer_timeout():
 
 def test_verdict_names_the_rule_and_the_limit():
     verdict = GPUCullPolicy(cpu_timeout=3600, gpu_timeout=900).decide(idle(901), gpu_server(GPU_A))
-    assert "GPU server inactive for 901.0 s (limit 900 s: the GPU servers' idle limit)" == verdict.reason
+    assert verdict.reason == "GPU server inactive for 901.0 s (limit 900 s: the GPU servers' idle limit)"
 
 
 # ------------------------------------------------------------ utilization rule

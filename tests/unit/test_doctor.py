@@ -4,8 +4,8 @@ directory's rules, the report; and a ledger the doctor can reach without Docker.
 from __future__ import annotations
 
 import os
-import types
 import pwd
+import types
 from pathlib import Path
 
 import pytest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from spawner.cli.doctor import FAIL, OK, WARN, target_from_env
 from spawner.cli.doctor_checks import host_rules_result
-from spawner.docker.firewall import (FORWARD_CHAIN, INPUT_CHAIN, config_ports, job_bridge_name, rules)
+from spawner.docker.firewall import FORWARD_CHAIN, INPUT_CHAIN, config_ports, job_bridge_name, rules
 from spawner.poolpage import SERVICE_NAME
 
 

@@ -10,13 +10,13 @@ from traitlets.config import Config
 
 from spawner.inventory import (
     GPU,
+    TOPOLOGY_INTERNAL,
+    TOPOLOGY_SINGLE,
+    TOPOLOGY_SYSTEM,
     InventoryError,
     NVMLInventory,
     SimulatedInventory,
     StaticInventory,
-    TOPOLOGY_INTERNAL,
-    TOPOLOGY_SINGLE,
-    TOPOLOGY_SYSTEM,
 )
 from spawner.inventory.kinds import inventory_from_config
 from tests.fixtures.nvml import FakeNVML

@@ -8,7 +8,6 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from devservices.waiting import until
-
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings
 from spawner.pool.ledger.job_records import CANCELLED, QUEUED, RUNNING

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 
 from devservices.waiting import async_until
-
 from spawner.inventory import SimulatedInventory
 from spawner.jobs.request import Submission
 from spawner.jobs.runner import JobRunner

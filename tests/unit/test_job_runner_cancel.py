@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 from devservices.waiting import async_until
-
 from spawner.inventory.machine import StaticInventory
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.settings import JobSettings

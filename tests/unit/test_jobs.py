@@ -3,24 +3,22 @@ the hub config that enables it, the kept log, and the ledger's job records."""
 
 from __future__ import annotations
 
-
 import pytest
 from traitlets.config import Config
 
 from spawner.containers import HARDENING
+from spawner.docker.jobs import DockerJobEngine
 from spawner.jobs import JOBS_SCOPE
-from spawner.settings.jobs import configure_jobs
-from spawner.poolpage.hubapi import SERVICE_SCOPES
-from spawner.settings.pool_service import SERVICE_ROLE
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
 from spawner.jobs.settings import JobSettings
-from spawner.docker.jobs import DockerJobEngine
 from spawner.jobs.spec import unit_spec
 from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
-from spawner.settings.pool_service import ACCESS_SCOPE, configure_pool_page
+from spawner.poolpage.hubapi import SERVICE_SCOPES
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
 from spawner.settings import load_settings
+from spawner.settings.jobs import configure_jobs
+from spawner.settings.pool_service import ACCESS_SCOPE, SERVICE_ROLE, configure_pool_page
 
 PROFILES = load_profiles(DEFAULT_PROFILES + [
     {"slug": "short", "display_name": "Short", "image": "img", "gpus": 1, "job_max_seconds": 60,

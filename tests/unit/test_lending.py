@@ -21,10 +21,8 @@ from tornado import web
 from traitlets.config import Config
 
 from devservices.waiting import async_until
-
-from spawner.lending import admission
+from spawner.lending import GPULendingSpawner, admission
 from spawner.lending import spawner as lending
-from spawner.lending import GPULendingSpawner
 from spawner.pool import EndReason
 from spawner.pool.ledger.schema import end_intents_table
 

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from spawner.poolpage.limits import PoolServiceLimits
-from spawner.poolpage.handlers.log_streams import Followers, LogFollow, TooMany
 from devservices.waiting import async_until as until
+from spawner.poolpage.handlers.log_streams import Followers, LogFollow, TooMany
+from spawner.poolpage.limits import PoolServiceLimits
 
 
 class EndlessLog:

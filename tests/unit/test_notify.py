@@ -474,6 +474,7 @@ def test_a_version_11_ledger_gains_the_outbox_in_place(tmp_path):
 def service(tmp_path):
     """The pool service's app on a free port; the hub's login stood in for by a header."""
     import requests  # noqa: F401
+
     from tests.fixtures.pool_app import serving_app
 
     def current_user(self):

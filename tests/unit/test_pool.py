@@ -286,9 +286,8 @@ def test_the_database_rejects_a_second_active_lease_on_one_gpu(pool):
             conn.execute(insert(leases_table).values(
                 id=lease_id, user_name="x", server_name="", host=HOST, groups="[]", started_at=now))
         conn.execute(insert(lease_gpus_table).values(lease_id=101, uuid=gpu, host=HOST, position=0))
-    with pytest.raises(IntegrityError):
-        with engine.begin() as conn:
-            conn.execute(insert(lease_gpus_table).values(lease_id=102, uuid=gpu, host=HOST, position=0))
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert(lease_gpus_table).values(lease_id=102, uuid=gpu, host=HOST, position=0))
     # Ended rows do not count: history may hold many leases of one GPU.
     with engine.begin() as conn:
         conn.execute(insert(lease_gpus_table).values(lease_id=102, uuid=gpu, host=HOST, position=0, ended_at=now))

@@ -12,7 +12,6 @@ import pytest
 import requests
 
 from devservices.waiting import async_until, until
-
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, InvalidRequest, WaitTimeout

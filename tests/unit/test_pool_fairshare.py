@@ -15,11 +15,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import insert, text
 
+from devservices.waiting import async_until as until
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, lease_gpus_table, leases_table
 from spawner.pool.history import queries, rollup
 from spawner.pool.leasing.serving_order import FIFO, Shares, order, standing
-from devservices.waiting import async_until as until
 
 HOST = "node-1"
 H = timedelta(hours=1)

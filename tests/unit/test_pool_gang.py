@@ -9,11 +9,19 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import select
 
+from devservices.waiting import async_until as until
 from spawner.inventory import SimulatedInventory, StaticInventory
-from spawner.pool import SCHEMA_VERSION, GPUPool, InvalidRequest, QuotaExceeded, Unsatisfiable, WaitTimeout, waiters_table
+from spawner.pool import (
+    SCHEMA_VERSION,
+    GPUPool,
+    InvalidRequest,
+    QuotaExceeded,
+    Unsatisfiable,
+    WaitTimeout,
+    waiters_table,
+)
 from spawner.pool.leasing.placement import choose, choose_gang
 from spawner.pool.leasing.policy import Snapshot, WaiterRow, available_after
-from devservices.waiting import async_until as until
 
 HOST = "node-1"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

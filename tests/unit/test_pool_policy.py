@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from spawner.pool.models import QuotaExceeded, Unsatisfiable
 from spawner.pool.leasing.placement import choose
 from spawner.pool.leasing.policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, limit_for
+from spawner.pool.models import QuotaExceeded, Unsatisfiable
 from spawner.pool.validation import Request
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import insert, select
 
+from devservices.waiting import async_until as until
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool, QuotaExceeded, Unsatisfiable, WaitTimeout, waiters_table
-from devservices.waiting import async_until as until
 
 HOST = "node-1"
 

@@ -12,8 +12,8 @@ from spawner.pool import SCHEMA_VERSION, GPUPool
 from spawner.pool.models import GPUStatus, Lease, Waiter
 from spawner.poolpage import ADMIN_SCOPE, views
 from spawner.poolpage.app import TEMPLATES
-from spawner.settings.pool_service import ACCESS_SCOPE, ADMIN_ROLE, EXEC_ROLE, SERVICE_ROLE, configure_pool_page
 from spawner.settings import load_settings
+from spawner.settings.pool_service import ACCESS_SCOPE, ADMIN_ROLE, EXEC_ROLE, SERVICE_ROLE, configure_pool_page
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -9,12 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from devservices.waiting import async_until
-
+from spawner.culling.deadline import CullRules, deadline
 from spawner.culling.policy import cull_deadline
 from spawner.inventory import SimulatedInventory
 from spawner.pool import EndReason, GPUPool
 from spawner.pool.history.timeline import Timeline
-from spawner.culling.deadline import CullRules, deadline
 from spawner.poolpage import charts, occupancy
 
 pytestmark = pytest.mark.unit
@@ -183,9 +182,10 @@ def hourly_series_match_the_leases(url: str) -> None:
     """The lent GPUs drawn from the hourly rollup equal those drawn from every lease: exactly in
     hour-aligned buckets, and with the same GPU-hours over a period that ends now (an active
     lease, a lease ended this hour, a drained GPU lent meanwhile). Also run on PostgreSQL."""
+    from sqlalchemy import insert, text
+
     from spawner.pool.history import rollup
     from spawner.pool.ledger.schema import lease_gpus_table, leases_table
-    from sqlalchemy import insert, text
 
     pool = GPUPool(db_url=url, inventory=SimulatedInventory(count=4, host="n"), poll_interval=0.05)
     try:

@@ -7,6 +7,7 @@ test_poolpage_frozen_docker.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import socket
 import threading
@@ -14,10 +15,10 @@ import threading
 import pytest
 import requests
 
+from devservices.waiting import until
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
 from spawner.poolpage.limits import PoolServiceLimits
-from devservices.waiting import until
 
 PREFIX = "/services/gpu-pool/"
 KNOWN = "known-token"
@@ -35,10 +36,8 @@ def frozen_hub():
     def accept():
         server.settimeout(0.2)
         while not stop.is_set():
-            try:
+            with contextlib.suppress(OSError):
                 held.append(server.accept()[0])
-            except OSError:
-                pass
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()

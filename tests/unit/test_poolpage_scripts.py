@@ -12,8 +12,8 @@ from traitlets.config import Config
 from spawner.auth.entries import in_groups
 from spawner.poolpage import ADMIN_SCOPE, EXEC_SCOPE, scripts
 from spawner.poolpage.hubapi import Server
-from spawner.settings.pool_service import ADMIN_GROUP, ADMIN_ROLE, EXEC_GROUP, EXEC_ROLE, configure_pool_page
 from spawner.settings import load_settings
+from spawner.settings.pool_service import ADMIN_GROUP, ADMIN_ROLE, EXEC_GROUP, EXEC_ROLE, configure_pool_page
 
 
 @pytest.mark.parametrize("raw", ["cd /tmp\r\npwd\r\nif true; then\r\n echo y\r\nfi\r\n",

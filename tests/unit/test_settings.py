@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from traitlets.config import Config
 
 from spawner.settings import SettingsError, apply_settings, load_settings

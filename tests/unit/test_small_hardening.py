@@ -9,7 +9,6 @@ import io
 import pytest
 
 from devservices.waiting import async_until
-
 from spawner.cli import exec_client as client
 from spawner.poolpage import views
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from spawner.pool import GPUPool
-from spawner.profiles import ProfileConfigError, Profile
-from spawner.settings import SettingsError, load_settings
 from spawner.inventory.swarm import SwarmInventory, memory_mib, node_gpus, node_lends
+from spawner.pool import GPUPool
+from spawner.profiles import Profile, ProfileConfigError
+from spawner.settings import SettingsError, load_settings
 from spawner.swarm.tasks import task_holds, task_ip
 
 
@@ -167,9 +167,9 @@ def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
 def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_path):
     from traitlets.config import Config
 
-    from spawner.settings.jobs import job_settings
     from spawner.jobs.runner import make_engine
     from spawner.settings import apply_settings
+    from spawner.settings.jobs import job_settings
     from spawner.swarm.jobs import SwarmJobEngine
 
     s = load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",

@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import event, insert, text, update
 
 from devservices.waiting import async_until
-
 from spawner.inventory import SimulatedInventory
 from spawner.pool import GPUPool
 from spawner.pool.ledger.schema import audit_table, gpus_table, queue_log_table

@@ -19,6 +19,7 @@ on the right node as the right user, and no Docker engine is asked to exec anyth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -50,10 +51,8 @@ async def run_script(script: str, timeout: int, cap: int = OUTPUT_CAP) -> dict:
     try:
         await asyncio.wait_for(asyncio.gather(read(), proc.wait()), timeout + 15)
     except (asyncio.TimeoutError, asyncio.CancelledError):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         await proc.wait()
     code = proc.returncode
     return {"exit_code": code, "output": kept.decode("utf-8", errors="replace"), "truncated": more,

@@ -11,13 +11,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import bookings, budget
-from ..history import rollup
 from .. import validation
+from ..history import rollup
 from ..leasing import serving_order
-from .bookings import Booking
 from ..ledger.part import PoolPart
 from ..models import InvalidRequest
+from . import bookings, budget
+from .bookings import Booking
 
 if TYPE_CHECKING:
     pass

@@ -31,14 +31,14 @@ from typing import Any
 
 from sqlalchemy import bindparam, insert, select, update
 
-from ..models import InvalidRequest, PoolError, gpus_text, iso
 from ..leasing.policy import limit_for
 from ..ledger.schema import bookings_table as _b
 from ..ledger.schema import gpus_table as _g
-from ..ledger.schema import meta_table as _m
 from ..ledger.schema import lease_gpus_table as _lg
 from ..ledger.schema import leases_table as _l
+from ..ledger.schema import meta_table as _m
 from ..ledger.store import as_utc
+from ..models import InvalidRequest, PoolError, gpus_text, iso
 
 # Bookings that may matter now or later: booked, not yet over.
 # (bind parameters only: the SQLite fast path runs this as it is)

@@ -19,13 +19,13 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, func, insert, select, update
 
-from ..models import QuotaExceeded
 from ..history.rollup import HOUR, ceil_hour, floor_hour
 from ..ledger.schema import lease_gpus_table as _lg
 from ..ledger.schema import lease_hours_table as _h
 from ..ledger.schema import leases_table as _l
 from ..ledger.schema import meta_table as _m
 from ..ledger.store import as_utc
+from ..models import QuotaExceeded
 
 USER_HOURS = (select(_h.c.hour, func.sum(_h.c.gpu_seconds))
               .where(_h.c.user_name == bindparam("user"), _h.c.hour >= bindparam("first"))

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, func, select
 
 from ...inventory.machine import GPU
-from ..models import GPUStatus, Lease, Waiter, iso
 from ..ledger.schema import audit_table, gpus_table, lease_gpus_table, leases_table, waiters_table
+from ..models import GPUStatus, Lease, Waiter, iso
 
 
 def load_leases(conn, where, order=None) -> list[Lease]:

@@ -15,10 +15,10 @@ from datetime import datetime
 from sqlalchemy import bindparam, insert, select, update
 
 from ..ledger import statements as sql
-from .rollup import hours_of
 from ..ledger.schema import queue_log_table as _q
 from ..ledger.schema import queued_hours_table as _qh
 from ..ledger.store import Store, as_utc
+from .rollup import hours_of
 
 OPEN_ROW = select(_q.c.enqueued_at, _q.c.count).where(_q.c.id == bindparam("wid"), _q.c.left_at.is_(None))
 ADD = (update(_qh).where(_qh.c.hour == bindparam("w_at"))

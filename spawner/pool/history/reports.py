@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import ColumnElement
 
-from ..leasing import serving_order, grant
-from . import queries, rollup, timeline
 from .. import validation
-from ..ledger.part import PoolPart
-from ..models import GPUStatus, Lease, Waiter
+from ..leasing import grant, serving_order
 from ..leasing.policy import WaiterRow
+from ..ledger.part import PoolPart
 from ..ledger.schema import leases_table
+from ..models import GPUStatus, Lease, Waiter
+from . import queries, rollup, timeline
 
 if TYPE_CHECKING:
     pass

@@ -21,8 +21,16 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, select
 
-from ..ledger.schema import (audit_table, gpus_table, lease_gpus_table, leases_table, lent_hours_table,
-                             queue_log_table, queued_hours_table, waiters_table)
+from ..ledger.schema import (
+    audit_table,
+    gpus_table,
+    lease_gpus_table,
+    leases_table,
+    lent_hours_table,
+    queue_log_table,
+    queued_hours_table,
+    waiters_table,
+)
 
 Interval = tuple[datetime, datetime]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from ..leasing import release
-from ..history import queries
 from .. import validation
+from ..history import queries
+from ..leasing import release
 from ..ledger.part import PoolPart
 from ..models import EndReason, GPUStatus, InvalidRequest, Lease
 

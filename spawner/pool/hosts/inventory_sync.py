@@ -11,8 +11,8 @@ from datetime import datetime
 from sqlalchemy import insert, select, update
 
 from ...inventory.machine import GPU
-from ..models import HostConflict
 from ..ledger.schema import NAME_MAX, gpus_table, lease_gpus_table
+from ..models import HostConflict
 
 
 def sync(conn, host: str | set[str], units: list[GPU], now: datetime, log) -> None:

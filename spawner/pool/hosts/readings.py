@@ -16,8 +16,8 @@ from sqlalchemy import and_, delete, insert, select
 from ...inventory.machine import parse_cuda_version
 from .. import validation
 from ..ledger.part import PoolPart
-from ..models import InvalidRequest
 from ..ledger.schema import readings_table
+from ..models import InvalidRequest
 
 MAX_READINGS = 1024  # per call: far more GPUs than one node has
 UUID_MAX = 128  # the column's width

@@ -13,22 +13,22 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 from datetime import timedelta
+from typing import NamedTuple
 
 from sqlalchemy import delete
 
 from ..fair_use import bookings, budget
 from ..history import queue_hours, rollup
-from . import serving_order
-from ..ledger import events, statements as sql
-from ..models import Lease, PoolError
-from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
+from ..ledger import events
+from ..ledger import statements as sql
 from ..ledger.schema import waiters_table
 from ..ledger.store import Store, as_utc
-from .placement import choose_gang
+from ..models import Lease, PoolError
 from ..validation import Request, worker_server_name
-
+from . import serving_order
+from .placement import choose_gang
+from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
 
 NO_WAITER = 2**31 - 1  # the largest queue row id (INTEGER): a request not in the queue yet is behind every row
 

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..fair_use import budget
 from .. import validation
-from . import grant, release
+from ..fair_use import budget
 from ..ledger.part import PoolPart
 from ..models import EndReason, InvalidRequest, Lease
 from ..validation import HostChoice, Request
+from . import grant, release
 from .waiting import QueueWatch, Wait
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from ..models import QuotaExceeded, Unsatisfiable, gpus_text, ordinal
-from .placement import choose_gang, gang_fits
 from ..validation import Request
+from .placement import choose_gang, gang_fits
 
 Choose = Callable[[dict, "Iterable[str] | None", int], "tuple[str, list[str]] | None"]
 

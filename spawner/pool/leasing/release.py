@@ -12,11 +12,11 @@ from datetime import datetime
 from sqlalchemy import delete, insert, select, update
 
 from ..history import queue_hours, rollup
-from ..ledger import statements as sql
-from ..models import EndReason, InvalidRequest, Lease, UnknownGPU
 from ..history.queries import load_leases
+from ..ledger import statements as sql
 from ..ledger.schema import audit_table, end_intents_table, gpus_table, lease_gpus_table, leases_table
 from ..ledger.store import Store
+from ..models import EndReason, InvalidRequest, Lease, UnknownGPU
 
 
 def release(store: Store, conn, lease_id: int, reason: str) -> bool:

@@ -13,16 +13,16 @@ writes over N rows each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from ..ledger.off_loop import LEDGER_EXECUTOR
-from .grant import Outcome, View
 from ..models import Lease, PoolError, PoolUnavailable, WaitTimeout
-from .policy import timeout_message
 from ..validation import Request
-
+from .grant import Outcome, View
+from .policy import timeout_message
 
 # A waiter in the process that frees GPUs hears of it this much later at most: the watch reads
 # the queue once per burst of releases, not once per release.
@@ -185,10 +185,8 @@ async def uncancellable(fn: Callable, *args):
 
 
 async def uncancellable_quiet(fn: Callable, *args) -> None:
-    try:
+    with contextlib.suppress(_CancelledAfter):
         await uncancellable(fn, *args)
-    except _CancelledAfter:
-        pass
 
 
 def _takes_why(fn) -> bool:

@@ -18,9 +18,9 @@ from typing import Any
 from sqlalchemy import insert, select, update
 
 from ..models import EndReason, iso
+from ..validation import storable_id
 from . import events
 from .schema import jobs_table
-from ..validation import storable_id
 
 JOB_SERVER_PREFIX = "job/"
 # Seconds a job's containers may take to start after its GPUs are leased (image pull, create),

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from ..models import PoolUnavailable
 
@@ -31,7 +32,7 @@ async def ledger_call(fn: Callable[..., Any], *args, timeout: float, **kwargs) -
     future = loop.run_in_executor(LEDGER_EXECUTOR, functools.partial(fn, *args, **kwargs))
     try:
         return await asyncio.wait_for(future, timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise PoolUnavailable(
             f"The GPU ledger did not answer within {timeout:g} s; GPU servers cannot start or "
             "stop cleanly until it does. Try again in a minute, or ask an administrator."

@@ -7,7 +7,8 @@ The parts (leasing, admin_actions, fair_use, pool_queries, gpu_readings) are mix
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .store import Store

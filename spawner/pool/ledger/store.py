@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -329,10 +329,8 @@ class Store:
         orig = getattr(error, "orig", None) or error
         message = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
         password = None
-        try:
+        with suppress(Exception):
             password = make_url(self.settings.db_url).password
-        except Exception:
-            pass
         if password:
             message = message.replace(str(password), "***")
         sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)

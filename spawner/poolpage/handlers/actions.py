@@ -27,15 +27,13 @@ from urllib.parse import urlencode
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from ...pool.models import EndReason, PoolError
 from ...pool.ledger.off_loop import ledger_call
+from ...pool.models import EndReason, PoolError
 from ...reauth import PASSWORD_FIELD, token_authenticated
-from .. import ADMIN_SCOPE
-from .. import scripts
-from .. import views
+from .. import ADMIN_SCOPE, scripts, views
+from ..hubapi import HubAPI, HubUnavailable
 from ..service_config import PoolPageSettings
 from .base import LEDGER_TIMEOUT, NO_EXEC, APIHandler, BaseHandler
-from ..hubapi import HubAPI, HubUnavailable
 
 log = logging.getLogger("gpu-pool-page")
 

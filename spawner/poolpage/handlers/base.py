@@ -11,14 +11,12 @@ from typing import TYPE_CHECKING
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
 
-from ...pool.ledger.off_loop import ledger_call
-from ...service_auth import AsksTheHubFirst
 from ...pool import GPUPool
+from ...pool.ledger.off_loop import ledger_call
 from ...pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
 from ...pool.validation import MAX_ID
-from .. import ADMIN_SCOPE
-from .. import EXEC_SCOPE
-from .. import views
+from ...service_auth import AsksTheHubFirst
+from .. import ADMIN_SCOPE, EXEC_SCOPE, views
 
 log = logging.getLogger("gpu-pool-page")
 NO_EXEC = (f"Running action scripts in other people's servers needs the {EXEC_SCOPE} scope, which pool "

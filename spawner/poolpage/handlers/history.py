@@ -9,15 +9,12 @@ and group follow views.usage_for (everyone's for admins, else one's own).
 from __future__ import annotations
 
 import asyncio
-
 from datetime import UTC, datetime, timedelta
 
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from .. import charts
-from .. import occupancy
-from .. import views
+from .. import charts, occupancy, views
 from .base import APIHandler, BaseHandler
 
 

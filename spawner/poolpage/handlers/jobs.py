@@ -18,19 +18,18 @@ from urllib.parse import quote
 
 from jupyterhub.utils import url_path_join
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.http1connection import HTTP1Connection
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.iostream import StreamClosedError
 
-from ...jobs import JOBS_SCOPE
+from ...jobs import JOBS_SCOPE, cluster
 from ...jobs.engine import UnitGone
-from ...jobs import cluster
 from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
 from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, Job
 from .. import ADMIN_SCOPE
-from .base import APIHandler, BaseHandler, log, path_id
 from ..limits import PoolServiceLimits
+from .base import APIHandler, BaseHandler, log, path_id
 from .log_streams import Followers, LogFollow, MergedFollow, TooMany
 
 MAX_BODY = 64 * 1024
@@ -309,7 +308,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
                 self.write(chunk)
                 try:
                     await asyncio.wait_for(self.flush(), limits.log_stall_timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     log.info("A follower of job %s's log took nothing for %g s; dropped it",
                              job.id, limits.log_stall_timeout)
                     if isinstance(self.request.connection, HTTP1Connection):  # what tornado's server gives

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -114,20 +115,16 @@ class LogFollow:
         finally:
             self._close_source()
             if self.client is not None:
-                try:
+                with contextlib.suppress(Exception):
                     self.client.close()
-                except Exception:
-                    pass
             if not self.closed.is_set():
                 self._put(_END)
             if self.done is not None:
                 self.done()
 
     def _close_source(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.source.close()
-        except Exception:
-            pass
 
     async def next_chunk(self) -> bytes | None:
         item = await self.buffer.get()

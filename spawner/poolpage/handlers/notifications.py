@@ -22,7 +22,7 @@ from ...notify import directory, preferences, signing
 from ...pool.ledger.events import EVENTS
 from ...pool.ledger.outbox import CHANNELS
 from ...pool.ledger.schema import NAME_MAX
-from .base import APIHandler, Unframed, ledger_call, LEDGER_TIMEOUT, log
+from .base import LEDGER_TIMEOUT, APIHandler, Unframed, ledger_call, log
 
 PUTS_PER_MINUTE = 20
 _recent_puts: dict[str, deque] = defaultdict(deque)

@@ -20,12 +20,11 @@ from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
 from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, JobLedger, is_job_server, job_id_of
 from ...pool.models import PoolError, iso
-from .. import estimate
+from .. import estimate, views
+from ..hubapi import HubUnavailable, ServerReads
 from ..service_config import PoolPageSettings
-from .. import views
 from .actions import hub_api
 from .base import APIHandler
-from ..hubapi import HubUnavailable, ServerReads
 
 log = logging.getLogger("gpu-pool-page")
 LENGTHS = 500  # past leases an estimate looks at
