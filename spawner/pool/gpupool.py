@@ -33,7 +33,7 @@ from .leasing import grant, serving_order
 from .leasing.grant import Outcome, QueueRules
 from .leasing.lending import PoolLeasing
 from .leasing.placement import Topology
-from .leasing.policy import limit_for
+from .leasing.policy import BorrowLimits, limit_for
 from .leasing.waiting import QueueWatch, Wakeups
 from .ledger.schema import NAME_MAX, create_schema
 from .ledger.store import Store
@@ -82,6 +82,45 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
         `max_gpus_per_user`.  Groups come from JupyterHub, which the
         directory (AD/LDAP) fills.  Example:
         `{"ml-team": 4, "students": 1}`.
+        """,
+    )
+
+    max_borrowed_gpus_per_user = Int(
+        4,
+        allow_none=True,
+        config=True,
+        help="""Most GPUs one user may borrow beyond their share at once (borrowed leases).
+
+        A job that asks to borrow (`gpu-job submit --borrow`) may take idle GPUs beyond its
+        user's limit (`max_gpus_per_user`, `group_gpu_limits`) while no request within its
+        share waits; such a lease is borrowed as a whole, does not count against the limit,
+        and is reclaimed with `reclaim_grace` seconds' notice when a request within its share
+        needs its GPUs.  A submission over this is refused (403) naming this limit.  0: no
+        borrowing at all; None: no limit.
+        """,
+    )
+
+    max_borrowed_jobs_per_user = Int(
+        2,
+        allow_none=True,
+        config=True,
+        help="""Most jobs of one user that may run on borrowed GPUs at once (a cluster job is one).
+
+        A submission that would borrow beyond it is refused (403) naming this limit.  None: no limit.
+        """,
+    )
+
+    reclaim_grace = Float(
+        120.0,
+        config=True,
+        help="""Seconds of notice a borrowed lease gets when a request within its share needs its GPUs.
+
+        The job is told at once (its processes get SIGTERM: save a checkpoint and exit), is
+        stopped when the grace is over if it still runs, and its lease ends `reclaimed` once
+        the engine confirms its containers gone; the waiting request then gets the GPUs.  A
+        reclaimed job goes back to the queue by itself (unless submitted with `--no-requeue`).
+        Keep it well inside the spawner's `lease_wait_timeout` and `start_timeout`, which the
+        waiting server spends meanwhile.
         """,
     )
 
@@ -412,10 +451,16 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
             )
         return proposal.value
 
-    @validate("max_gpus_per_user")
+    @validate("max_gpus_per_user", "max_borrowed_gpus_per_user", "max_borrowed_jobs_per_user")
     def _check_max(self, proposal):
         if proposal.value is not None and proposal.value < 0:
-            raise TraitError("GPUPool.max_gpus_per_user must be >= 0 or None")
+            raise TraitError(f"GPUPool.{proposal.trait.name} must be >= 0 or None")
+        return proposal.value
+
+    @validate("reclaim_grace")
+    def _check_reclaim_grace(self, proposal):
+        if not 0 <= proposal.value <= 86400:
+            raise TraitError("GPUPool.reclaim_grace must be between 0 and 86400 seconds")
         return proposal.value
 
     @validate("group_gpu_limits")
@@ -550,7 +595,12 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
 
     def _rules(self, groups: Iterable[str] = ()) -> QueueRules:
         return QueueRules(self.limit_for(groups), self.waiter_stale_after, self.backfill_window, self._owner,
-                          self.queue_order, self.shares(), self._use_cache, self.budgets(), self.booking_grace)
+                          self.queue_order, self.shares(), self._use_cache, self.budgets(), self.booking_grace,
+                          self.borrow_limits())
+
+    def borrow_limits(self) -> BorrowLimits:
+        """How much one user may borrow beyond their share (max_borrowed_gpus/jobs_per_user)."""
+        return BorrowLimits(self.max_borrowed_gpus_per_user, self.max_borrowed_jobs_per_user)
 
     def _attempt(self, conn, req: Request, waiter_id: int | None, enqueue: bool) -> Outcome:
         return grant.attempt(self._store, conn, req, waiter_id, enqueue, self._rules(req.groups),

@@ -103,6 +103,9 @@ class EndReason(str, Enum):
     BUDGET = "budget"
     # Ended at the start of a booking of its GPUs (bookings.py).
     BOOKING = "booking"
+    # A borrowed lease (beyond its user's share) given back, after its notice, to a request
+    # within its share (leasing/reclaim.py).
+    RECLAIMED = "reclaimed"
 
     def __str__(self) -> str:
         return self.value
@@ -125,6 +128,10 @@ class Lease:
     """Set while the lease's server has ended but its container would not stop."""
     notice: str | None = None
     """Told at grant: one of its GPUs is booked by someone else later (bookings.notice)."""
+    borrowed: bool = False
+    """Lent beyond its user's share: reclaimed with notice when a request within its share waits."""
+    reclaim_at: datetime | None = None
+    """When a waiting request asked for it back (borrowed leases only); it ends within the grace."""
 
     @property
     def active(self) -> bool:
@@ -151,6 +158,8 @@ class Lease:
             "ended_at": iso(self.ended_at),
             "end_reason": self.end_reason,
             "problem": self.problem,
+            "borrowed": self.borrowed,
+            "reclaim_at": iso(self.reclaim_at),
         }
 
 

@@ -28,6 +28,11 @@ class Request:
     # Seconds the leases are held at most (a batch job's timeout): GPUs booked for someone else
     # before that are not lent to it, as nothing stops it at the booking's start.
     holds_for: float | None = None
+    # May go beyond the user's share on idle GPUs (a borrowed lease, reclaimed with notice).
+    borrow: bool = False
+    # When the request first joined the queue (a reclaimed job queued again keeps its place);
+    # None: now.
+    since: datetime | None = None
 
     @property
     def total(self) -> int:

@@ -41,6 +41,8 @@ def load_leases(conn, where, order=None) -> list[Lease]:
                 r.ended_at,
                 r.end_reason,
                 r.problem,
+                borrowed=bool(r.borrowed),
+                reclaim_at=r.reclaim_at,
             )
             uuids[r.id] = []
         if r.uuid is not None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import NamedTuple
 
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 
 from ..fair_use import bookings, budget
 from ..history import queue_hours, rollup
@@ -26,9 +26,18 @@ from ..ledger.schema import waiters_table
 from ..ledger.store import Store, as_utc
 from ..models import Lease, PoolError
 from ..validation import Request, worker_server_name
-from . import serving_order
+from . import reclaim, serving_order
 from .placement import choose_gang
-from .policy import Snapshot, WaiterRow, available_after, check_feasible, check_quota, served_now
+from .policy import (
+    BorrowLimits,
+    Snapshot,
+    WaiterRow,
+    available_after,
+    check_borrow,
+    check_feasible,
+    check_quota,
+    served_now,
+)
 
 NO_WAITER = 2**31 - 1  # the largest queue row id (INTEGER): a request not in the queue yet is behind every row
 
@@ -61,6 +70,7 @@ class QueueRules:
     use_cache: dict | None = None  # rollup.decayed_use's, kept by the pool between grants
     budgets: budget.Budgets | None = None
     booking_grace: float = 900.0
+    borrow: BorrowLimits = BorrowLimits()
 
 
 class Ordered(NamedTuple):
@@ -110,15 +120,26 @@ def held(store: Store, conn, user: str) -> tuple[int, list[str]]:
     return sum(n for _, n in rows), sorted(s for s, _ in rows)
 
 
+def borrowed(store: Store, conn, user: str) -> list[tuple[str, int]]:
+    """`user`'s borrowed leases now: (server name, GPUs) each."""
+    return [(s, n) for s, n in store.rows(conn, sql.BORROWED, {"user": user})]
+
+
 def check(store: Store, conn, req: Request, limit: tuple[int | None, str],
-          budgets: budget.Budgets | None = None) -> Snapshot:
-    """Refuse a request that can never be met (too big, over quota, over budget); the snapshot read."""
+          budgets: budget.Budgets | None = None, borrow: BorrowLimits | None = None) -> tuple[Snapshot, bool]:
+    """Refuse a request that can never be met (too big, over quota or over its borrowing limits,
+    over budget); (the snapshot read, whether it would go beyond its user's share: borrowed)."""
     snap = snapshot(store, conn)
     check_feasible(snap, req)
-    check_quota(req, *limit, held=lambda: held(store, conn, req.user))
+    beyond = False
+    if req.borrow and limit[0] is not None and held(store, conn, req.user)[0] + req.total > limit[0]:
+        beyond = True  # idle GPUs beyond the share, within the borrowing limits
+        check_borrow(req, borrow or BorrowLimits(), lambda: borrowed(store, conn, req.user))
+    else:
+        check_quota(req, *limit, held=lambda: held(store, conn, req.user))
     if budgets is not None and budgets.any:
         budget.check(store, conn, req.user, req.groups, budgets, store.now(conn))
-    return snap
+    return snap, beyond
 
 
 def attempt(
@@ -126,7 +147,7 @@ def attempt(
 ) -> Outcome:
     """Lend now if the queue lets this request through; else queue it (enqueue) or refresh its row."""
     now = store.now(conn)  # taken under the lock: lease times are ordered
-    snap = check(store, conn, req, rules.limit, rules.budgets)
+    snap, beyond = check(store, conn, req, rules.limit, rules.budgets, rules.borrow)
     # (One indexed probe first: most grants meet no booking at all.)
     booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
     whole, booked_out, mine_out = snap, None, set()
@@ -163,9 +184,15 @@ def attempt(
         if waiter_id is not None:
             return rows, next((r for r in rows if r.id == waiter_id), None)
         new = WaiterRow(NO_WAITER, req.user, req.count,
-                        json.dumps(list(req.hosts)) if req.hosts is not None else None, now, now,
-                        workers=req.workers, groups=req.groups)
+                        json.dumps(list(req.hosts)) if req.hosts is not None else None, req.since or now, now,
+                        workers=req.workers, groups=req.groups, beyond=beyond)
         return rows + [new], new
+
+    if waiter_id is not None:
+        mine = next((r for r in live if r.id == waiter_id), None)
+        if mine is not None and mine.beyond != beyond:  # its user's share changed while it waited
+            conn.execute(update(waiters_table).where(waiters_table.c.id == waiter_id).values(beyond=beyond))
+            live = [replace(r, beyond=beyond) if r.id == waiter_id else r for r in live]
 
     o = None
     if fair:
@@ -177,6 +204,11 @@ def attempt(
             ahead = o.rows[:next(i for i, r in enumerate(o.rows) if r.id == me.id)]
     else:
         ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
+    # Requests within their share go before any that would borrow: a borrower is served only
+    # while none of them waits, and takes nothing from them in the turns ahead.
+    within_waits = any(not r.beyond for r in live if r.id != waiter_id)
+    if not beyond:
+        ahead = [r for r in ahead if not r.beyond]
     avail = available_after(whole, ahead, now, rules.backfill_window, choose, booked_out)
     if booked_out is not None:
         avail = {h: [f for f in lst if (h, f[1]) not in mine_out] for h, lst in avail.items()}
@@ -184,7 +216,15 @@ def attempt(
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
     free = sum(len(snap.free.get(h, ())) for h in hosts)
     total = sum(snap.capacity.get(h, 0) for h in hosts)
-    picks = choose_gang(choose, avail, req.hosts, req.count, req.workers)
+    picks = None if beyond and within_waits else choose_gang(choose, avail, req.hosts, req.count, req.workers)
+    if picks is None and not beyond and store.rows(conn, sql.ANY_BORROWED):
+        # Within its share and nothing free enough: ask borrowed leases back (their holders
+        # stop them within GPUPool.reclaim_grace; this request is served as they end).
+        free_for = {h: len(lst) for h, lst in avail.items()}
+        marked = reclaim.mark(conn, free_for, req.hosts, req.count, req.workers, booked, now)
+        if marked:
+            log.info("Reclaiming %d borrowed lease(s) (%s) for %s/%s within its share", len(marked),
+                     ", ".join(str(m.id) for m in marked), req.user, req.server_name)
     if picks is None:
         if fair:
             # Its place among every live row (the stale ones went above): those read above
@@ -215,8 +255,9 @@ def attempt(
                     workers=req.workers,
                     groups=json.dumps(list(req.groups)),
                     hosts=json.dumps(list(req.hosts)) if req.hosts is not None else None,
-                    enqueued_at=now,
+                    enqueued_at=req.since or now,
                     heartbeat_at=now,
+                    beyond=beyond,
                 ),
             )
             store.run(conn, sql.INSERT_QUEUE_LOG,
@@ -231,7 +272,8 @@ def attempt(
         lease_id = store.run(
             conn,
             sql.INSERT_LEASE,
-            dict(user_name=req.user, server_name=server_name, host=host, groups=groups, started_at=now),
+            dict(user_name=req.user, server_name=server_name, host=host, groups=groups, started_at=now,
+                 borrowed=beyond),
         )
         store.run(
             conn,
@@ -240,7 +282,7 @@ def attempt(
         )
         later = bookings.soon(host, uuids, booked, req.user, req.groups, now) if booked else None
         leases.append(Lease(lease_id, req.user, server_name, host, tuple(uuids), req.groups, now,
-                            notice=bookings.notice(later, now) if later else None))
+                            notice=bookings.notice(later, now) if later else None, borrowed=beyond))
     if waiter_id is not None:
         if not req.server_name.startswith("job/"):  # a job's grant is told by its end (events.job_ended)
             events.granted(store, conn, waiter_id, req.user, req.server_name, leases[0].host, req.total, now)
@@ -285,10 +327,10 @@ def waiters_that_matter(store: Store, conn, snap: Snapshot | None, alive_since) 
     full = full_hosts(snap) if snap is not None else []
     params = {"alive_since": alive_since, **{f"full{i}": h for i, h in enumerate(full)}}
     live, stale = [], []
-    for id_, user, count, hosts, enqueued, beat, workers, groups in store.rows(
+    for id_, user, count, hosts, enqueued, beat, workers, groups, beyond in store.rows(
             conn, sql.waiters_that_matter(len(full)), params):
         row = WaiterRow(id_, user, count, hosts, as_utc(enqueued), as_utc(beat), workers=workers,
-                        groups=_groups(groups))
+                        groups=_groups(groups), beyond=bool(beyond))
         if row.heartbeat_at < alive_since:
             stale.append(id_)
         elif hosts is None or hosts not in full:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import validation
@@ -18,6 +19,7 @@ from ..ledger.part import PoolPart
 from ..models import EndReason, InvalidRequest, Lease
 from ..validation import HostChoice, Request
 from . import grant, release
+from .reclaim import reclaiming as release_reclaiming
 from .waiting import QueueWatch, Wait
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ class PoolLeasing(PoolPart):
     _rules: Callable[..., grant.QueueRules]
     limit_for: Callable[..., tuple[int | None, str]]
     budgets: Callable[[], budget.Budgets]
+    borrow_limits: Callable[[], Any]
     poll_interval: float
     heartbeat_interval: float
     waiter_stale_after: float
@@ -46,16 +49,18 @@ class PoolLeasing(PoolPart):
 
     def check_request(
         self, user: str, count: int, groups: Iterable[str] = (), host: HostChoice = None, server_name: str = "",
-        workers: int = 1,
-    ) -> None:
-        """Refuse up front a request that can never be met: bad input, too big, over quota.
+        workers: int = 1, borrow: bool = False,
+    ) -> bool:
+        """Refuse up front a request that can never be met: bad input, too big, over quota (or,
+        `borrow`, over the borrowing limits).
 
         Takes no lease and joins no queue.  Raises InvalidRequest,
-        Unsatisfiable, QuotaExceeded or PoolUnavailable; returns None when the
-        request could be met now or after a wait.  `workers` > 1: a gang (see acquire_gang).
+        Unsatisfiable, QuotaExceeded or PoolUnavailable; returns whether it would borrow
+        (go beyond the user's share) if granted now.  `workers` > 1: a gang (see acquire_gang).
         """
-        req = self._make_request(user, server_name, count, groups, host, workers)
-        self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets()))
+        req = replace(self._make_request(user, server_name, count, groups, host, workers), borrow=bool(borrow))
+        return self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets(),
+                                                   self.borrow_limits())[1])
 
     def set_host_demand(self, demand: dict[str, int]) -> None:
         """How many host-tagged profiles can use each host ({host: n}; hosts left out: 0).
@@ -94,6 +99,8 @@ class PoolLeasing(PoolPart):
         on_wait: Callable[[int, int, int], Any] | None = None,
         host: HostChoice = None,
         holds_for: float | None = None,
+        borrow: bool = False,
+        since: datetime | None = None,
     ) -> Lease:
         """Lend `count` GPUs of one host, waiting up to `timeout` seconds in the fair queue.
 
@@ -105,10 +112,13 @@ class PoolLeasing(PoolPart):
         when the time runs out, and the errors of try_acquire.  Cancelling
         the call removes the request from the queue and leaves no lease.
         `holds_for`: the most seconds the lease will be held (a batch job's timeout); GPUs
-        booked for someone else from before then are not lent to it.
+        booked for someone else from before then are not lent to it.  `borrow`: it may go
+        beyond the user's share on idle GPUs (a borrowed lease, reclaimed with notice, see
+        reclaim.py).  `since`: when it first joined the queue (a reclaimed job keeps its place).
         """
         req = replace(self._make_request(user, server_name, count, groups, host),
-                      holds_for=validation.holds_for(holds_for))
+                      holds_for=validation.holds_for(holds_for), borrow=bool(borrow),
+                      since=validation.aware(since, "since"))
         return await self._wait(req, timeout).run(req, timeout, self.poll_interval, on_wait)
 
     async def acquire_gang(
@@ -122,6 +132,8 @@ class PoolLeasing(PoolPart):
         on_wait: Callable[[int, int, int], Any] | None = None,
         host: HostChoice = None,
         holds_for: float | None = None,
+        borrow: bool = False,
+        since: datetime | None = None,
     ) -> tuple[Lease, ...]:
         """Lend `workers` leases of `count` GPUs each (a cluster job), all in one transaction or none.
 
@@ -133,7 +145,8 @@ class PoolLeasing(PoolPart):
         GPUs.  Raises as acquire does; cancelling leaves no lease and no queue row.
         """
         req = replace(self._make_request(user, server_name, count, groups, host, workers),
-                      holds_for=validation.holds_for(holds_for))
+                      holds_for=validation.holds_for(holds_for), borrow=bool(borrow),
+                      since=validation.aware(since, "since"))
         return await self._wait(req, timeout).run_all(req, timeout, self.poll_interval, on_wait)
 
     def _wait(self, req: Request, timeout) -> Wait:
@@ -202,6 +215,11 @@ class PoolLeasing(PoolPart):
         if ended:
             self._notify()
         return ended
+
+    def reclaiming(self, host: str | None = None) -> list:
+        """The borrowed leases a waiting request within its share asked back, not yet ended
+        (reclaim.Borrowed, with `reclaim_at`), on `host` (None: every host)."""
+        return self._read(lambda conn: release_reclaiming(conn, host))
 
     def set_problem(self, lease_id: int, problem: str) -> bool:
         """Note why an active lease stays lent after its server ended (a container that would

@@ -57,6 +57,7 @@ class WaiterRow:
     heartbeat_at: datetime
     workers: int = 1  # a gang: this many leases of `count` GPUs, all at once
     groups: tuple[str, ...] = ()  # the user's groups (fair-share counts group use too)
+    beyond: bool = False  # it would borrow (beyond its user's share): served only while no other row waits
 
 
 def asked(count: int, workers: int) -> str:
@@ -134,6 +135,39 @@ def check_quota(req: Request, limit: int | None, source: str, held: Callable[[],
         )
 
 
+@dataclass(frozen=True)
+class BorrowLimits:
+    """How much one user may borrow beyond their share at once (GPUPool's max_borrowed_*)."""
+
+    gpus: int | None = 0  # GPUs in borrowed leases; None: no limit
+    jobs: int | None = 0  # jobs holding borrowed leases (a cluster is one); None: no limit
+
+
+def _unit_of(server_name: str) -> str:
+    return server_name.split("/worker-", 1)[0]
+
+
+def check_borrow(req: Request, limits: BorrowLimits, borrowed: Callable[[], list[tuple[str, int]]]) -> None:
+    """Refuse a request that would take its user over their borrowing limits (QuotaExceeded, 403).
+
+    `borrowed()` gives the user's borrowed leases now as (server name, GPUs)."""
+    if limits.gpus is not None and req.total > limits.gpus:
+        raise QuotaExceeded(
+            f"You asked for {gpus_text(req.total)} beyond your share, but you may borrow at most "
+            f"{gpus_text(limits.gpus)} (GPUPool.max_borrowed_gpus_per_user)")
+    leases = borrowed()
+    held = sum(n for _, n in leases)
+    if limits.gpus is not None and held + req.total > limits.gpus:
+        raise QuotaExceeded(
+            f"You may borrow at most {gpus_text(limits.gpus)} beyond your share "
+            f"(GPUPool.max_borrowed_gpus_per_user); you borrow {held} and asked for {req.total} more")
+    units = {_unit_of(s) for s, _ in leases if s.startswith("job/")}
+    if req.server_name.startswith("job/") and limits.jobs is not None and len(units) + 1 > limits.jobs:
+        raise QuotaExceeded(
+            f"You may run at most {limits.jobs} job{'s' if limits.jobs != 1 else ''} on borrowed GPUs at once "
+            f"(GPUPool.max_borrowed_jobs_per_user); {len(units)} of yours run on them now")
+
+
 def stale_waiters(rows: Iterable[WaiterRow], now: datetime, stale_after: float, own_id: int | None) -> list[int]:
     """Ids of queue rows whose process stopped refreshing them (never `own_id`)."""
     stale_before = now - timedelta(seconds=stale_after)
@@ -173,7 +207,14 @@ def _take_turns(
     avail = {h: list(lst) for h, lst in snap.free.items()}
     window = timedelta(seconds=backfill_window)
     parsed: dict[str, list[str]] = {}
+    rows = list(rows)
+    within_waits = any(not r.beyond for r in rows)
     for r in rows:
+        if r.beyond and within_waits:
+            # A borrower is served only while no request within its share waits (and holds
+            # nothing back for itself meanwhile).
+            yield r, avail, False
+            continue
         hosts = _hosts_of(r, parsed)
         out = booked_out(r.user, r.groups) if booked_out is not None else frozenset()
         sees = _without(avail, out)

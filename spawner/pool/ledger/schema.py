@@ -20,10 +20,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     insert,
     inspect,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.types import TypeDecorator
@@ -39,7 +41,9 @@ from ..models import PoolUnavailable
 # 11: gpu_pool_queued_hours (the queue's request-seconds per hour)
 # 12: gpu_pool_outbox (events to tell users, written with the fact they tell) and
 # gpu_pool_notify_users (each user's notification choices and directory address)
-SCHEMA_VERSION = 12
+# 13: borrowing beyond a share (issue 38): gpu_pool_leases.borrowed/reclaim_at,
+# gpu_pool_waiters.beyond, gpu_pool_jobs.borrow/requeue/attempts
+SCHEMA_VERSION = 13
 NAME_MAX = 255
 
 
@@ -101,6 +105,12 @@ leases_table = Table(
     # Why a lease whose server ended is still lent (a container that would
     # not stop); the reconciler ends it once the container is gone.
     Column("problem", Text),
+    # Lent beyond its user's share (GPUPool.max_gpus_per_user, group_gpu_limits): idle GPUs
+    # borrowed, reclaimed with notice when a request within its share waits (reclaim.py).
+    Column("borrowed", Boolean, nullable=False, server_default=false()),
+    # When a waiting request within its share asked for this borrowed lease back: its holder
+    # stops it within GPUPool.reclaim_grace of then; NULL while nobody has.
+    Column("reclaim_at", UTCDateTime),
     Index("ix_gpu_pool_leases_user", "user_name"),
     Index("ix_gpu_pool_leases_started", "started_at"),
     # The newest ended leases (wait estimates) and a period's leases (charts) without a scan.
@@ -143,6 +153,9 @@ waiters_table = Table(
     Column("hosts", Text),  # JSON list, NULL = any host
     # A gang (a cluster job): this many leases of `count` GPUs, granted in one transaction.
     Column("workers", Integer, nullable=False, server_default=text("1")),
+    # The request would go beyond its user's share (a job that may borrow): it is served only
+    # while no request within its share waits, and reclaims nothing for itself.
+    Column("beyond", Boolean, nullable=False, server_default=false()),
     Column("enqueued_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False),
     sqlite_autoincrement=True,
@@ -208,6 +221,11 @@ jobs_table = Table(
     # {"worker", "host", "lease_id", "gpus"} (JSON list); NULL for a plain job.
     Column("workers", Integer, nullable=False, server_default=text("1")),
     Column("units", Text),
+    # May take idle GPUs beyond its user's share (borrowed leases, reclaimed with notice); and
+    # whether a reclaimed run goes back to the queue by itself; how many runs it has started.
+    Column("borrow", Boolean, nullable=False, server_default=false()),
+    Column("requeue", Boolean, nullable=False, server_default=true()),
+    Column("attempts", Integer, nullable=False, server_default=text("1")),
     Index("ix_gpu_pool_jobs_user", "user_name"),
     Index("ix_gpu_pool_jobs_state", "state"),
     sqlite_autoincrement=True,
@@ -409,6 +427,16 @@ def create_schema(conn) -> int | None:
         # 10 -> 11: gpu_pool_queued_hours, a new table: the caller fills it from the queue's
         # record in this transaction (queue_hours.backfill: the returned version says so).
         # 11 -> 12: gpu_pool_outbox and gpu_pool_notify_users, new tables create_all has just made.
+        if int(version) < 13:
+            # 12 -> 13: borrowing (issue 38); every lease, request and job before was within its share.
+            sqlite = conn.dialect.name == "sqlite"
+            no, yes = ("0", "1") if sqlite else ("false", "true")
+            _add_columns(conn, "gpu_pool_leases", {"borrowed": f"BOOLEAN NOT NULL DEFAULT {no}",
+                                                   "reclaim_at": "DATETIME" if sqlite else "TIMESTAMP"})
+            _add_columns(conn, "gpu_pool_waiters", {"beyond": f"BOOLEAN NOT NULL DEFAULT {no}"})
+            _add_columns(conn, "gpu_pool_jobs", {"borrow": f"BOOLEAN NOT NULL DEFAULT {no}",
+                                                 "requeue": f"BOOLEAN NOT NULL DEFAULT {yes}",
+                                                 "attempts": "INTEGER NOT NULL DEFAULT 1"})
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

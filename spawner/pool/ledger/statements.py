@@ -6,7 +6,7 @@ store compiles each once to plain SQLite SQL for its fast path (store.py).
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, bindparam, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, bindparam, delete, false, func, insert, select, true, update
 
 from .schema import gpus_table as _g
 from .schema import lease_gpus_table as _lg
@@ -19,13 +19,24 @@ SNAPSHOT = select(_g.c.host, _g.c.uuid, _g.c.idx, _g.c.present, _g.c.drained, _l
     _g.outerjoin(_lg, (_lg.c.host == _g.c.host) & (_lg.c.uuid == _g.c.uuid) & _lg.c.ended_at.is_(None))
 )
 
-# GPUs a user holds, per server.
+# GPUs a user holds within their share (borrowed leases are not counted by the quota), per server.
 HELD = (
     select(_l.c.server_name, func.count(_lg.c.uuid))
     .select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id))
-    .where(_l.c.user_name == bindparam("user"), _l.c.ended_at.is_(None))
+    .where(_l.c.user_name == bindparam("user"), _l.c.ended_at.is_(None), _l.c.borrowed == false())
     .group_by(_l.c.server_name)
 )
+
+# A user's borrowed leases now: (server name, GPUs), one row per lease.
+BORROWED = (
+    select(_l.c.server_name, func.count(_lg.c.uuid))
+    .select_from(_l.join(_lg, _lg.c.lease_id == _l.c.id))
+    .where(_l.c.user_name == bindparam("user"), _l.c.ended_at.is_(None), _l.c.borrowed == true())
+    .group_by(_l.c.id, _l.c.server_name)
+)
+
+# Whether any lease is borrowed now (one probe before a waiter looks for what to reclaim).
+ANY_BORROWED = select(_l.c.id).where(_l.c.ended_at.is_(None), _l.c.borrowed == true())
 
 WAITERS = select(_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_at, _w.c.heartbeat_at).order_by(
     _w.c.id
@@ -37,7 +48,7 @@ WAITERS = select(_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_
 # queue behind full hosts costs a scan in the database, not rows in Python.  One statement per
 # number of such hosts, made once.
 _WAITER_COLUMNS = (_w.c.id, _w.c.user_name, _w.c.count, _w.c.hosts, _w.c.enqueued_at, _w.c.heartbeat_at,
-                   _w.c.workers, _w.c.groups)
+                   _w.c.workers, _w.c.groups, _w.c.beyond)
 _waiters_that_matter: dict[int, object] = {}
 
 
@@ -75,10 +86,11 @@ def _insert(table, *columns: str):
 
 
 INSERT_WAITER = _insert(
-    _w, "owner", "user_name", "server_name", "count", "groups", "hosts", "enqueued_at", "heartbeat_at", "workers"
+    _w, "owner", "user_name", "server_name", "count", "groups", "hosts", "enqueued_at", "heartbeat_at", "workers",
+    "beyond",
 )
 
-INSERT_LEASE = _insert(_l, "user_name", "server_name", "host", "groups", "started_at")
+INSERT_LEASE = _insert(_l, "user_name", "server_name", "host", "groups", "started_at", "borrowed")
 
 INSERT_LEASE_GPU = _insert(_lg, "lease_id", "uuid", "host", "position")
 
