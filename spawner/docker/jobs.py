@@ -174,6 +174,14 @@ class DockerJobEngine:
                 await asyncio.sleep(1.0)
         return False
 
+    async def signal(self, name: str, signal: str = "SIGTERM") -> bool:
+        """`docker kill --signal` of the container: its main process gets it, the container runs on."""
+        try:
+            await self.docker("kill", name, signal=signal)
+        except Exception:  # gone, or not running: nothing to tell
+            return False
+        return True
+
     async def remove(self, name: str) -> bool:
         import docker.errors
 

@@ -46,6 +46,10 @@ from .engine import RUNNING as RUNNING_UNIT
 from .settings import JobSettings
 from .spec import WORKDIR_WRAPPER, container_name, workdir_path
 
+# What `watch` returns when the cluster's borrowed leases are reclaimed (not a job state: the
+# runner queues it again, reclaim.py).
+RECLAIMED = "reclaimed"
+
 log = logging.getLogger("gpu-pool-page")
 # The port every worker's TensorFlow server listens on (each worker is its own container).
 TF_PORT = 2222
@@ -183,6 +187,10 @@ async def watch(runner, job: Job, deadline: float, poll: float) -> tuple[str, in
         # Wait on the chief (its end is the common one); look at the others each turn.
         chief = await runner.engine.wait(names[0], max(0.0, min(poll, deadline - loop.time())))
         states = [chief] + [await runner.engine.inspect(n) for n in names[1:]]
+        # Its borrowed leases asked back: told, then stopped (a worker's exit is the notice heeded).
+        if job.id not in runner._cancel and await runner.reclaims.turn(
+                job, names, any(s is not None and s.phase == ENDED for s in states)):
+            return RECLAIMED, None, None
         for index, state in enumerate(states):
             if state is None:
                 return FAILED, None, f"worker {index}'s container ({names[index]}) was removed from outside"

@@ -99,6 +99,10 @@ class JobEngine(Protocol):
         """Stop it (SIGTERM, then SIGKILL after `grace` s); True once the engine confirms it
         no longer runs (or does not exist).  It stays, with its log, until `remove`."""
 
+    async def signal(self, name: str, signal: str = "SIGTERM") -> bool:
+        """Send its processes `signal` (the notice of a reclaim: save and exit) and leave it
+        running; True if delivered, False if the engine cannot (then only `stop` tells it)."""
+
     async def remove(self, name: str) -> bool:
         """Remove it, running or not; True once done (or already gone)."""
 

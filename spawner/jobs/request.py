@@ -1,9 +1,11 @@
 """What a job submission may contain, checked before anything is leased or created.
 
 Only `profile`, `command` (a list of strings), `workdir` (relative, inside the
-home), `timeout` (seconds, within the profile's maximum) and `workers` (a
+home), `timeout` (seconds, within the profile's maximum), `workers` (a
 cluster of that many containers, each with the profile's GPUs; within
-JobLimits.max_workers).  Anything else is
+JobLimits.max_workers), `borrow` (true: it may run on idle GPUs beyond its user's
+share, reclaimed with notice; false by default) and `requeue` (false: a
+reclaimed run is not queued again; true by default).  Anything else is
 refused with a message (HTTP 400): a user never picks an image, environment,
 mount or GPU.  Pure: no I/O.
 """
@@ -15,7 +17,7 @@ from typing import Any
 
 from ..profiles import Profile, choose_profile
 
-ALLOWED_KEYS = ("profile", "command", "workdir", "timeout", "workers")
+ALLOWED_KEYS = ("profile", "command", "workdir", "timeout", "workers", "borrow", "requeue")
 MAX_ARGS = 256
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_WORKDIR = 1024
@@ -36,6 +38,8 @@ class Submission:
     workdir: str
     timeout_s: int
     workers: int = 1  # > 1: a cluster job (one container per worker, TF_CONFIG naming them all)
+    borrow: bool = False  # may run on idle GPUs beyond the user's share (borrowed, reclaimed with notice)
+    requeue: bool = True  # a reclaimed run goes back to the queue by itself
 
 
 def _shown(value: Any) -> str:
@@ -101,6 +105,15 @@ def check_workers(value: Any, limit: int) -> int:
     return value
 
 
+def check_flag(body: dict, key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadJob(f"'{key}' must be true or false, not {_shown(value)!r}")
+    return value
+
+
 def check_submission(body: Any, profiles: list[Profile], user_groups, default_max: int,
                      max_workers: int = 1) -> Submission:
     """The submission in `body` (parsed JSON), or BadJob (400; 403 for a profile not theirs).
@@ -127,4 +140,6 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
         workdir=check_workdir(body.get("workdir")),
         timeout_s=check_timeout(body.get("timeout"), max_seconds(profile, default_max)),
         workers=check_workers(body.get("workers"), max_workers),
+        borrow=check_flag(body, "borrow", False),
+        requeue=check_flag(body, "requeue", True),
     )

@@ -40,6 +40,7 @@ from .engine import ENDED, UNKNOWN, JobEngine, JobRefused, UnitGone
 from .engine import RUNNING as RUNNING_UNIT
 from .fair_use import FairUseStops
 from .limits import JobLimits
+from .reclaim import Reclaims
 from .request import BadJob, Submission
 from .settings import JobSettings
 from .spec import container_name, unit_spec
@@ -82,6 +83,7 @@ class JobRunner:
         self.snapshot: list[dict] = []
         self._moves: dict[int, asyncio.Event] = {}  # job id -> set when the runner moves it on
         self.fair_use = FairUseStops(self)  # budgets and bookings while jobs run (fair_use.py)
+        self.reclaims = Reclaims(self)  # borrowed leases asked back (reclaim.py)
         self._synced_at = float("-inf")  # when _sync_inventory last read the Swarm (loop time)
 
     # ------------------------------------------------------------ plumbing
@@ -123,6 +125,7 @@ class JobRunner:
         self._background.append(asyncio.create_task(self._take_up_then_reconcile()))
         self._background.append(asyncio.create_task(self._refresh_snapshot()))
         self._background.append(asyncio.create_task(self.fair_use.forever()))
+        self._background.append(asyncio.create_task(self.reclaims.forever()))
 
     async def _take_up_then_reconcile(self) -> None:
         from .reconcile import reconcile_forever
@@ -186,7 +189,8 @@ class JobRunner:
             await self._sync_inventory()
             try:
                 hosts = await self.engine.lease_hosts(dict(sub.profile.node_labels), sub.profile.image)
-                await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts, "", sub.workers)
+                await self.call(self.pool.check_request, user, sub.profile.gpus, groups, hosts, "job/", sub.workers,
+                                sub.borrow)
             except JobRefused as exc:
                 raise JobError(str(exc), 409) from None
             except PoolError as exc:
@@ -196,7 +200,7 @@ class JobRunner:
                                   sub.timeout_s, self.settings.host, uid, gid,
                                   check=functools.partial(self.limits.check_submission, sub.profile,
                                                           workers=sub.workers),
-                                  workers=sub.workers)
+                                  workers=sub.workers, borrow=sub.borrow, requeue=sub.requeue)
         except BadJob as exc:
             log.info("Job of %s refused: %s", user, exc)
             raise JobError(str(exc), exc.status) from None
@@ -263,20 +267,28 @@ class JobRunner:
                 await self._finish(job, FAILED, message=f"profile {job.profile!r} is no longer configured")
                 return
             # `job` stays the latest record (never None): the `finally` below needs its id.
-            if job.state == QUEUED:
-                leased = await self._lease(job, profile)
-                if leased is None:
+            while True:
+                if job.state == QUEUED:
+                    leased = await self._lease(job, profile)
+                    if leased is None:
+                        return
+                    job = leased
+                    self._tell(job_id)
+                if job.state == STARTING:
+                    launched = await self._launch(job, profile)
+                    if launched is None:
+                        return
+                    job = launched
+                    self._tell(job_id)
+                if job.state != RUNNING:
                     return
-                job = leased
-                self._tell(job_id)
-            if job.state == STARTING:
-                launched = await self._launch(job, profile)
-                if launched is None:
+                again = await self._watch(job)
+                if again is None:
                     return
-                job = launched
+                # Reclaimed and queued again: its running place is given up while it queues.
+                job = again
+                self._leave_place(job_id)
                 self._tell(job_id)
-            if job.state == RUNNING:
-                await self._watch(job)
         except asyncio.CancelledError:
             raise  # the service stops; the job runs on and is taken up again
         except Exception as exc:
@@ -332,7 +344,7 @@ class JobRunner:
                 return await cluster.lease(self, job, profile, hosts)
             return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
                                            timeout=self.settings.queue_timeout, host=hosts,
-                                           holds_for=job.holds_for)
+                                           holds_for=job.holds_for, borrow=job.borrow, since=job.submitted_at)
 
         acquiring = asyncio.ensure_future(place_then_gpus())
         self._acquiring[job.id] = acquiring
@@ -399,34 +411,39 @@ class JobRunner:
         return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
                                container=name)
 
-    async def _watch(self, job: Job) -> None:
-        """Until the unit exits, the timeout passes or a cancel comes."""
+    async def _watch(self, job: Job) -> Job | None:
+        """Until the unit exits, the timeout passes, a cancel comes or its borrowed lease is
+        reclaimed; the job queued again (reclaimed), else None (it ended)."""
         loop = asyncio.get_running_loop()
         # The ledger's clock is this machine's for SQLite and close to it for PostgreSQL.
         elapsed = (datetime.now(UTC) - job.started_at).total_seconds() if job.started_at else 0.0
         deadline = loop.time() + job.timeout_s - max(elapsed, 0.0)
         if job.is_cluster:
             end, code, why = await cluster.watch(self, job, deadline, POLL_SECONDS)
+            if end == cluster.RECLAIMED:
+                return await self.reclaims.end(job)
             await self._finish(job, end, exit_code=code, message=why)
-            return
+            return None
         unit = job.container or container_name(self.settings, job.id)
         while True:
             state = await self.engine.wait(unit, max(0.0, min(POLL_SECONDS, deadline - loop.time())))
             if state is None:
                 await self._finish(job, FAILED, message="its container was removed from outside")
-                return
+                return None
+            if job.id not in self._cancel and await self.reclaims.turn(job, [unit], state.phase == ENDED):
+                return await self.reclaims.end(job)
             if state.phase == ENDED:
                 code = state.exit_code
                 why = None if code == 0 else (f"exited with code {code}" if code is not None
                                                else f"ended without an exit code: {state.message or 'no reason given'}")
                 await self._finish(job, SUCCEEDED if code == 0 else FAILED, exit_code=code, message=why)
-                return
+                return None
             if job.id in self._cancel:
                 await self._finish(job, CANCELLED, message=self.fair_use.message(job))
-                return
+                return None
             if loop.time() >= deadline:
                 await self._finish(job, TIMED_OUT, message=f"stopped after its timeout of {job.timeout_s} s")
-                return
+                return None
 
     async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
         """Stop the container and keep its log; remove it; end the lease once Docker confirms
@@ -457,6 +474,7 @@ class JobRunner:
         if ended is not None:
             log.info("Job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
         self.fair_use.forget(job)
+        self.reclaims.forget(job)
 
     async def _stop_container(self, job: Job) -> bool:
         """True once the engine confirms the job's unit (if any) no longer runs."""

@@ -333,6 +333,11 @@ class SwarmJobEngine(DockerJobEngine):
     async def stop(self, name: str, grace: float) -> bool:
         return await self._on_thread(self._stop, name, grace)
 
+    async def signal(self, name: str, signal: str = "SIGTERM") -> bool:
+        """A service cannot be signalled from the manager (no `docker service kill`): its task's
+        node would have to be reached.  The reclaim's notice is then the stop's own SIGTERM."""
+        return False
+
     async def remove(self, name: str) -> bool:
         try:
             return await self._on_thread(self._remove, name)

@@ -67,7 +67,11 @@ def show(job):
         line += f" (position {job['queue_position']} in the queue)"
     if job.get("exit_code") is not None:
         line += f", exit code {job['exit_code']}"
+    if (job.get("attempts") or 1) > 1:
+        line += f", attempt {job['attempts']}"
     print(line)
+    if job.get("borrowed_notice"):
+        print(f"  {job['borrowed_notice']}")
     print(f"  profile {job['profile']}, GPUs {gpus}, command {' '.join(job['command'])}")
     for unit in job.get("units") or []:
         print(f"  worker {unit['worker']}{' (chief)' if unit['worker'] == 0 else ''}: host {unit['host']}, "
@@ -90,6 +94,11 @@ def build_parser():
     p.add_argument("--timeout", type=int, default=None, help="seconds before it is stopped")
     p.add_argument("--workers", type=int, default=None,
                    help="a cluster of N containers, each with the profile's GPUs and TF_CONFIG (default 1)")
+    p.add_argument("--borrow", action="store_true",
+                   help="may run on idle GPUs beyond your share; they are reclaimed with notice (SIGTERM) "
+                        "when someone within their share needs them")
+    p.add_argument("--no-requeue", dest="requeue", action="store_false",
+                   help="once reclaimed, end the job instead of queueing it again")
     p.add_argument("--json", action="store_true", help="print the job as JSON")
     p.add_argument("command", nargs=argparse.REMAINDER)
     for name in ("status", "cancel"):
@@ -122,6 +131,10 @@ def main(argv=None):
             body["timeout"] = args.timeout
         if args.workers is not None:
             body["workers"] = args.workers
+        if args.borrow:
+            body["borrow"] = True
+        if not args.requeue:
+            body["requeue"] = False
         job = request(args, "POST", "", body)
         print(json.dumps(job, indent=2)) if args.json else show(job)
     elif args.action in ("status", "cancel"):

@@ -78,6 +78,9 @@ class Job:
     workers: int = 1
     # A cluster's workers once leased: ({"worker": i, "host", "lease_id", "gpus": [...]}, ...).
     units: tuple[dict, ...] = ()
+    borrow: bool = False  # may run on idle GPUs beyond its user's share (borrowed leases)
+    requeue: bool = True  # a reclaimed run goes back to the queue by itself
+    attempts: int = 1  # runs started or queued for: 2 after its first reclaim
 
     @property
     def is_cluster(self) -> bool:
@@ -114,6 +117,7 @@ class Job:
             "submitted_at": iso(self.submitted_at), "started_at": iso(self.started_at),
             "ended_at": iso(self.ended_at), "workers": self.workers,
             "units": [dict(u) for u in self.units],
+            "borrow": self.borrow, "requeue": self.requeue, "attempts": self.attempts,
         }
 
 
@@ -126,6 +130,7 @@ def _job(row) -> Job:
         gpu_uuids=tuple(json.loads(m["gpu_uuids"])), exit_code=m["exit_code"], message=m["message"],
         submitted_at=m["submitted_at"], started_at=m["started_at"], ended_at=m["ended_at"],
         workers=m["workers"], units=tuple(json.loads(m["units"])) if m["units"] else (),
+        borrow=bool(m["borrow"]), requeue=bool(m["requeue"]), attempts=m["attempts"],
     )
 
 
@@ -140,7 +145,7 @@ class JobLedger:
 
     def create(self, user: str, groups, profile: str, command, workdir: str, timeout_s: int,
                host: str, uid: int, gid: int, check: Callable[[list[tuple[str, str]]], None] | None = None,
-               workers: int = 1) -> Job:
+               workers: int = 1, borrow: bool = False, requeue: bool = True) -> Job:
         """Record a queued job.  `check`, given the user's active jobs as (profile, state)
         pairs, may refuse it by raising: it runs in the same transaction, under the
         ledger's write lock, so concurrent submissions cannot pass a limit together."""
@@ -153,6 +158,7 @@ class JobLedger:
                 "user_name": user, "groups": json.dumps(sorted(groups)), "profile": profile,
                 "command": json.dumps(list(command)), "workdir": workdir, "timeout_s": timeout_s,
                 "host": host, "uid": uid, "gid": gid, "state": QUEUED, "gpu_uuids": "[]", "workers": workers,
+                "borrow": bool(borrow), "requeue": bool(requeue),
                 "submitted_at": self._store.now(conn)})).inserted_primary_key[0]
             return self._get(conn, job_id)
         return self._store.write(write)

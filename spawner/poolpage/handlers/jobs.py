@@ -24,6 +24,7 @@ from tornado.iostream import StreamClosedError
 
 from ...jobs import JOBS_SCOPE, cluster
 from ...jobs.engine import UnitGone
+from ...jobs.reclaim import borrowed_notice
 from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
 from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, Job
@@ -82,6 +83,11 @@ class JobsMixin:
             # One of its GPUs booked later for someone else: the job is stopped then (jobs/fair_use.py).
             data["booking_notice"] = await self.call(self.runner.pool.booking_notice_for, job.host, job.gpu_uuids,
                                                      job.user, job.groups, "this job")
+        # On borrowed GPUs (beyond its user's share): how much notice a reclaim gives, or that one runs.
+        borrowed = await borrowed_notice(self.runner, job)
+        data["borrowed"] = bool(borrowed)
+        data["borrowed_notice"] = borrowed["notice"] if borrowed else None
+        data["reclaim_at"] = borrowed["reclaim_at"] if borrowed else None
         return data
 
     async def submit_body(self, name: str, body) -> Job:
