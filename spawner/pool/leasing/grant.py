@@ -24,7 +24,7 @@ from ..ledger import events
 from ..ledger import statements as sql
 from ..ledger.schema import waiters_table
 from ..ledger.store import Store, as_utc
-from ..models import Lease, PoolError
+from ..models import Lease, PoolError, QuotaExceeded
 from ..validation import Request, worker_server_name
 from . import reclaim, serving_order
 from .placement import choose_gang
@@ -125,21 +125,34 @@ def borrowed(store: Store, conn, user: str) -> list[tuple[str, int]]:
     return [(s, n) for s, n in store.rows(conn, sql.BORROWED, {"user": user})]
 
 
+class Checked(NamedTuple):
+    snap: Snapshot
+    beyond: bool  # it would go beyond its user's share: a borrowed lease
+    over: str = ""  # why it may not borrow now (over a borrowing limit), when told to wait for that
+
+
 def check(store: Store, conn, req: Request, limit: tuple[int | None, str],
-          budgets: budget.Budgets | None = None, borrow: BorrowLimits | None = None) -> tuple[Snapshot, bool]:
+          budgets: budget.Budgets | None = None, borrow: BorrowLimits | None = None,
+          wait_over: bool = False) -> Checked:
     """Refuse a request that can never be met (too big, over quota or over its borrowing limits,
-    over budget); (the snapshot read, whether it would go beyond its user's share: borrowed)."""
+    over budget).  `wait_over`: a borrower over its borrowing limits is not refused but told
+    why it waits (a queued job waits for its borrowed jobs to end; its submission was checked)."""
     snap = snapshot(store, conn)
     check_feasible(snap, req)
-    beyond = False
+    beyond, over = False, ""
     if req.borrow and limit[0] is not None and held(store, conn, req.user)[0] + req.total > limit[0]:
         beyond = True  # idle GPUs beyond the share, within the borrowing limits
-        check_borrow(req, borrow or BorrowLimits(), lambda: borrowed(store, conn, req.user))
+        try:
+            check_borrow(req, borrow or BorrowLimits(), lambda: borrowed(store, conn, req.user))
+        except QuotaExceeded as exc:
+            if not wait_over:
+                raise
+            over = str(exc)
     else:
         check_quota(req, *limit, held=lambda: held(store, conn, req.user))
     if budgets is not None and budgets.any:
         budget.check(store, conn, req.user, req.groups, budgets, store.now(conn))
-    return snap, beyond
+    return Checked(snap, beyond, over)
 
 
 def attempt(
@@ -147,7 +160,8 @@ def attempt(
 ) -> Outcome:
     """Lend now if the queue lets this request through; else queue it (enqueue) or refresh its row."""
     now = store.now(conn)  # taken under the lock: lease times are ordered
-    snap, beyond = check(store, conn, req, rules.limit, rules.budgets, rules.borrow)
+    snap, beyond, over = check(store, conn, req, rules.limit, rules.budgets, rules.borrow,
+                               wait_over=enqueue or waiter_id is not None)
     # (One indexed probe first: most grants meet no booking at all.)
     booked = bookings.live(conn, now) if store.rows(conn, bookings.ANY_LIVE, {"now": now, "booked": "booked"}) else []
     whole, booked_out, mine_out = snap, None, set()
@@ -216,7 +230,8 @@ def attempt(
     hosts = req.hosts if req.hosts is not None else list(snap.capacity)
     free = sum(len(snap.free.get(h, ())) for h in hosts)
     total = sum(snap.capacity.get(h, 0) for h in hosts)
-    picks = None if beyond and within_waits else choose_gang(choose, avail, req.hosts, req.count, req.workers)
+    picks = None if beyond and (within_waits or over) else choose_gang(choose, avail, req.hosts, req.count,
+                                                                         req.workers)
     if picks is None and not beyond and store.rows(conn, sql.ANY_BORROWED):
         # Within its share and nothing free enough: ask borrowed leases back (their holders
         # stop them within GPUPool.reclaim_grace; this request is served as they end).
@@ -241,6 +256,10 @@ def attempt(
             behind = waiter_id if waiter_id is not None else NO_WAITER
             position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
             why = serving_order.fifo_why(position)
+        if beyond and over:
+            why = f"{over}; it waits until one of them ends"
+        elif beyond and within_waits:
+            why = "waiting to borrow idle GPUs beyond your share: requests within their share go first"
         if waiter_id is not None:
             store.run(conn, sql.HEARTBEAT, {"wid": waiter_id, "now": now})
         elif enqueue:

@@ -60,7 +60,7 @@ class PoolLeasing(PoolPart):
         """
         req = replace(self._make_request(user, server_name, count, groups, host, workers), borrow=bool(borrow))
         return self._read(lambda conn: grant.check(self._store, conn, req, self.limit_for(req.groups), self.budgets(),
-                                                   self.borrow_limits())[1])
+                                                   self.borrow_limits()).beyond)
 
     def set_host_demand(self, demand: dict[str, int]) -> None:
         """How many host-tagged profiles can use each host ({host: n}; hosts left out: 0).
@@ -76,7 +76,8 @@ class PoolLeasing(PoolPart):
         self._topology.demand = dict(demand)
 
     def try_acquire(
-        self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None
+        self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None,
+        borrow: bool = False,
     ) -> Lease | None:
         """Lend `count` GPUs of one host now, in one transaction, or return None.
 
@@ -84,9 +85,9 @@ class PoolLeasing(PoolPart):
         policy would let a newly arrived request through.  `host` restricts
         the choice to one host (default: the inventory's host, or any host
         when the pool has no inventory).  Raises InvalidRequest,
-        Unsatisfiable, QuotaExceeded, PoolUnavailable.
+        Unsatisfiable, QuotaExceeded, PoolUnavailable.  `borrow`: as for acquire.
         """
-        req = self._make_request(user, server_name, count, groups, host)
+        req = replace(self._make_request(user, server_name, count, groups, host), borrow=bool(borrow))
         return self._write(self._attempt, req, None, False).lease
 
     async def acquire(

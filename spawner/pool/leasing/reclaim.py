@@ -73,7 +73,7 @@ def choose(candidates: Iterable[Borrowed], free: dict[str, int], coming: dict[st
     candidates = list(candidates)
     names = sorted(set(free) | set(coming) | {c.host for c in candidates}) if hosts is None else list(hosts)
     have = {h: free.get(h, 0) + coming.get(h, 0) for h in names}
-    units = _units(c for c in candidates if c.host in have)
+    units = [u for u in _units(candidates) if any(l.host in have for l in u)]
     if workers > 1:
         need, got, picked = count * workers, sum(have.values()), []
         for unit in units:

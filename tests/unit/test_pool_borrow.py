@@ -1,0 +1,178 @@
+"""Borrowing beyond a share and reclaiming it (issue 38): the choice of the leases to reclaim
+(pure), and the borrowed accounting on a real SQLite ledger: what is borrowed, what the quota
+and the borrowing limits count, who waits for whom, which leases a waiting request asks back."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from spawner.pool import EndReason, QuotaExceeded
+from spawner.pool.fair_use.bookings import Booking
+from spawner.pool.leasing.reclaim import Borrowed, booked_by_holder, choose
+
+from .test_pool import HOST, make_pool
+
+T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+
+
+def borrowed(id_, host="a", gpus=1, minute=0, server=None, user="alice") -> Borrowed:
+    return Borrowed(id_, user, (), server or f"job/{id_}", host, tuple(f"{host}-{id_}-{i}" for i in range(gpus)),
+                    T0 + timedelta(minutes=minute))
+
+
+# ------------------------------------------------------------------ the choice (pure)
+
+def test_the_most_recently_started_borrowed_lease_goes_first():
+    old, new = borrowed(1, minute=0), borrowed(2, minute=5)
+    assert choose([old, new], {"a": 0}, {}, ["a"], 1) == [2]
+    assert choose([old, new], {"a": 0}, {}, ["a"], 2) == [1, 2]
+
+
+def test_nothing_is_reclaimed_when_free_or_coming_gpus_serve_the_request_or_nothing_would():
+    lease = borrowed(1, gpus=2)
+    assert choose([lease], {"a": 2}, {}, ["a"], 2) == []  # free enough
+    assert choose([lease], {"a": 1}, {"a": 1}, ["a"], 2) == []  # one free, one being reclaimed already
+    assert choose([lease], {"a": 0}, {}, ["a"], 3) == []  # even all of it would not serve 3
+
+
+def test_a_cluster_is_reclaimed_as_a_whole_on_every_host():
+    w0 = borrowed(1, host="a", server="job/9/worker-0", minute=1)
+    w1 = borrowed(2, host="b", server="job/9/worker-1", minute=1)
+    other = borrowed(3, host="a", minute=0)
+    # The cluster started last: its worker on host a serves the request, and its worker on b goes too.
+    assert choose([w0, w1, other], {"a": 0, "b": 0}, {}, ["a"], 1) == [1, 2]
+
+
+def test_a_one_host_request_takes_the_host_that_needs_the_fewest_gpus_reclaimed():
+    big = borrowed(1, host="a", gpus=3, minute=9)  # the newest, but on a host with nothing else free
+    small = borrowed(2, host="b", gpus=1, minute=1)
+    assert choose([big, small], {"a": 0, "b": 1}, {}, None, 2) == [2]
+
+
+def test_a_gang_counts_gpus_on_any_of_its_hosts():
+    a, b = borrowed(1, host="a", minute=2), borrowed(2, host="b", minute=1)
+    assert choose([a, b], {"a": 0, "b": 0}, {}, ["a", "b"], 1, workers=2) == [1, 2]
+
+
+def test_a_lease_on_gpus_its_holder_booked_is_never_a_candidate():
+    lease = borrowed(1, host="a", gpus=1)
+    mine = Booking(5, "alice", None, "a", lease.uuids, T0 - timedelta(hours=1), T0 + timedelta(hours=1), "alice")
+    theirs = Booking(6, "bob", None, "a", lease.uuids, T0 - timedelta(hours=1), T0 + timedelta(hours=1), "bob")
+    assert booked_by_holder(lease, [mine], T0)
+    assert not booked_by_holder(lease, [theirs], T0)
+    assert not booked_by_holder(lease, [mine], T0 + timedelta(hours=2))  # over: an ordinary borrowed lease
+
+
+# ------------------------------------------------------------------ the ledger
+
+def test_a_borrowing_request_takes_idle_gpus_beyond_its_share_which_the_quota_does_not_count(tmp_path):
+    pool = make_pool(tmp_path, max_gpus_per_user=1)
+    try:
+        with pytest.raises(QuotaExceeded, match="at most 1 GPU"):
+            pool.try_acquire("alice", "job/1", 3)  # without asking to borrow: the quota as before
+        lease = pool.try_acquire("alice", "job/1", 3, borrow=True)
+        assert lease.borrowed and pool.lease(lease.id).borrowed and pool.lease(lease.id).to_dict()["borrowed"]
+        own = pool.try_acquire("alice", "", 1)  # her share is still hers
+        assert own is not None and not own.borrowed
+        with pytest.raises(QuotaExceeded, match="you hold 1"):
+            pool.try_acquire("alice", "two", 1)
+        within = pool.try_acquire("bob", "job/2", 1, borrow=True)  # nothing free: None, nothing borrowed
+        assert within is None
+    finally:
+        pool.close()
+
+
+def test_borrowing_limits_refuse_with_a_403_naming_the_limit(tmp_path):
+    pool = make_pool(tmp_path, max_gpus_per_user=0, max_borrowed_gpus_per_user=2, max_borrowed_jobs_per_user=1)
+    try:
+        with pytest.raises(QuotaExceeded, match=r"GPUPool\.max_borrowed_gpus_per_user") as refused:
+            pool.try_acquire("alice", "job/1", 3, borrow=True)
+        assert refused.value.status_code == 403
+        with pytest.raises(QuotaExceeded, match=r"GPUPool\.max_borrowed_gpus_per_user"):
+            pool.check_request("alice", 3, borrow=True, server_name="job/")
+        assert pool.check_request("alice", 1, borrow=True, server_name="job/") is True  # would borrow
+        assert pool.try_acquire("alice", "job/1", 1, borrow=True).borrowed
+        with pytest.raises(QuotaExceeded, match=r"at most 1 job on borrowed GPUs .*max_borrowed_jobs_per_user"):
+            pool.try_acquire("alice", "job/2", 1, borrow=True)
+        with pytest.raises(QuotaExceeded, match=r"you borrow 1 and asked for 2 more"):
+            pool.check_request("alice", 2, borrow=True, server_name="")
+        assert not pool.queue() and len(pool.leases()) == 1  # refusals changed nothing
+    finally:
+        pool.close()
+
+
+def test_a_waiter_within_its_share_asks_back_the_newest_borrowed_lease_and_gets_its_gpus(tmp_path):
+    pool = make_pool(tmp_path, max_gpus_per_user=2)
+
+    async def main():
+        older = pool.try_acquire("alice", "job/1", 1, borrow=True)  # within her share of 2: not borrowed
+        newer = pool.try_acquire("alice", "job/2", 3, borrow=True)  # 1 + 3 > 2: borrowed, as a whole
+        assert newer.borrowed and not older.borrowed
+        bob = asyncio.ensure_future(pool.acquire("bob", "", 2, timeout=30))
+        for _ in range(200):
+            if pool.reclaiming():
+                break
+            await asyncio.sleep(0.02)
+        [asked] = pool.reclaiming(HOST)
+        assert asked.id == newer.id and asked.reclaim_at is not None
+        assert pool.lease(newer.id).reclaim_at == asked.reclaim_at
+        # While bob waits, nobody borrows: not even the one GPU nobody holds.
+        assert pool.try_acquire("carol", "job/3", 1, borrow=True) is None
+        assert pool.release(newer.id, EndReason.RECLAIMED)
+        lease = await asyncio.wait_for(bob, 10)
+        assert not lease.borrowed and len(lease.gpu_uuids) == 2
+        assert pool.lease(newer.id).end_reason == "reclaimed" and not pool.reclaiming()
+        assert pool.lease(older.id).ended_at is None  # within alice's share: never asked back
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
+
+
+def test_a_borrower_never_asks_anything_back_and_waits_behind_requests_within_their_share(tmp_path):
+    pool = make_pool(tmp_path, count=2, max_gpus_per_user=0)
+
+    async def main():
+        first = pool.try_acquire("alice", "job/1", 2, borrow=True)
+        carol = asyncio.ensure_future(pool.acquire("carol", "job/2", 1, timeout=30, borrow=True))
+        await asyncio.sleep(0.3)
+        assert not pool.reclaiming() and [w.user for w in pool.queue()] == ["carol"]
+        pool.release(first.id)
+        lease = await asyncio.wait_for(carol, 10)
+        assert lease.borrowed
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
+
+
+def test_a_version_12_ledger_gains_the_borrowing_columns_in_place(tmp_path):
+    from spawner.pool import SCHEMA_VERSION
+
+    pool = make_pool(tmp_path, max_gpus_per_user=1)
+    kept = pool.try_acquire("alice", "", 1)
+    pool.close()
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    with engine.begin() as conn:
+        for table, column in (("gpu_pool_leases", "borrowed"), ("gpu_pool_leases", "reclaim_at"),
+                              ("gpu_pool_waiters", "beyond"), ("gpu_pool_jobs", "borrow"),
+                              ("gpu_pool_jobs", "requeue"), ("gpu_pool_jobs", "attempts")):
+            conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='12' WHERE key='schema_version'"))
+    pool = make_pool(tmp_path, max_gpus_per_user=1)
+    try:
+        old = pool.lease(kept.id)
+        assert old.ended_at is None and not old.borrowed and old.reclaim_at is None  # within its share
+        assert pool.try_acquire("alice", "job/1", 2, borrow=True).borrowed
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
+                == str(SCHEMA_VERSION) == "13"
+    finally:
+        pool.close()
+        engine.dispose()
