@@ -99,7 +99,6 @@ class Reclaims:
         after = await runner.read_log(job)
         if after is not None and len(after) >= len(output or ""):
             output = after
-        self.forget(job)
         if not stopped:  # the job reconciler removes it and ends the leases later
             for lease_id in job.lease_ids:
                 await runner.call(runner.pool.set_problem, lease_id,
@@ -108,12 +107,14 @@ class Reclaims:
             await runner.call(runner.ledger.update, job.id, (STARTING, RUNNING), "ended_at", state=CANCELLED,
                               message="stopped: its borrowed GPUs were reclaimed, but its container would not stop",
                               **({"log": output} if output is not None else {}))
+            self.forget(job)
             return None
         for name in names:
             await runner.remove_container(name)
         if job.is_cluster:
             await runner.engine.remove_network(cluster.network_name(runner.settings, job.id))
         await runner.call(runner.pool.release_all, list(job.lease_ids), EndReason.RECLAIMED)
+        self.forget(job)  # (after the end: a round before it would note the lease again)
         kept = {"log": output} if output is not None else {}
         if not job.requeue:
             await runner.call(runner.ledger.update, job.id, (STARTING, RUNNING), "ended_at", state=CANCELLED,

@@ -5,11 +5,13 @@ and the borrowing limits count, who waits for whom, which leases a waiting reque
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 
+from devservices.waiting import async_until
 from spawner.pool import EndReason, QuotaExceeded
 from spawner.pool.fair_use.bookings import Booking
 from spawner.pool.leasing.reclaim import Borrowed, booked_by_holder, choose
@@ -113,11 +115,7 @@ def test_a_waiter_within_its_share_asks_back_the_newest_borrowed_lease_and_gets_
         newer = pool.try_acquire("alice", "job/2", 3, borrow=True)  # 1 + 3 > 2: borrowed, as a whole
         assert newer.borrowed and not older.borrowed
         bob = asyncio.ensure_future(pool.acquire("bob", "", 2, timeout=30))
-        for _ in range(200):
-            if pool.reclaiming():
-                break
-            await asyncio.sleep(0.02)
-        [asked] = pool.reclaiming(HOST)
+        [asked] = await async_until(lambda: pool.reclaiming(HOST), 10, "the borrowed lease asked back")
         assert asked.id == newer.id and asked.reclaim_at is not None
         assert pool.lease(newer.id).reclaim_at == asked.reclaim_at
         # While bob waits, nobody borrows: not even the one GPU nobody holds.
@@ -140,7 +138,8 @@ def test_a_borrower_never_asks_anything_back_and_waits_behind_requests_within_th
     async def main():
         first = pool.try_acquire("alice", "job/1", 2, borrow=True)
         carol = asyncio.ensure_future(pool.acquire("carol", "job/2", 1, timeout=30, borrow=True))
-        await asyncio.sleep(0.3)
+        await async_until(lambda: pool.queue(), 10, "carol queued")
+        assert pool.try_acquire("dee", "job/3", 1, borrow=True) is None  # a borrower does not pass another
         assert not pool.reclaiming() and [w.user for w in pool.queue()] == ["carol"]
         pool.release(first.id)
         lease = await asyncio.wait_for(carol, 10)
@@ -176,3 +175,28 @@ def test_a_version_12_ledger_gains_the_borrowing_columns_in_place(tmp_path):
     finally:
         pool.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("order", ["fifo", "fairshare"])
+def test_a_job_queued_again_keeps_its_place_by_its_first_submission(tmp_path, order):
+    pool = make_pool(tmp_path, count=1, queue_order=order)
+
+    async def main():
+        holder = pool.try_acquire("zed", "", 1)
+        bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
+        await async_until(lambda: pool.queue(), 10, "bob queued")
+        again = asyncio.ensure_future(pool.acquire("alice", "job/1", 1, timeout=30,
+                                                   since=datetime.now(UTC) - timedelta(hours=1)))
+        await async_until(lambda: len(pool.queue()) == 2, 10, "alice's job queued again")
+        assert [w.user for w in pool.queue()] == ["alice", "bob"]
+        pool.release(holder.id)
+        lease = await asyncio.wait_for(again, 10)
+        assert lease.user == "alice" and not bob.done()
+        bob.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await bob
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()

@@ -86,7 +86,7 @@ def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: s
     """`rows` (arrival order) in serving order (serving_order.order) with the use it was decided by
     (not read for one row that needs no explanation)."""
     if mode != serving_order.FAIRSHARE or shares is None or (len(rows) < 2 and not explained):
-        return Ordered(list(rows), lambda e: 0.0, None)
+        return Ordered(sorted(rows, key=serving_order.arrival), lambda e: 0.0, None)
     use = rollup.decayed_use(store, conn, now, cache)
     memo: dict = {}
     by_group = bool(shares.groups)  # without group shares a user's standing is theirs alone
@@ -217,7 +217,9 @@ def attempt(
             o = ordered(store, conn, rows, now, rules.order, rules.shares, rules.use_cache, explained=False)
             ahead = o.rows[:next(i for i, r in enumerate(o.rows) if r.id == me.id)]
     else:
-        ahead = [r for r in live if waiter_id is None or r.id < waiter_id]
+        mine_row = next((r for r in live if r.id == waiter_id), None) if waiter_id is not None else None
+        my_place = serving_order.arrival(mine_row) if mine_row is not None else (req.since or now, NO_WAITER)
+        ahead = [r for r in live if serving_order.arrival(r) < my_place]
     # Requests within their share go before any that would borrow: a borrower is served only
     # while none of them waits, and takes nothing from them in the turns ahead.
     within_waits = any(not r.beyond for r in live if r.id != waiter_id)
@@ -253,8 +255,8 @@ def attempt(
             why = explain(o, index, rules.order, rules.shares, now) if me else serving_order.fifo_why(position)
         else:
             # Its place: the rows ahead (all live now: the stale ones went above).
-            behind = waiter_id if waiter_id is not None else NO_WAITER
-            position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind})[0][0] + 1
+            since, behind = my_place
+            position = store.rows(conn, sql.WAITERS_BEFORE, {"wid": behind, "since": since})[0][0] + 1
             why = serving_order.fifo_why(position)
         if beyond and over:
             why = f"{over}; it waits until one of them ends"

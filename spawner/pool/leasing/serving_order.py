@@ -76,14 +76,21 @@ def order(entries: Sequence[Entry], mode: str, standing_of: Callable[[Entry], fl
     gives comparable values, rounded so that equal use compares equal).
 
     fifo: arrival order.  fairshare: those that waited `fifo_after` or longer first, in
-    arrival order; then the rest by standing, arrival order among equals."""
+    arrival order; then the rest by standing, arrival order among equals.  Arrival is a row's
+    `enqueued_at`, then its id: a reclaimed job queued again arrives when it first did."""
     if mode != FAIRSHARE:
-        return list(entries)
+        return sorted(entries, key=arrival)
     cutoff = now - timedelta(seconds=fifo_after)
     overdue = [e for e in entries if e.enqueued_at <= cutoff]
     rest = [e for e in entries if e.enqueued_at > cutoff]
-    rest.sort(key=lambda e: (standing_of(e), e.id))
-    return sorted(overdue, key=lambda e: e.id) + rest
+    rest.sort(key=lambda e: (standing_of(e), e.enqueued_at, e.id))
+    return sorted(overdue, key=arrival) + rest
+
+
+def arrival(entry: Entry) -> tuple[datetime, int]:
+    """A waiter's place in arrival order: when it joined (its first time, for a job queued again
+    after a reclaim), then its row id."""
+    return entry.enqueued_at, entry.id
 
 
 def why(position: int, ahead: Sequence[Entry], me: Entry, mode: str, standing_of: Callable[[Entry], float],

@@ -60,11 +60,14 @@ def waiters_that_matter(full_hosts: int):
             where = (_w.c.heartbeat_at < bindparam("alive_since")) | _w.c.hosts.is_(None) | _w.c.hosts.not_in(
                 [bindparam(f"full{i}") for i in range(full_hosts)])
         stmt = select(*_WAITER_COLUMNS)
-        stmt = _waiters_that_matter[full_hosts] = (stmt.where(where) if where is not None else stmt).order_by(_w.c.id)
+        stmt = _waiters_that_matter[full_hosts] = (stmt.where(where) if where is not None else stmt).order_by(
+            _w.c.enqueued_at, _w.c.id)
     return stmt
 
 
-WAITERS_BEFORE = select(func.count()).select_from(_w).where(_w.c.id < bindparam("wid"))
+# The rows ahead in arrival order (serving_order.arrival: when each joined, then its id).
+WAITERS_BEFORE = select(func.count()).select_from(_w).where(
+    (_w.c.enqueued_at < bindparam("since")) | ((_w.c.enqueued_at == bindparam("since")) & (_w.c.id < bindparam("wid"))))
 
 WAITER_EXISTS = select(_w.c.id).where(_w.c.id == bindparam("wid"))
 
@@ -73,7 +76,8 @@ STALE_WAITER_IDS = select(_w.c.id).where(_w.c.heartbeat_at < bindparam("alive_si
 # What changes whenever the live queue does (ids only grow): (live rows, the newest id).
 LIVE_WAITERS_SIGNATURE = select(func.count(), func.max(_w.c.id)).where(_w.c.heartbeat_at >= bindparam("alive_since"))
 
-LIVE_WAITER_IDS = select(_w.c.id).where(_w.c.heartbeat_at >= bindparam("alive_since")).order_by(_w.c.id)
+LIVE_WAITER_IDS = select(_w.c.id).where(_w.c.heartbeat_at >= bindparam("alive_since")).order_by(
+    _w.c.enqueued_at, _w.c.id)
 
 HEARTBEAT = update(_w).where(_w.c.id == bindparam("wid")).values(heartbeat_at=bindparam("now"))
 
