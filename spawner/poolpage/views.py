@@ -59,6 +59,9 @@ def gpu_row(status: GPUStatus, viewer: Viewer) -> dict:
         "lease_id": lease.id if lease is not None else None,
         # Why a lease stays lent (a quiet Swarm node, a container that will not stop).
         "problem": (lease.problem or None) if lease is not None else None,
+        # Lent beyond its holder's share (issue 38): reclaimed with notice when someone within theirs waits.
+        "borrowed": bool(lease is not None and lease.borrowed),
+        "reclaim_at": iso(lease.reclaim_at) if lease is not None else None,
         # The pool's readings, where something gives them (NVML, the agents; filled by the app).
         "utilization": None,  # percent
         "memory_used_mib": None,  # MiB in use (of memory_mib)
@@ -95,6 +98,7 @@ def lease_row(lease: Lease, now: datetime | None = None) -> dict:
         "ended_at": iso(lease.ended_at),
         "end_reason": lease.end_reason,
         "gpu_hours": round(lease.gpu_hours(until=end), 3),
+        "borrowed": lease.borrowed,
     }
 
 

@@ -200,3 +200,17 @@ def test_a_job_queued_again_keeps_its_place_by_its_first_submission(tmp_path, or
         asyncio.run(main())
     finally:
         pool.close()
+
+
+def test_the_pool_page_marks_borrowed_gpus(tmp_path):
+    from spawner.poolpage import views
+
+    pool = make_pool(tmp_path, max_gpus_per_user=1)
+    try:
+        lease = pool.try_acquire("alice", "job/1", 2, borrow=True)
+        own = pool.try_acquire("alice", "", 1)
+        rows = {r["lease_id"]: r for r in views.gpu_rows(pool.gpus(), views.Viewer("bob"))}
+        assert rows[lease.id]["borrowed"] and rows[lease.id]["reclaim_at"] is None
+        assert not rows[own.id]["borrowed"]
+    finally:
+        pool.close()
