@@ -214,3 +214,25 @@ def test_the_pool_page_marks_borrowed_gpus(tmp_path):
         assert not rows[own.id]["borrowed"]
     finally:
         pool.close()
+
+
+def test_a_borrowed_lease_on_its_holders_booking_is_never_asked_back(tmp_path):
+    pool = make_pool(tmp_path, max_gpus_per_user=1, poll_interval=0.05)
+    now = datetime.now(UTC)
+
+    async def main():
+        booking = pool.book("alice", 2, now, now + timedelta(hours=2), admin=True)
+        other = pool.try_acquire("carol", "job/2", 2, borrow=True)  # the two unbooked GPUs, borrowed
+        mine = pool.try_acquire("alice", "job/1", 2, borrow=True)  # beyond her share, on her booked GPUs
+        assert mine.borrowed and set(mine.gpu_uuids) == set(booking.gpu_uuids) and other.borrowed
+        bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
+        [asked] = await async_until(lambda: pool.reclaiming(), 10, "a borrowed lease asked back")
+        assert asked.id == other.id  # carol's, though alice's started later: hers is on her booking
+        pool.release(other.id, EndReason.RECLAIMED)
+        assert (await asyncio.wait_for(bob, 10)).user == "bob"
+        assert pool.lease(mine.id).reclaim_at is None and pool.lease(mine.id).ended_at is None
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
