@@ -100,6 +100,13 @@ class Policy:
     budgets: bool = False
     lease_wait_timeout: float = Settings.lease_wait_timeout
     queue_timeout: float = JobSettings.queue_timeout
+    # Borrowing (issue 38): jobs may go beyond their user's share (the pool's max_gpus_per_user);
+    # a reclaimed job heeds the notice `heed_after` s after it (then saves and exits), else is
+    # stopped at the grace, losing its work since its last checkpoint (one every `checkpoint_every`
+    # s of its run, as BackupAndRestore's epochs), and queues again in its first place.
+    borrow: bool = False
+    heed_after: float = 30.0
+    checkpoint_every: float = 600.0
 
 
 def policies(product_pool: dict | None = None, product_hub: dict | None = None) -> list[Policy]:
@@ -113,6 +120,15 @@ def policies(product_pool: dict | None = None, product_hub: dict | None = None) 
         Policy("product", dict(product_pool or {}), rules_from_settings(product), cull_every=product.cull_every,
                activity_interval=activity_interval(product), quiet_after=quiet_after(product), contention=True, bookings=True, budgets=True),
     ]
+
+
+def borrowing_policies(quota: int, product_pool: dict | None = None, product_hub: dict | None = None
+                       ) -> list[Policy]:
+    """The product's policy with a per-user limit of `quota` GPUs, borrowing off and on."""
+    product = policies(product_pool, product_hub)[-1]
+    pool = {**product.pool, "max_gpus_per_user": quota}
+    return [replace(product, name=f"product, quota {quota}", pool=pool),
+            replace(product, name=f"product, quota {quota}, jobs borrow", pool=pool, borrow=True)]
 
 
 # --- the virtual clock --------------------------------------------------------------------------
@@ -163,7 +179,9 @@ class Run:
     started: float | None = None
     leases: tuple = ()
     ended: float | None = None
-    end: str = ""  # stopped, culled, budget, booking, gave-up, refused, horizon
+    end: str = ""  # stopped, culled, budget, booking, reclaimed, gave-up, refused, horizon
+    since: float | None = None  # a job queued again after a reclaim: when it first arrived
+    attempt: int = 1
 
     def busy_abs(self) -> list[tuple[float, float]]:
         s = self.started or 0.0
@@ -197,6 +215,10 @@ class Metrics:
     runtime_s: float = 0.0
     done: dict = field(default_factory=dict)  # user -> busy GPU-hours done
     due: dict = field(default_factory=dict)  # user -> busy GPU-hours due
+    borrowed_gpu_hours: float = 0.0
+    reclaimed_gpu_hours: float = 0.0  # of the borrowed leases that ended reclaimed
+    reclaims: int = 0
+    reclaim_lost_gpu_minutes: float = 0.0  # work between the last checkpoint and the stop
 
     @property
     def lent_share(self) -> float:
@@ -270,6 +292,8 @@ class Replay:
         self.shortest = policy.rules.shortest if policy.rules is not None else math.inf
         self.used: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # user -> (start, end, gpus)
         self.free_while_waiting = 0.0  # GPU-seconds
+        self.asked: set[int] = set()  # borrowed lease ids seen asked back
+        self.reclaim_lost = 0.0  # GPU-seconds
 
     # --- the event queue ---------------------------------------------------------------------
 
@@ -309,7 +333,38 @@ class Replay:
     # --- the ledger calls of a wait (see the module docstring) ---------------------------------
 
     def _attempt(self, run: Run, waiter_id: int | None, enqueue: bool):
-        return self.pool._write(self.pool._attempt, run.pool_req, waiter_id, enqueue)
+        outcome = self.pool._write(self.pool._attempt, run.pool_req, waiter_id, enqueue)
+        if self.policy.borrow:
+            self._asked_back()
+        return outcome
+
+    # --- borrowing: the jobs runner's part of a reclaim (spawner/jobs/reclaim.py) ----------------
+
+    def _asked_back(self) -> None:
+        """Borrowed leases a waiter within its share just asked back: their jobs heed the notice
+        after `heed_after` or are stopped at the grace."""
+        for lease in self.pool.reclaiming():
+            if lease.id in self.asked or lease.id not in self.lease_run:
+                continue
+            run = self.lease_run[lease.id]
+            self.asked.update(l.id for l in run.leases)
+            self.at(self.clock.t + min(self.policy.heed_after, self.pool.reclaim_grace), self.reclaimed, run)
+
+    def reclaimed(self, run: Run) -> None:
+        if id(run) not in self.running or run.ended is not None:
+            return
+        del self.running[id(run)]
+        run.ended, run.end = self.clock.t, "reclaimed"
+        self.pool.release_all([lease.id for lease in run.leases], "reclaimed")
+        ran = self.clock.t - (run.started or self.clock.t)
+        kept = ran - ran % self.policy.checkpoint_every  # up to its last checkpoint
+        self.reclaim_lost += run.req.total * (ran - kept)
+        self.used[run.req.user].append((run.started or 0.0, run.ended, run.req.total))
+        left = max(run.hold - kept, 1.0)
+        again = Run(run.req, self.clock.t, ((0.0, left),), left, since=run.since if run.since is not None
+                    else run.arrive, attempt=run.attempt + 1)
+        self.arrive(again)
+        self.serve()
 
     def _beat(self) -> None:
         ids = [r.waiter_id for r in self.waiting.values() if r.waiter_id is not None]
@@ -322,6 +377,9 @@ class Replay:
         self._beat()
         req = self.pool._make_request(r.user, f"{r.kind}-{len(self.runs)}", r.gpus, r.groups, None, r.workers)
         run.pool_req = replace(req, holds_for=validation.holds_for(r.limit)) if r.limit is not None else req
+        if self.policy.borrow and r.kind == "job":
+            run.pool_req = replace(run.pool_req, borrow=True,
+                                   since=self.clock.at(run.since) if run.since is not None else None)
         try:
             outcome = self._attempt(run, None, True)
         except PoolError:
@@ -519,7 +577,22 @@ class Replay:
             sum(1 for _, _, why, _, _ in self.culls if why == "booking"),
             sum(1 for r in self.runs if r.end == "gave-up"), sum(1 for r in self.runs if r.end == "refused"),
             lost, self.free_while_waiting / 3600,
-            sum(1 for _, _, why, b, back in self.culls if why == "culled" and not b and back), runtime, dict(done), due)
+            sum(1 for _, _, why, b, back in self.culls if why == "culled" and not b and back), runtime, dict(done), due,
+            *self._borrowed_hours(horizon))
+
+    def _borrowed_hours(self, horizon: float) -> tuple[float, float, int, float]:
+        """(borrowed GPU-hours, of them reclaimed, reclaims, GPU-minutes of work lost to them)."""
+        borrowed = reclaimed = 0.0
+        for lease in self.pool.history():
+            if not lease.borrowed:
+                continue
+            start = (lease.started_at - self.clock.epoch).total_seconds()
+            end = (lease.ended_at - self.clock.epoch).total_seconds() if lease.ended_at else horizon
+            hours = len(lease.gpu_uuids) * max(0.0, min(end, horizon) - start) / 3600
+            borrowed += hours
+            if lease.end_reason == "reclaimed":
+                reclaimed += hours
+        return borrowed, reclaimed, sum(1 for r in self.runs if r.end == "reclaimed"), self.reclaim_lost / 60
 
 
 def replay(trace: wl.Trace, policy: Policy) -> Metrics:
@@ -557,11 +630,26 @@ def table(rows: list[Metrics]) -> str:
     return "\n".join(lines)
 
 
+def borrowing_table(rows: list[Metrics]) -> str:
+    lines = ["| policy | lent / capacity | interactive wait p95 (min) | job wait p95 (min) | borrowed GPU-h "
+             "| reclaimed GPU-h | reclaims | work lost to reclaims (GPU-min) | gave up / refused |", "|" + "---|" * 9]
+    for m in rows:
+        lines.append(
+            f"| {m.policy} | {m.lent_gpu_hours:.0f} / {m.capacity_gpu_hours:.0f} GPU-h ({m.lent_share:.0%}) "
+            f"| {_minutes(percentile(m.interactive_waits, .95))} | {_minutes(percentile(m.job_waits, .95))} "
+            f"| {m.borrowed_gpu_hours:.1f} | {m.reclaimed_gpu_hours:.1f} | {m.reclaims} "
+            f"| {m.reclaim_lost_gpu_minutes:.0f} | {m.gave_up} / {m.refused} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(wl.SIZES), default="small")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", action="append", help="only these policies (default: all three)")
+    parser.add_argument("--borrowing", type=int, default=None, metavar="QUOTA",
+                        help="instead: the product policy with a per-user limit of QUOTA GPUs, with jobs "
+                             "borrowing beyond it off and on, side by side")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=NUMBER",
                         help="a GPUPool setting or a hub Settings field of the product policy, e.g. "
                              "backfill_window=600 or activity_interval=30")
@@ -587,6 +675,12 @@ def main(argv: list[str] | None = None) -> int:
           f"capacity), of it busy {sum(r.total * r.busy_seconds() for r in trace.requests) / 3600:.0f} GPU-h; "
           f"budget {trace.user_budget} GPU-h per user per week (product only)")
     rows = []
+    if args.borrowing is not None:
+        for policy in borrowing_policies(args.borrowing, overrides, hub):
+            rows.append(replay(trace, policy))
+            print(f"  {policy.name}: {rows[-1].runtime_s:.1f} s", file=sys.stderr)
+        print(borrowing_table(rows))
+        return 0
     for policy in policies(overrides, hub):
         if args.policy and policy.name not in args.policy:
             continue

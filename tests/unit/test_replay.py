@@ -126,3 +126,25 @@ def test_the_products_policy_posts_after_a_third_of_the_shortest_limit():
     (product,) = [p for p in R.policies() if p.name == "product"]
     assert product.quiet_after == product.rules.shortest // 3
     assert all(p.quiet_after is None for p in R.policies() if p.name != "product")
+
+
+def test_borrowing_side_by_side_a_job_beyond_its_share_runs_and_is_reclaimed_for_servers():
+    # Quota 1: bob's 2-GPU job at t=600 is beyond his share.  Off: refused.  On: it borrows both
+    # GPUs once they are free (5400, after the cull); alice's server at 6000, within her share,
+    # asks them back: the job heeds the notice 30 s later (6030), keeping the 600 s of its last
+    # checkpoint (one every 600 s), and queues again; it borrows again when alice stops (6930),
+    # and bob's own server at 9600 (within his share: the borrowed job does not count) asks it
+    # back at 9630, after 2700 s kept to 2400; its third run does the last 600 s (10830-11430).
+    # Lost: 30 s + 300 s on 2 GPUs = 11 GPU-minutes; borrowed 2 x (630 + 2700 + 600) s.
+    off, on = R.borrowing_policies(1)
+    off, on = (R.replace(p, rules=CullRules(1800, 1800), cull_every=600, activity_interval=300, quiet_after=None,
+                         bookings=False, budgets=False, contention=False,
+                         pool={**p.pool, "queue_order": "fifo", "backfill_window": 0}) for p in (off, on))
+    m_off, m_on = R.replay(TRACE, off), R.replay(TRACE, on)
+    assert m_off.borrowed_gpu_hours == 0 and m_off.refused == 1 and m_off.reclaims == 0
+    assert m_on.reclaims == 2 and m_on.refused == 0
+    assert m_on.reclaim_lost_gpu_minutes == pytest.approx(11)
+    assert m_on.borrowed_gpu_hours == pytest.approx(2 * (630 + 2700 + 600) / 3600)
+    assert m_on.reclaimed_gpu_hours == pytest.approx(2 * (630 + 2700) / 3600)
+    assert m_on.lent_gpu_hours > m_off.lent_gpu_hours
+    assert "| reclaims |" in R.borrowing_table([m_off, m_on])
