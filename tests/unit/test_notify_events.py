@@ -23,14 +23,17 @@ from spawner.poolpage.hubapi import Server
 from spawner.poolpage.service_config import PoolPageSettings
 from tests.fixtures.webhook import WebhookReceiver
 
-from .test_notify import ADDRESS, AUTH_STATE, ReadyHub, make_pool, queued_grant, rows, sender
-
-pytest.importorskip("aiosmtpd.controller")
-from .test_notify import smtp_server  # noqa: E402,F401 (the fixture)
+from .test_notify import ADDRESS, AUTH_STATE, ReadyHub, SMTPServer, make_pool, queued_grant, rows, sender
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 RULES = CullRules(cpu_timeout=0, gpu_timeout=900)  # GPU servers culled after 15 min idle, CPU never
 SECRET = b"s3cret-of-this-deployment"
+
+
+@pytest.fixture
+def smtp_server():
+    with SMTPServer() as server:
+        yield server
 
 
 def mail_always(pool, user="bob", event="granted"):
