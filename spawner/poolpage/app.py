@@ -221,7 +221,8 @@ async def serve(app: web.Application, port: int) -> None:
     hook_sender.start()
     watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
                       app.settings["notify_events"])
-    watch.start()
+    if app.settings["notify"].enabled or app.settings["webhooks"].enabled:  # no channel: nobody to warn
+        watch.start()
     await stop.wait()
     await watch.stop()
     await hook_sender.stop()
