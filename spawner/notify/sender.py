@@ -41,7 +41,7 @@ HUB_DOWN_RETRY_S = 5.0  # a ready check the hub did not answer is tried again th
 log = logging.getLogger("gpu-pool-notify")
 
 
-async def prepare(ledger, write, hub, events: Notifications, key: bytes, public_base: str, prefix: str,
+async def prepare(ledger, write, hub, key: bytes, public_base: str, prefix: str,
                   user: str, entries: list[Entry], poll_interval: float) -> list[Entry]:
     """The entries to tell now, with their links: `granted` ones whose server is ready (the
     others wait, or are skipped when the server is gone), cull warnings with their "keep it" link."""
@@ -179,7 +179,7 @@ class Sender:
             await self._ledger(self._write, outbox.finish, ids, outbox.SKIPPED,
                                "no address: the directory gave none (its mail attribute)")
             return 0
-        wanted = await prepare(self._ledger, self._write, self.hub, self.events, self._key or b"", self.public_base,
+        wanted = await prepare(self._ledger, self._write, self.hub, self._key or b"", self.public_base,
                                self.prefix, user, wanted, s.poll_interval)
         if not wanted:
             return 0

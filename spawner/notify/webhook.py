@@ -259,7 +259,7 @@ class WebhookSender:
                                "not chosen by the user" if url else "no webhook set")
         if not wanted or url is None:
             return 0
-        wanted = await prepare(self._ledger, self._write, self.hub, self.events, self._key or b"",
+        wanted = await prepare(self._ledger, self._write, self.hub, self._key or b"",
                                self.public_base, self.prefix, user, wanted, s.poll_interval)
         if not wanted:
             return 0
