@@ -206,7 +206,10 @@ class KeepHub(ActiveHub):
 
 @pytest.fixture
 def keep_service(tmp_path):
+    from spawner.poolpage.handlers import notifications
     from tests.fixtures.pool_app import serving_app
+
+    notifications._recent_keeps.clear()  # each test's users start with no keeps this minute
 
     pool = make_pool(tmp_path)
     now = datetime.now(UTC)
@@ -242,6 +245,10 @@ def test_the_keep_link_counts_as_activity_for_its_owners_server_only(keep_servic
         r = requests.post(forged, timeout=10)
         assert r.status_code == 403 and "another user" in r.text, r.text
     assert len(hub.activity) == 1
+    # Bounded: a link (or a script replaying it) keeps at most a few times a minute.
+    codes = [requests.post(link, timeout=10).status_code for _ in range(6)]
+    assert codes[:5] == [200] * 5 and codes[5] == 429, codes
+    assert len(hub.activity) == 6
 
 
 def test_an_expired_or_too_old_or_gone_servers_keep_link_says_why(keep_service):

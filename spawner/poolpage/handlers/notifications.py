@@ -35,21 +35,23 @@ from .base import LEDGER_TIMEOUT, APIHandler, Unframed, ledger_call, log
 from .wait import settings_of
 
 PUTS_PER_MINUTE = 20
+KEEPS_PER_MINUTE = 6  # a keep link's POSTs per user (each one is a call to the hub's API)
 _recent_puts: dict[str, deque] = defaultdict(deque)
+_recent_keeps: dict[str, deque] = defaultdict(deque)
 
 
-def _limit(user: str) -> None:
+def _limit(user: str, recent: dict[str, deque] = _recent_puts, most: int = PUTS_PER_MINUTE,
+           what: str = "changes of your notification choices") -> None:
     now = time.monotonic()
-    seen = _recent_puts[user]
+    seen = recent[user]
     while seen and seen[0] < now - 60:
         seen.popleft()
-    if len(seen) >= PUTS_PER_MINUTE:
-        raise web.HTTPError(429, f"At most {PUTS_PER_MINUTE} changes of your notification choices a minute; "
-                                 "try again in a minute")
+    if len(seen) >= most:
+        raise web.HTTPError(429, f"At most {most} {what} a minute; try again in a minute")
     seen.append(now)
-    if len(_recent_puts) > 10000:  # bounded: forget the quiet users
-        for name in [n for n, q in _recent_puts.items() if not q or q[-1] < now - 60]:
-            del _recent_puts[name]
+    if len(recent) > 10000:  # bounded: forget the quiet users
+        for name in [n for n, q in recent.items() if not q or q[-1] < now - 60]:
+            del recent[name]
 
 
 class NotificationsAPI(APIHandler):
@@ -178,6 +180,8 @@ class Keep(Unframed, web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         says = exc.log_message if isinstance(exc, web.HTTPError) and exc.log_message else \
             "Something went wrong; try again in a minute."
+        if self.get_status() == 429:
+            self.set_header("Retry-After", "60")
         self.finish(PAGE.format(body=f"<p>{html.escape(says)}</p>"))
 
     async def get(self):
@@ -191,6 +195,7 @@ class Keep(Unframed, web.RequestHandler):
 
     async def post(self):
         user, server = await self._valid()
+        _limit(user, _recent_keeps, KEEPS_PER_MINUTE, "uses of a keep-it link")
         hub = hub_api(self)
         try:
             srv = next((s for s in await hub.servers_of_user(user) if s.name == server), None)
