@@ -17,7 +17,7 @@ from email.utils import format_datetime, make_msgid
 
 from jupyterhub.utils import url_path_join
 
-from ..pool.ledger.events import GRANTED, JOB_ENDED
+from ..pool.ledger.events import CULL_WARNING, GRANTED, JOB_ENDED
 from ..pool.ledger.outbox import Entry
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")
@@ -55,12 +55,27 @@ def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], st
     p = entry.payload
     if entry.event == GRANTED:
         server = p.get("server_name") or ""
-        path = url_path_join(links.hub, "hub", "spawn-pending", entry.user, server) if server else \
-            url_path_join(links.hub, "hub", "spawn-pending", entry.user)
-        title = f"Your GPU{'s are' if int(p.get('gpus') or 1) > 1 else ' is'} granted: your server {server or '(default)'} is starting"
+        # The sender tells a grant once the server is ready (ready.py), with the server's own link.
+        path = p.get("server_url") or url_path_join(links.hub, "hub", "spawn-pending", entry.user, server)
+        title = f"Your GPU{'s are' if int(p.get('gpus') or 1) > 1 else ' is'} ready: your server {server or '(default)'} is running"
         rows = [("Server", server or "(default)"), ("GPUs", str(p.get("gpus"))), ("Host", str(p.get("host"))),
                 ("Waited in the queue", _hours(float(p.get("waited_s") or 0)))]
         return title, rows, path
+    if entry.event == CULL_WARNING:
+        server = p.get("server_name") or ""
+        at = datetime.fromisoformat(str(p.get("deadline")))
+        left = max(0.0, (at - datetime.now(UTC)).total_seconds())
+        minutes = max(1, round(left / 60))
+        when = at.astimezone(UTC).strftime("%H:%M UTC")
+        rows = [("Server", server or "(default)"), ("Stops at", when), ("Why", str(p.get("reason") or ""))]
+        if p.get("by_max_age"):
+            title = f"Your server {server or '(default)'} stops in {minutes} min: it reaches its maximum age"
+            rows.append(("Open it to save your work", str(p.get("server_url") or "")))
+            return title, rows, p.get("server_url")
+        title = f"Your server {server or '(default)'} will be stopped in {minutes} min: it has been idle"
+        rows.append(("Open it", str(p.get("server_url") or "")))
+        rows.append(("Keep it running (counts as activity)", "the link below"))
+        return title, rows, p.get("keep_url") or p.get("server_url")
     if entry.event == JOB_ENDED:
         job = p.get("job_id")
         state = str(p.get("state"))

@@ -6,7 +6,8 @@ drops events past `max_age`, claims the due ones and groups them per user.  A us
 their choices (preferences.py) do not want, or who has no address, are `skipped`; a user who had
 `mails_per_hour` mails in the last hour has theirs wait, so that they go later as one digest.
 Mails go out on the sender's own threads (never the service's loop, nor the ledger's threads),
-each SMTP step bounded by `timeout`: a dead SMTP server delays only the mails.
+each SMTP step bounded by `timeout`: a dead SMTP server delays only the mails.  A `granted` event
+waits until its server is ready (ready.py); a cull warning gets its signed "keep it" link.
 """
 
 from __future__ import annotations
@@ -25,26 +26,53 @@ from email.utils import parseaddr
 from ..pool.ledger import outbox
 from ..pool.ledger.off_loop import ledger_call
 from ..pool.ledger.outbox import Entry
-from . import directory, preferences, signing, smtp
+from ..poolpage.hubapi import HubAPI
+from . import cull_warning, directory, preferences, ready, signing, smtp
 from .message import Links, compose
-from .settings import EmailNotifications
+from .settings import EmailNotifications, Notifications
 
-CHANNEL = "email"
+CHANNEL = outbox.EMAIL
 CLAIM_BATCH = 200  # rows claimed per pass
 DIGEST_MAX = 50  # events in one mail; more wait for the next pass
 SEND_THREADS = 2
 LEDGER_TIMEOUT = 15.0
 RATE_WINDOW_S = 3600.0
+HUB_DOWN_RETRY_S = 5.0  # a ready check the hub did not answer is tried again this much later
 log = logging.getLogger("gpu-pool-notify")
+
+
+async def prepare(ledger, write, hub, key: bytes, public_base: str, prefix: str,
+                  user: str, entries: list[Entry], poll_interval: float) -> list[Entry]:
+    """The entries to tell now, with their links: `granted` ones whose server is ready (the
+    others wait, or are skipped when the server is gone), cull warnings with their "keep it" link."""
+    looked = await ready.look(hub, user, entries, public_base)
+    waiting = [i for i, (v, _) in looked.items() if v == ready.WAITING]
+    unknown = [i for i, (v, _) in looked.items() if v == ready.UNKNOWN]
+    gone = [i for i, (v, _) in looked.items() if v == ready.GONE]
+    if waiting:
+        await ledger(write, outbox.defer, waiting, poll_interval)
+    if unknown:
+        await ledger(write, outbox.defer, unknown, HUB_DOWN_RETRY_S)
+    if gone:
+        await ledger(write, outbox.finish, gone, outbox.SKIPPED, "the server stopped before it was ready")
+    out = []
+    for e in entries:
+        verdict, e = looked.get(e.id, (ready.READY, e))
+        if verdict == ready.READY:
+            out.append(cull_warning.with_links(e, key, public_base, prefix))
+    return out
 
 
 class Sender:
     def __init__(self, pool, settings: EmailNotifications, prefix: str, hub_url: str,
-                 send: Callable = smtp.send, owner: str | None = None):
+                 send: Callable = smtp.send, owner: str | None = None, hub=None,
+                 events: Notifications | None = None):
         """`prefix`: the service's path (/services/gpu-pool/); `hub_url`: the hub's public URL with
-        its base path, when `settings.public_url` is empty."""
+        its base path, when `settings.public_url` is empty; `hub`: the hub's REST API (hubapi.HubAPI)."""
         self.pool = pool
         self.settings = settings
+        self.events = events if events is not None else Notifications()
+        self.hub = hub if hub is not None else HubAPI()
         self.prefix = prefix
         base = settings.public_url.rstrip("/") or hub_url.rstrip("/")
         self.hub_url = base + "/"
@@ -119,7 +147,7 @@ class Sender:
 
         def take(store, conn):
             outbox.release_stuck(store, conn, s.stuck_after)
-            outbox.expire(store, conn, s.max_age)
+            outbox.expire(store, conn, s.max_age, CHANNEL)
             return outbox.claim(store, conn, self.owner, CHANNEL, CLAIM_BATCH)
         claimed: list[Entry] = await self._ledger(self._write, take)
         if not claimed:
@@ -139,7 +167,8 @@ class Sender:
             return prefs, address, outbox.sent_since(store, conn, user, CHANNEL, since)
         raw, address, recent = await self._ledger(self._read, look)
         choices = preferences.stored(raw)
-        wanted = [e for e in entries if preferences.wants(choices, e.event, e.channel, e.payload)]
+        wanted = [e for e in entries
+                  if preferences.wants(choices, e.event, e.channel, e.payload, self.events.ready_after)]
         unwanted = [e.id for e in entries if e not in wanted]
         if unwanted:
             await self._ledger(self._write, outbox.finish, unwanted, outbox.SKIPPED, "not chosen by the user")
@@ -150,6 +179,11 @@ class Sender:
             await self._ledger(self._write, outbox.finish, ids, outbox.SKIPPED,
                                "no address: the directory gave none (its mail attribute)")
             return 0
+        wanted = await prepare(self._ledger, self._write, self.hub, self._key or b"", self.public_base,
+                               self.prefix, user, wanted, s.poll_interval)
+        if not wanted:
+            return 0
+        ids = [e.id for e in wanted]
         if recent >= s.mails_per_hour:
             # Over the rate: they wait (not counted as tries) and go later together, as a digest.
             await self._ledger(self._write, outbox.defer, ids, RATE_WINDOW_S / s.mails_per_hour)

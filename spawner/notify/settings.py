@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traitlets import Bool, CaselessStrEnum, Float, Int, TraitError, Unicode, validate
+from traitlets import Bool, CaselessStrEnum, Float, Int, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 
@@ -113,3 +113,110 @@ class EmailNotifications(Configurable):
             return None
         with open(self.password_file, encoding="utf-8") as f:
             return f.readline().rstrip("\r\n")
+
+
+class Notifications(Configurable):
+    """What is told, whatever the channel (`c.Notifications.<option>`): when a ready server is
+    worth a mail, when a cull warning goes.  The hub passes the section to the gpu-pool service."""
+
+    ready_after = Float(30.0, config=True, help="""
+        Seconds a user must have waited in the queue for their server's "ready" notification to
+        go by default (the "auto" choice): a shorter wait was most likely watched in the tab.
+        A user who chose "always" is told after any wait in the queue; a spawn that never waited
+        is never told.
+        """)
+    cull_warning_before = Float(600.0, config=True, help="""
+        Seconds before an idle server's cull that its owner is warned, once per idle spell, with a
+        one-click "keep it" link that counts as activity.  0 turns the warnings off.  Only when the
+        hub culls (GPUHUB_CULL); the deadline is the culler's own rule (culling/deadline.py).
+        """)
+    cull_check_every = Float(30.0, config=True, help="""
+        Seconds between the gpu-pool service's looks at the servers' cull deadlines (one listing
+        of the hub's active servers each time).  A warning goes at most this late.
+        """)
+
+    @validate("ready_after", "cull_warning_before")
+    def _check_non_negative(self, proposal):
+        if proposal["value"] < 0:
+            raise TraitError(f"{proposal['trait'].name} must be a number of seconds >= 0, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("cull_check_every")
+    def _check_every(self, proposal):
+        if not proposal["value"] >= 1:
+            raise TraitError(f"cull_check_every must be at least 1 second, not {proposal['value']}")
+        return proposal["value"]
+
+
+class WebhookNotifications(Configurable):
+    """Webhooks (`c.WebhookNotifications.<option>`): a user may name a URL in their choices, on the
+    admin's allow-list only, and gets Slack/Mattermost-compatible JSON there, signed."""
+
+    allowed_urls = List(Unicode(), config=True, help="""
+        Where users' webhooks may point.  An entry with "://" is a URL prefix
+        (`https://hooks.slack.com/services/`): a webhook must have its scheme, host and port and
+        a path under its path.  An entry without is a host name (`chat.example.org`): any https
+        URL on that host.  Empty (the default): webhooks are off, and a user's URL is refused.
+        The list is what stops a user from making the hub call an internal address: keep it to
+        your chat servers.
+        """)
+    secret_file = Unicode("", config=True, help="""
+        A file holding this deployment's webhook secret (its first line, at least 16 characters),
+        e.g. a Docker secret.  Each delivery carries `X-GPUHub-Timestamp` and
+        `X-GPUHub-Signature-256: sha256=<hex HMAC-SHA256 of "<timestamp>." + body>`, so a
+        receiver that knows the secret can check that the hub sent it.  Required for webhooks.
+        """)
+    timeout = Float(5.0, config=True, help="""
+        Seconds a delivery may take (connect, send, the answer).  Deliveries run on their own
+        threads: a dead receiver delays only its own deliveries.
+        """)
+    max_attempts = Int(6, config=True, help="""
+        Tries per delivery before it is given up (state `failed`).  Only a delivery that surely did
+        not arrive (no connection, or an answer of 5xx, 408 or 429) is tried again; one whose
+        answer never came is `unknown` and never repeated.
+        """)
+    retry_delay = Float(30.0, config=True, help="""
+        Seconds before the first retry; each further retry waits twice as long (at most an hour).
+        """)
+    max_age = Float(12 * 3600.0, config=True, help="""
+        Seconds an event may wait for its webhook delivery before it is dropped (state `expired`).
+        """)
+    per_hour = Int(30, config=True, help="""
+        The most deliveries to one user's webhook in any hour; events beyond wait and then go
+        together in one message.
+        """)
+    poll_interval = Float(1.0, config=True, help="Seconds between the webhook sender's looks at the outbox.")
+    url_max = Int(2000, config=True, help="The longest webhook URL a user may set, in characters.")
+
+    @validate("timeout", "retry_delay", "max_age", "poll_interval")
+    def _check_seconds(self, proposal):
+        if not proposal["value"] > 0:
+            raise TraitError(f"{proposal['trait'].name} must be a number of seconds > 0, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("max_attempts", "per_hour", "url_max")
+    def _check_count(self, proposal):
+        if proposal["value"] < 1:
+            raise TraitError(f"{proposal['trait'].name} must be at least 1, not {proposal['value']}")
+        return proposal["value"]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.allowed_urls)
+
+    def problems(self) -> list[str]:
+        """What stops deliveries with these settings (empty: ready, or not enabled)."""
+        if not self.enabled:
+            return []
+        if not self.secret_file:
+            return ["WebhookNotifications.secret_file is empty"]
+        try:
+            if len(self.secret()) < 16:
+                return ["WebhookNotifications.secret_file holds fewer than 16 characters"]
+        except OSError as exc:
+            return [f"WebhookNotifications.secret_file cannot be read: {exc.strerror}"]
+        return []
+
+    def secret(self) -> bytes:
+        with open(self.secret_file, encoding="utf-8") as f:
+            return f.readline().rstrip("\r\n").encode()

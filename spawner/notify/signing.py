@@ -1,5 +1,7 @@
-"""One-click unsubscribe links: a signature over (user, event), so a link stops that one event
-for that one user and cannot be altered into another's."""
+"""Signed links in the notifications: one-click unsubscribe, a signature over (user, event), so a
+link stops that one event for that one user and cannot be altered into another's; and a cull
+warning's "keep it", a signature over (user, server, expiry), so a link keeps only that user's
+server, only until it expires."""
 
 from __future__ import annotations
 
@@ -11,11 +13,16 @@ from urllib.parse import urlencode
 from jupyterhub.utils import url_path_join
 
 UNSUBSCRIBE_PATH = "notifications/unsubscribe"
+KEEP_PATH = "notifications/keep"
+
+
+def _mac(key: bytes, *parts: str) -> str:
+    digest = hmac.new(key, "\0".join(parts).encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:24]).decode().rstrip("=")
 
 
 def token(key: bytes, user: str, event: str) -> str:
-    digest = hmac.new(key, f"unsubscribe\0{user}\0{event}".encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest[:24]).decode().rstrip("=")
+    return _mac(key, "unsubscribe", user, event)
 
 
 def valid(key: bytes, user: str, event: str, given: str) -> bool:
@@ -25,3 +32,18 @@ def valid(key: bytes, user: str, event: str, given: str) -> bool:
 def unsubscribe_url(key: bytes, public_url: str, prefix: str, user: str, event: str) -> str:
     query = urlencode({"user": user, "event": event, "token": token(key, user, event)})
     return url_path_join(public_url.rstrip("/") + prefix, UNSUBSCRIBE_PATH) + "?" + query
+
+
+def keep_token(key: bytes, user: str, server: str, expires: int) -> str:
+    return _mac(key, "keep", user, server, str(int(expires)))
+
+
+def keep_valid(key: bytes, user: str, server: str, expires: int, given: str) -> bool:
+    return hmac.compare_digest(keep_token(key, user, server, expires), given or "")
+
+
+def keep_url(key: bytes, public_url: str, prefix: str, user: str, server: str, expires: int) -> str:
+    """The "keep it" link of a cull warning: valid until `expires` (Unix seconds)."""
+    query = urlencode({"user": user, "server": server, "expires": int(expires),
+                       "token": keep_token(key, user, server, expires)})
+    return url_path_join(public_url.rstrip("/") + prefix, KEEP_PATH) + "?" + query

@@ -25,7 +25,10 @@ from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..notify import EmailNotifications, directory
+from ..notify.cull_warning import CullWatch
 from ..notify.sender import Sender
+from ..notify.settings import Notifications, WebhookNotifications
+from ..notify.webhook import WebhookSender
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..reauth import PasswordRecheck, authenticator_from_env
 from . import views
@@ -36,8 +39,10 @@ from .handlers import jobs as jobs_api
 from .handlers import lab as lab_api
 from .handlers import notifications as notifications_api
 from .handlers import wait as insight
+from .handlers.actions import hub_api
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .handlers.log_streams import Followers
+from .handlers.wait import settings_of as insight_settings
 from .limits import PoolServiceLimits
 from .service_config import PoolPageSettings, load_service_config
 
@@ -135,7 +140,9 @@ def _more_routes(prefix: str) -> list:
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,
              limits: PoolServiceLimits | None = None, page: PoolPageSettings | None = None,
-             recheck: PasswordRecheck | None = None, notify: EmailNotifications | None = None) -> web.Application:
+             recheck: PasswordRecheck | None = None, notify: EmailNotifications | None = None,
+             notify_events: Notifications | None = None,
+             webhooks: WebhookNotifications | None = None) -> web.Application:
     limits = limits if limits is not None else PoolServiceLimits()
     page = page if page is not None else PoolPageSettings()
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
@@ -161,6 +168,8 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
         limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
         notify=notify if notify is not None else EmailNotifications(), notify_key=_key_of(pool),
+        notify_events=notify_events if notify_events is not None else Notifications(),
+        webhooks=webhooks if webhooks is not None else WebhookNotifications(),
     )
 
 
@@ -202,9 +211,21 @@ async def serve(app: web.Application, port: int) -> None:
         log.info("For the notebook servers on http://%s:%s%s", address, port, app.settings["prefix"])
     stop_jobs = await jobs_api.start_jobs(app)
     sender = Sender(app.settings["pool"], app.settings["notify"], app.settings["prefix"],
-                    url_path_join(app.settings["page"].proxy_url, app.settings["base_url"]))
+                    url_path_join(app.settings["page"].proxy_url, app.settings["base_url"]),
+                    hub=hub_api(app), events=app.settings["notify_events"])
     sender.start()
+    hook_sender = WebhookSender(app.settings["pool"], app.settings["webhooks"], app.settings["prefix"],
+                                url_path_join(app.settings["page"].proxy_url, app.settings["base_url"]),
+                                hub=hub_api(app), events=app.settings["notify_events"],
+                                public_url=app.settings["notify"].public_url)
+    hook_sender.start()
+    watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
+                      app.settings["notify_events"])
+    if app.settings["notify"].enabled or app.settings["webhooks"].enabled:  # no channel: nobody to warn
+        watch.start()
     await stop.wait()
+    await watch.stop()
+    await hook_sender.stop()
     await sender.stop()
     exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
     server.stop()
@@ -232,7 +253,8 @@ def main() -> None:
     recheck = PasswordRecheck(authenticator_from_env(), timeout=limits.hub_auth_timeout)
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,
                    jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page,
-                   recheck=recheck, notify=EmailNotifications(config=config))
+                   recheck=recheck, notify=EmailNotifications(config=config),
+                   notify_events=Notifications(config=config), webhooks=WebhookNotifications(config=config))
     try:
         asyncio.run(serve(app, url.port or 80))
     finally:

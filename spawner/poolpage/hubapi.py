@@ -25,6 +25,9 @@ from ..pool.validation import iso_time
 # Scopes the service's role holds (read by service.py when it writes the role).
 SERVICE_SCOPES = ("list:users", "read:users:groups", "read:users:activity", "read:servers",
                   "admin:server_state", "delete:servers",
+                  # a cull warning's signed "keep it" link counts as activity of that one server
+                  # (notify/cull_warning.py, handlers/notifications.py)
+                  "users:activity",
                   # an action script (only for a pool admin who holds custom:gpu-pool:exec)
                   # reaches a server with a token of the server's own user, scoped to that one
                   # server, that the service makes for it and deletes after (scripts.py); the
@@ -141,6 +144,12 @@ class HubAPI:
         """Delete a token `server_token` made (already gone is fine: it expired)."""
         await self._call("DELETE", f"/users/{quote(user, safe='')}/tokens/{quote(token_id, safe='')}",
                          ok=(204, 404))
+
+    async def record_activity(self, user: str, server: str, when: datetime) -> None:
+        """Tell the hub `user`'s server `server` was active at `when` (what the culler reads)."""
+        stamp = when.isoformat()
+        body = {"last_activity": stamp, "servers": {server: {"last_activity": stamp}}}
+        await self._call("POST", f"/users/{quote(user, safe='')}/activity", ok=(200,), body=json.dumps(body))
 
     async def stop_server(self, user: str, server: str) -> bool:
         """Ask the hub to stop a server: True when it stopped, False while it stops (202)."""

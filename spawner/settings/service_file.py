@@ -13,6 +13,7 @@ from traitlets import TraitError
 
 from ..hub_service import write_when_config_loaded
 from ..notify import EmailNotifications
+from ..notify.settings import Notifications, WebhookNotifications
 from ..poolpage.limits import PoolServiceLimits
 from ..poolpage.service_config import FILE_NAME, PoolPageSettings, config_values
 from .jobs import job_settings, spawner_profiles
@@ -25,7 +26,10 @@ def service_config(c, settings) -> dict:
         page["profiles"] = spawner_profiles(c)
     sections = {"PoolPageSettings": page, "PoolServiceLimits": config_values(PoolServiceLimits(config=c)),
                 # the mails' settings (spawner/notify/); the SMTP password stays in its own file
-                "EmailNotifications": config_values(EmailNotifications(config=c))}
+                "EmailNotifications": config_values(EmailNotifications(config=c)),
+                "Notifications": config_values(Notifications(config=c)),
+                # the allow-list and where the secret is; the secret itself stays in its own file
+                "WebhookNotifications": config_values(WebhookNotifications(config=c))}
     if settings.jobs:
         sections["JobSettings"] = job_settings(c, settings).as_dict()
     if "SwarmInventory" in c:  # the nodes the service's jobs may lease from, as the hub's servers

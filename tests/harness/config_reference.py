@@ -42,6 +42,8 @@ CLASSES = [
     ("spawner.poolpage.limits", "PoolServiceLimits"),
     ("spawner.poolpage.service_config", "PoolPageSettings"),
     ("spawner.notify", "EmailNotifications"),
+    ("spawner.notify.settings", "Notifications"),
+    ("spawner.notify.settings", "WebhookNotifications"),
     ("spawner.ssh.settings", "SSHGateway"),
     ("spawner.ssh.spawner_access", "SSHAccess"),
     ("gpuhub_activity", "BusyKernelActivity"),

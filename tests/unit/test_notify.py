@@ -92,8 +92,25 @@ def settings(port: int, **kwargs) -> EmailNotifications:
     return EmailNotifications(**values)
 
 
-def sender(pool, port: int, owner: str | None = None, **kwargs) -> Sender:
-    return Sender(pool, settings(port, **kwargs), "/services/gpu-pool/", "http://127.0.0.1:8000/", owner=owner)
+class ReadyHub:
+    """The hub's REST API as the senders ask it whether a granted server is ready: every server
+    holding a lease in the pool is, at /user/<name>/<server>/ (the real hub: tests/integration)."""
+
+    def __init__(self, pool, ready: bool = True):
+        self.pool, self.ready, self.asked = pool, ready, 0
+
+    async def servers_of_user(self, name: str):
+        from spawner.poolpage.hubapi import Server
+
+        self.asked += 1
+        return [Server(user=name, name=le.server_name, ready=self.ready, lease_id=le.id,
+                       url=f"/user/{name}/{le.server_name}" + ("/" if le.server_name else ""))
+                for le in self.pool.leases(name)]
+
+
+def sender(pool, port: int, owner: str | None = None, hub=None, **kwargs) -> Sender:
+    return Sender(pool, settings(port, **kwargs), "/services/gpu-pool/", "http://127.0.0.1:8000/", owner=owner,
+                  hub=hub or ReadyHub(pool))
 
 
 def rows(pool, user: str | None = None) -> list[dict]:
@@ -141,12 +158,12 @@ def a_queued_grant_writes_its_event_with_the_lease_and_is_mailed_once(tmp_path, 
     asyncio.run(main())
     [(to, msg)] = smtp_server.inbox.messages
     assert to == [ADDRESS] and msg["To"] == ADDRESS
-    assert msg["Subject"] == "GPU hub: Your GPU is granted: your server train is starting"
+    assert msg["Subject"] == "GPU hub: Your GPU is ready: your server train is running"
     assert msg["Auto-Submitted"] == "auto-generated"
     assert msg["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
     assert msg["List-Unsubscribe"].startswith("<https://hub.example.org/services/gpu-pool/notifications/unsubscribe?")
     text = msg.get_body(("plain",)).get_content()
-    assert "Waited in the queue" in text and "https://hub.example.org/hub/spawn-pending/bob/train" in text
+    assert "Waited in the queue" in text and "https://hub.example.org/user/bob/train/" in text
     assert msg.get_body(("html",)) is not None
     [event] = rows(pool)
     assert event["state"] == "sent" and event["mail_id"] == msg["Message-ID"]
@@ -341,10 +358,12 @@ def a_flood_of_job_ends_becomes_a_digest_within_the_hourly_limit(tmp_path, smtp_
 
 
 def test_auto_tells_only_long_waits_and_long_jobs_and_no_address_means_no_mail(tmp_path, smtp_server):
-    assert preferences.wants(preferences.defaults(), "granted", "email", {"waited_s": 299}) is False
-    assert preferences.wants(preferences.defaults(), "granted", "email", {"waited_s": 300}) is True
-    assert preferences.wants(preferences.defaults(), "job-ended", "email", {"ran_s": 301}) is True
-    assert preferences.wants(preferences.defaults(), "job-ended", "email", {"ran_s": 10}) is False
+    ready_after = 30.0
+    assert preferences.wants(preferences.defaults(), "granted", "email", {"waited_s": 29}, ready_after) is False
+    assert preferences.wants(preferences.defaults(), "granted", "email", {"waited_s": 30}, ready_after) is True
+    assert preferences.wants(preferences.defaults(), "job-ended", "email", {"ran_s": 301}, ready_after) is True
+    assert preferences.wants(preferences.defaults(), "job-ended", "email", {"ran_s": 10}, ready_after) is False
+    assert preferences.wants(preferences.defaults(), "cull-warning", "email", {}, ready_after) is True
     pool = make_pool(tmp_path)
     jobs = JobLedger(pool)
     job = jobs.create("bob", [], "p", ["true"], ".", 60, "node-1", 1, 1)
@@ -362,12 +381,13 @@ def test_auto_tells_only_long_waits_and_long_jobs_and_no_address_means_no_mail(t
 
 @pytest.mark.parametrize("body, says", [
     (b"not json", "must be JSON"),
-    (b"[]", 'one key, "events"'),
+    (b"[]", 'the keys "events" and (optional) "webhook"'),
     (b'{"events": {"granted": {"email": "sometimes"}}}', "events.granted.email must be one of auto, always, never"),
     (b'{"events": {"reboot": {}}}', "unknown event 'reboot'"),
     (b'{"events": {"granted": {"pigeon": "always"}}}', "unknown channel 'pigeon'"),
     (b'{"events": {"granted": ["email"]}}', "must be an object"),
-    (b'{"events": {}, "admin": true}', 'one key, "events"'),
+    (b'{"events": {}, "admin": true}', 'the keys "events" and (optional) "webhook"'),
+    (b'{"events": {}, "webhook": 7}', '"webhook" must be a URL'),
     (b'{"events": {"granted": {"email": "' + b"x" * 5000 + b'"}}}', "over 4096 bytes"),
 ])
 def test_bad_preferences_are_refused_saying_what_is_wrong(body, says):
@@ -378,7 +398,8 @@ def test_bad_preferences_are_refused_saying_what_is_wrong(body, says):
 
 def test_preferences_left_out_keep_their_default():
     assert preferences.parse(b'{"events": {"granted": {"email": "never"}}}') == {
-        "granted": {"email": "never"}, "job-ended": {"email": "auto"}}
+        "granted": {"email": "never", "webhook": "auto"}, "job-ended": {"email": "auto", "webhook": "auto"},
+        "cull-warning": {"email": "auto", "webhook": "auto"}}
 
 
 def test_unsubscribe_tokens_are_per_user_and_event():
@@ -494,18 +515,19 @@ def test_choices_are_read_and_set_and_bad_ones_change_nothing(service):
     api = url + "api/notifications"
     r = requests.get(api, headers={"X-User": "bob"}, timeout=10)
     assert r.status_code == 200
-    assert r.json()["events"] == {"granted": {"email": "auto"}, "job-ended": {"email": "auto"}}
-    assert r.json()["address"] is None and r.json()["channels"] == {"email": {"enabled": False}}
+    assert r.json()["events"] == preferences.defaults()
+    assert r.json()["address"] is None and r.json()["channels"] == {
+        "email": {"enabled": False}, "webhook": {"enabled": False, "allowed": []}}
     assert requests.get(api, timeout=10).status_code == 403
     r = requests.put(api, data='{"events": {"granted": {"email": "always"}}}', headers={"X-User": "bob"}, timeout=10)
-    assert r.status_code == 200 and r.json()["events"]["granted"] == {"email": "always"}
+    assert r.status_code == 200 and r.json()["events"]["granted"] == {"email": "always", "webhook": "auto"}
     for body, status, says in [('{"events": {"granted": {"email": "loud"}}}', 400, "must be one of auto"),
                                ("{", 400, "must be JSON"), ("x" * 5000, 413, "over 4096 bytes")]:
         r = requests.put(api, data=body, headers={"X-User": "bob"}, timeout=10)
         assert (r.status_code, says in r.json()["message"]) == (status, True), r.text
-    assert requests.get(api, headers={"X-User": "bob"}, timeout=10).json()["events"]["granted"] == {"email": "always"}
+    assert requests.get(api, headers={"X-User": "bob"}, timeout=10).json()["events"]["granted"]["email"] == "always"
     # Another user's choices are theirs: bob's PUT changed nothing of carol's.
-    assert requests.get(api, headers={"X-User": "carol"}, timeout=10).json()["events"]["granted"] == {"email": "auto"}
+    assert requests.get(api, headers={"X-User": "carol"}, timeout=10).json()["events"]["granted"]["email"] == "auto"
 
 
 def test_puts_are_rate_limited_per_user(service):
@@ -532,18 +554,20 @@ def test_the_mails_unsubscribe_link_stops_that_event_only(service, smtp_server):
     job = jobs.create("bob", [], "p", ["true"], ".", 60, "node-1", 1, 1)
     jobs.update(job.id, ("queued",), "ended_at", state="cancelled")
     base = url.split("/services/")[0]
-    assert asyncio.run(Sender(pool, settings(smtp_server.port, public_url=base), "/services/gpu-pool/", "").run_once()) == 1
+    assert asyncio.run(Sender(pool, settings(smtp_server.port, public_url=base), "/services/gpu-pool/", "",
+                              hub=ReadyHub(pool)).run_once()) == 1
     [(_, msg)] = smtp_server.inbox.messages
     link = re.search(r"<([^>]+)>", msg["List-Unsubscribe"]).group(1)
     assert urlsplit(link).path == "/services/gpu-pool/notifications/unsubscribe"
     page = requests.get(link, timeout=10)
     assert page.status_code == 200 and "Unsubscribe" in page.text
     assert requests.get(url + "api/notifications", headers={"X-User": "bob"}, timeout=10).json()["events"][
-        "job-ended"] == {"email": "always"}  # a GET (a link scanner) changes nothing
+        "job-ended"]["email"] == "always"  # a GET (a link scanner) changes nothing
     forged = link.replace("user=bob", "user=carol")
     assert requests.post(forged, data="List-Unsubscribe=One-Click", timeout=10).status_code == 403
     done = requests.post(link, data="List-Unsubscribe=One-Click", timeout=10)  # RFC 8058's one click
     assert done.status_code == 200 and "no more mails about" in done.text
     events = requests.get(url + "api/notifications", headers={"X-User": "bob"}, timeout=10).json()["events"]
-    assert events == {"granted": {"email": "always"}, "job-ended": {"email": "never"}}
+    assert {e: c["email"] for e, c in events.items()} == {"granted": "always", "job-ended": "never",
+                                                          "cull-warning": "auto"}
     assert requests.get(link.split("&token")[0], timeout=10).status_code == 403

@@ -306,7 +306,8 @@ def attempt(
                             notice=bookings.notice(later, now) if later else None, borrowed=beyond))
     if waiter_id is not None:
         if not req.server_name.startswith("job/"):  # a job's grant is told by its end (events.job_ended)
-            events.granted(store, conn, waiter_id, req.user, req.server_name, leases[0].host, req.total, now)
+            events.granted(store, conn, waiter_id, req.user, req.server_name, leases[0].host, req.total, now,
+                           leases[0].id)
         store.run(conn, sql.DELETE_WAITER, {"wid": waiter_id})
         queue_hours.close(store, conn, [{"wid": waiter_id, "now": now, "outcome": "served"}])
     return Outcome(tuple(leases), None, 0, free - req.total, total)

@@ -4,28 +4,37 @@ in the transaction that records it.
 - `granted`: a request that waited in the queue got its GPUs (its server starts now).  Only
   notebook servers: a job's grant is told by its end.
 - `job_ended`: a batch job reached an end state (its exit code, GPU-hours, how long it ran).
+- `cull_warning`: a server will be culled soon if it stays idle (written by the gpu-pool
+  service's cull watch, spawner/notify/cull_warning.py, once per idle spell).
+
+The notify senders tell `granted` once the server is ready (they ask the hub), so the mail's link
+opens a running server.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
 
 from . import outbox
-from .schema import waiters_table
+from .schema import outbox_table, waiters_table
 
-GRANTED, JOB_ENDED = "granted", "job-ended"
-EVENTS = (GRANTED, JOB_ENDED)
+GRANTED, JOB_ENDED, CULL_WARNING = "granted", "job-ended", "cull-warning"
+EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING)
+SPELLS_LOOKED_AT = 50  # a user's newest cull warnings compared with a new one (one per idle spell)
 
 
-def granted(store, conn, waiter_id: int, user: str, server_name: str, host: str, gpus: int, now: datetime) -> None:
+def granted(store, conn, waiter_id: int, user: str, server_name: str, host: str, gpus: int, now: datetime,
+            lease_id: int | None = None) -> None:
     """Call before the queue row `waiter_id` is deleted (its enqueued_at says how long it waited)."""
     enqueued = conn.execute(select(waiters_table.c.enqueued_at).where(waiters_table.c.id == waiter_id)).scalar()
     waited = max(0.0, (now - enqueued).total_seconds()) if enqueued is not None else 0.0
     outbox.enqueue(store, conn, user, GRANTED, {
         "server_name": server_name, "host": host, "gpus": gpus, "waited_s": round(waited, 1),
-        "granted_at": now.isoformat()})
+        "granted_at": now.isoformat(), "lease_id": lease_id})
 
 
 def job_ended(store, conn, job) -> None:
@@ -37,3 +46,18 @@ def job_ended(store, conn, job) -> None:
         "message": (job.message or "")[:2000], "command": " ".join(job.command)[:2000],
         "ran_s": round(max(0.0, ran), 1), "gpu_hours": round(gpus * max(0.0, ran) / 3600, 3),
         "ended_at": job.ended_at.isoformat() if job.ended_at else None})
+
+
+def cull_warning(store, conn, user: str, server_name: str, spell: str, payload: dict[str, Any]) -> bool:
+    """Queue the warning that `user`'s server `server_name` is culled soon, unless this idle spell
+    (`spell`: the last activity it began at) was warned about already.  True when queued."""
+    t = outbox_table.c
+    seen = conn.execute(select(t.payload).where(t.user_name == user, t.event == CULL_WARNING,
+                                                t.channel == outbox.CHANNELS[0])
+                        .order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
+    for raw in seen:
+        p = json.loads(raw)
+        if p.get("server_name") == server_name and p.get("spell") == spell:
+            return False
+    outbox.enqueue(store, conn, user, CULL_WARNING, {**payload, "server_name": server_name, "spell": spell})
+    return True

@@ -19,9 +19,12 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import func, insert, select, update
 
-from .schema import outbox_table
+from .schema import notify_users_table, outbox_table
 
-CHANNELS = ("email",)  # each event gets one row per channel
+EMAIL, WEBHOOK = "email", "webhook"
+# Each event gets one row per channel: an e-mail row always (the sender skips a user without an
+# address), a webhook row only for a user who set a webhook URL (spawner/notify/preferences.py).
+CHANNELS = (EMAIL, WEBHOOK)
 PENDING, CLAIMED, SENDING, SENT = "pending", "claimed", "sending", "sent"
 FAILED, EXPIRED, SKIPPED, UNKNOWN = "failed", "expired", "skipped", "unknown"
 DONE_STATES = (SENT, FAILED, EXPIRED, SKIPPED, UNKNOWN)
@@ -38,8 +41,18 @@ class Entry(NamedTuple):
     attempts: int
 
 
+def channels_of(conn, user: str) -> tuple[str, ...]:
+    """The channels an event of `user` is written for (their stored choices name a webhook or not)."""
+    raw = conn.execute(select(notify_users_table.c.preferences).where(notify_users_table.c.user_name == user)).scalar()
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        doc = {}
+    return CHANNELS if isinstance(doc, dict) and doc.get("webhook") else (EMAIL,)
+
+
 def enqueue(store, conn, user: str, event: str, payload: dict[str, Any]) -> list[int]:
-    """One pending row per channel for `event`, due now, in the caller's transaction."""
+    """One pending row per channel of the user's for `event`, due now, in the caller's transaction."""
     now = store.now(conn)
     body = json.dumps(payload, sort_keys=True)
     if len(body) > PAYLOAD_MAX:
@@ -47,7 +60,7 @@ def enqueue(store, conn, user: str, event: str, payload: dict[str, Any]) -> list
         body = json.dumps(payload, sort_keys=True)[:PAYLOAD_MAX]
     return [conn.execute(insert(outbox_table).values(
         user_name=user, event=event, channel=channel, payload=body, created_at=now, state=PENDING,
-        attempts=0, next_at=now)).inserted_primary_key[0] for channel in CHANNELS]
+        attempts=0, next_at=now)).inserted_primary_key[0] for channel in channels_of(conn, user)]
 
 
 def claim(store, conn, owner: str, channel: str, limit: int) -> list[Entry]:
@@ -121,11 +134,11 @@ def release_stuck(store, conn, older_than_s: float) -> tuple[int, int]:
     return back, lost
 
 
-def expire(store, conn, max_age_s: float) -> int:
-    """Pending rows older than `max_age_s`: `expired` (news too old to tell)."""
+def expire(store, conn, max_age_s: float, channel: str = EMAIL) -> int:
+    """Pending rows of `channel` older than `max_age_s`: `expired` (news too old to tell)."""
     t = outbox_table.c
     now = store.now(conn)
-    return conn.execute(update(outbox_table).where(t.state == PENDING,
+    return conn.execute(update(outbox_table).where(t.state == PENDING, t.channel == channel,
                                                    t.created_at < now - timedelta(seconds=max_age_s))
                         .values(state=EXPIRED, done_at=now, error="older than the outbox's age bound")).rowcount
 
