@@ -1,6 +1,7 @@
 """What a job submission may contain, checked before anything is leased or created.
 
-Only `profile`, `command` (a list of strings), `workdir` (relative, inside the
+Only `profile`, `command` (a list of strings) or `notebook` (a notebook in the home, run
+with papermill, with its `parameters`: notebook.py), `workdir` (relative, inside the
 home), `timeout` (seconds, within the profile's maximum) and `workers` (a
 cluster of that many containers, each with the profile's GPUs; within
 JobLimits.max_workers).  Anything else is
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..profiles import Profile, choose_profile
 
-ALLOWED_KEYS = ("profile", "command", "workdir", "timeout", "workers")
+ALLOWED_KEYS = ("profile", "command", "notebook", "parameters", "workdir", "timeout", "workers")
 MAX_ARGS = 256
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_WORKDIR = 1024
@@ -36,9 +37,12 @@ class Submission:
     workdir: str
     timeout_s: int
     workers: int = 1  # > 1: a cluster job (one container per worker, TF_CONFIG naming them all)
+    # A notebook job: the notebook's path in the home ("" for a command) and papermill's parameters.
+    notebook: str = ""
+    parameters: dict | None = None
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """A short printable excerpt of hostile input, for messages."""
     return "".join(ch for ch in str(value)[:40] if ch.isprintable())
 
@@ -52,7 +56,7 @@ def check_workdir(value: Any) -> str:
     if len(value) > MAX_WORKDIR or any(ord(ch) < 32 for ch in value):
         raise BadJob("'workdir' is too long or contains control characters")
     if value.startswith("/") or value.startswith("~"):
-        raise BadJob(f"'workdir' must be relative to your home, not {_shown(value)!r}")
+        raise BadJob(f"'workdir' must be relative to your home, not {shown(value)!r}")
     parts = [p for p in value.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise BadJob("'workdir' must stay inside your home ('..' is not allowed)")
@@ -84,7 +88,7 @@ def check_timeout(value: Any, limit: int) -> int:
     if value is None:
         return limit
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise BadJob(f"'timeout' must be a number of seconds, not {_shown(value)!r}")
+        raise BadJob(f"'timeout' must be a number of seconds, not {shown(value)!r}")
     if value < 1 or value > limit:
         raise BadJob(f"'timeout' must be between 1 and {limit} seconds (this profile's maximum)")
     return int(value)
@@ -95,20 +99,21 @@ def check_workers(value: Any, limit: int) -> int:
     if value is None:
         return 1
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadJob(f"'workers' must be a whole number of containers, not {_shown(value)!r}")
+        raise BadJob(f"'workers' must be a whole number of containers, not {shown(value)!r}")
     if not 1 <= value <= limit:
-        raise BadJob(f"'workers' must be between 1 and {limit} (JobLimits.max_workers), not {_shown(value)}")
+        raise BadJob(f"'workers' must be between 1 and {limit} (JobLimits.max_workers), not {shown(value)}")
     return value
 
 
 def check_submission(body: Any, profiles: list[Profile], user_groups, default_max: int,
-                     max_workers: int = 1) -> Submission:
+                     max_workers: int = 1, max_parameters_bytes: int | None = None) -> Submission:
     """The submission in `body` (parsed JSON), or BadJob (400; 403 for a profile not theirs).
 
-    `max_workers` is JobLimits.max_workers (1: clusters refused)."""
+    `max_workers` is JobLimits.max_workers (1: clusters refused); `max_parameters_bytes`
+    JobLimits.max_parameters_bytes (a notebook's parameters as JSON; None: its default)."""
     if not isinstance(body, dict):
         raise BadJob('The body must be a JSON object such as {"profile": "tf-gpu-1", "command": ["python", "train.py"]}')
-    extra = sorted(_shown(k) for k in body if k not in ALLOWED_KEYS)
+    extra = sorted(shown(k) for k in body if k not in ALLOWED_KEYS)
     if extra:
         raise BadJob(f"Unsupported field(s) {', '.join(repr(k) for k in extra)}: a job takes only "
                      f"{', '.join(ALLOWED_KEYS)}; the image, environment, mounts and GPUs come "
@@ -121,10 +126,25 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
         profile = choose_profile({"profile": body["profile"]}, profiles, user_groups)
     except web.HTTPError as exc:
         raise BadJob(exc.log_message or str(exc), exc.status_code) from None
-    return Submission(
-        profile=profile,
-        command=check_command(body.get("command")),
-        workdir=check_workdir(body.get("workdir")),
-        timeout_s=check_timeout(body.get("timeout"), max_seconds(profile, default_max)),
-        workers=check_workers(body.get("workers"), max_workers),
-    )
+    timeout_s = check_timeout(body.get("timeout"), max_seconds(profile, default_max))
+    workers = check_workers(body.get("workers"), max_workers)
+    if body.get("notebook") is None:
+        if body.get("parameters") is not None:
+            raise BadJob("'parameters' are for a notebook job: give 'notebook' too")
+        return Submission(profile=profile, command=check_command(body.get("command")),
+                          workdir=check_workdir(body.get("workdir")), timeout_s=timeout_s, workers=workers)
+    from . import notebook as nb
+
+    if body.get("command") is not None or body.get("workdir") is not None:
+        raise BadJob("A job runs either a 'command' or a 'notebook', not both; a notebook runs in its "
+                     "own directory, so it takes no 'workdir'")
+    if workers != 1:
+        raise BadJob("A notebook job runs in one container; 'workers' is for command jobs")
+    if max_parameters_bytes is None:
+        from .limits import JobLimits
+
+        max_parameters_bytes = JobLimits.class_traits()["max_parameters_bytes"].default_value
+    path = nb.check_notebook(body["notebook"])
+    parameters = nb.check_parameters(body.get("parameters"), max_parameters_bytes)
+    return Submission(profile=profile, command=nb.command(path, parameters), workdir=nb.workdir_of(path),
+                      timeout_s=timeout_s, notebook=path, parameters=parameters)

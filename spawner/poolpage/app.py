@@ -35,6 +35,7 @@ from .handlers import history as history_api
 from .handlers import jobs as jobs_api
 from .handlers import lab as lab_api
 from .handlers import notifications as notifications_api
+from .handlers import schedules as schedules_api
 from .handlers import wait as insight
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .handlers.log_streams import Followers
@@ -156,8 +157,9 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             (url_path_join(api, "audit"), AuditAPI),
             *_more_routes(prefix),
             *jobs_api.routes(prefix),
+            *schedules_api.routes(prefix),
         ],
-        pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
+        pool=pool, jobs=jobs, scheduler=jobs_api.make_scheduler(jobs), jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
         limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
         notify=notify if notify is not None else EmailNotifications(), notify_key=_key_of(pool),

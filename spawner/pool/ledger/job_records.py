@@ -78,6 +78,18 @@ class Job:
     workers: int = 1
     # A cluster's workers once leased: ({"worker": i, "host", "lease_id", "gpus": [...]}, ...).
     units: tuple[dict, ...] = ()
+    notebook: str | None = None  # a notebook job's notebook (its path in the home)
+    parameters: dict | None = None
+    schedule_id: int | None = None  # the schedule that fired it
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """A notebook job's executed notebook and HTML copy, relative to the home ({} otherwise)."""
+        if not self.notebook:
+            return {}
+        from ...jobs.notebook import outputs
+
+        return outputs(self.notebook, self.id)
 
     @property
     def is_cluster(self) -> bool:
@@ -114,6 +126,9 @@ class Job:
             "submitted_at": iso(self.submitted_at), "started_at": iso(self.started_at),
             "ended_at": iso(self.ended_at), "workers": self.workers,
             "units": [dict(u) for u in self.units],
+            "notebook": self.notebook, "parameters": self.parameters,
+            "output": self.outputs.get("output"), "output_html": self.outputs.get("output_html"),
+            "schedule_id": self.schedule_id,
         }
 
 
@@ -126,6 +141,8 @@ def _job(row) -> Job:
         gpu_uuids=tuple(json.loads(m["gpu_uuids"])), exit_code=m["exit_code"], message=m["message"],
         submitted_at=m["submitted_at"], started_at=m["started_at"], ended_at=m["ended_at"],
         workers=m["workers"], units=tuple(json.loads(m["units"])) if m["units"] else (),
+        notebook=m["notebook"], parameters=json.loads(m["parameters"]) if m["parameters"] else None,
+        schedule_id=m["schedule_id"],
     )
 
 
@@ -140,7 +157,8 @@ class JobLedger:
 
     def create(self, user: str, groups, profile: str, command, workdir: str, timeout_s: int,
                host: str, uid: int, gid: int, check: Callable[[list[tuple[str, str]]], None] | None = None,
-               workers: int = 1) -> Job:
+               workers: int = 1, notebook: str | None = None, parameters: dict | None = None,
+               schedule_id: int | None = None) -> Job:
         """Record a queued job.  `check`, given the user's active jobs as (profile, state)
         pairs, may refuse it by raising: it runs in the same transaction, under the
         ledger's write lock, so concurrent submissions cannot pass a limit together."""
@@ -153,6 +171,8 @@ class JobLedger:
                 "user_name": user, "groups": json.dumps(sorted(groups)), "profile": profile,
                 "command": json.dumps(list(command)), "workdir": workdir, "timeout_s": timeout_s,
                 "host": host, "uid": uid, "gid": gid, "state": QUEUED, "gpu_uuids": "[]", "workers": workers,
+                "notebook": notebook, "schedule_id": schedule_id,
+                "parameters": json.dumps(parameters, sort_keys=True) if notebook else None,
                 "submitted_at": self._store.now(conn)})).inserted_primary_key[0]
             return self._get(conn, job_id)
         return self._store.write(write)
