@@ -20,7 +20,8 @@ import stat
 from pathlib import PurePosixPath
 from typing import Any
 
-from .request import MAX_WORKDIR, BadJob, shown
+from ..pool.ledger.job_records import notebook_outputs as outputs  # noqa: F401 (named here too)
+from .refusal import MAX_PATH, BadJob, shown
 
 SUFFIX = ".ipynb"
 MAX_PARAMETERS = 100  # names; their size is bounded by JobLimits.max_parameters_bytes
@@ -43,7 +44,7 @@ def check_notebook(value: Any) -> str:
     """The notebook's path relative to the home, normalised; BadJob (400) for anything else."""
     if not isinstance(value, str) or not value:
         raise BadJob("'notebook' must be the path of a notebook in your home, e.g. \"train.ipynb\"")
-    if len(value) > MAX_WORKDIR or any(ord(ch) < 32 or ch == "\x7f" for ch in value):
+    if len(value) > MAX_PATH or any(ord(ch) < 32 or ch == "\x7f" for ch in value):
         raise BadJob("'notebook' is too long or contains control characters")
     if value.startswith("/") or value.startswith("~"):
         raise BadJob(f"'notebook' must be a path inside your home, relative to it, not {shown(value)!r}")
@@ -83,12 +84,6 @@ def command(notebook: str, parameters: dict) -> tuple[str, ...]:
     """The job's command: the script above with the notebook's name and the parameters."""
     return ("/bin/sh", "-c", NOTEBOOK_SCRIPT, "gpu-job-notebook", PurePosixPath(notebook).name,
             json.dumps(parameters, sort_keys=True))
-
-
-def outputs(notebook: str, job_id: int) -> dict[str, str]:
-    """Where a notebook job writes its executed notebook and the HTML copy, relative to the home."""
-    stem = notebook[: -len(SUFFIX)]
-    return {"output": f"{stem}.job-{job_id}{SUFFIX}", "output_html": f"{stem}.job-{job_id}.html"}
 
 
 def resolve_in_home(home: str, mount_point: str, notebook: str) -> None:

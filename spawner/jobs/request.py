@@ -15,19 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..profiles import Profile, choose_profile
+from . import notebook as nb
+from .refusal import MAX_PATH, BadJob, shown
 
 ALLOWED_KEYS = ("profile", "command", "notebook", "parameters", "workdir", "timeout", "workers")
 MAX_ARGS = 256
 MAX_COMMAND_BYTES = 16 * 1024
-MAX_WORKDIR = 1024
-
-
-class BadJob(ValueError):
-    """A submission refused; str() is the message for the user, `status` the HTTP status."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -42,18 +35,13 @@ class Submission:
     parameters: dict | None = None
 
 
-def shown(value: Any) -> str:
-    """A short printable excerpt of hostile input, for messages."""
-    return "".join(ch for ch in str(value)[:40] if ch.isprintable())
-
-
 def check_workdir(value: Any) -> str:
     """A path relative to the home, without `..`; "" is the home itself."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise BadJob(f"'workdir' must be a string (a directory in your home), not {type(value).__name__}")
-    if len(value) > MAX_WORKDIR or any(ord(ch) < 32 for ch in value):
+    if len(value) > MAX_PATH or any(ord(ch) < 32 for ch in value):
         raise BadJob("'workdir' is too long or contains control characters")
     if value.startswith("/") or value.startswith("~"):
         raise BadJob(f"'workdir' must be relative to your home, not {shown(value)!r}")
@@ -110,7 +98,7 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
     """The submission in `body` (parsed JSON), or BadJob (400; 403 for a profile not theirs).
 
     `max_workers` is JobLimits.max_workers (1: clusters refused); `max_parameters_bytes`
-    JobLimits.max_parameters_bytes (a notebook's parameters as JSON; None: its default)."""
+    JobLimits.max_parameters_bytes (a notebook's parameters as JSON; None: the command's own bound)."""
     if not isinstance(body, dict):
         raise BadJob('The body must be a JSON object such as {"profile": "tf-gpu-1", "command": ["python", "train.py"]}')
     extra = sorted(shown(k) for k in body if k not in ALLOWED_KEYS)
@@ -133,17 +121,13 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
             raise BadJob("'parameters' are for a notebook job: give 'notebook' too")
         return Submission(profile=profile, command=check_command(body.get("command")),
                           workdir=check_workdir(body.get("workdir")), timeout_s=timeout_s, workers=workers)
-    from . import notebook as nb
-
     if body.get("command") is not None or body.get("workdir") is not None:
         raise BadJob("A job runs either a 'command' or a 'notebook', not both; a notebook runs in its "
                      "own directory, so it takes no 'workdir'")
     if workers != 1:
         raise BadJob("A notebook job runs in one container; 'workers' is for command jobs")
-    if max_parameters_bytes is None:
-        from .limits import JobLimits
-
-        max_parameters_bytes = JobLimits.class_traits()["max_parameters_bytes"].default_value
+    if max_parameters_bytes is None:  # bounded still: they become part of the command
+        max_parameters_bytes = MAX_COMMAND_BYTES
     path = nb.check_notebook(body["notebook"])
     parameters = nb.check_parameters(body.get("parameters"), max_parameters_bytes)
     return Submission(profile=profile, command=nb.command(path, parameters), workdir=nb.workdir_of(path),

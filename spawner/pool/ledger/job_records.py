@@ -54,6 +54,13 @@ def job_id_of(server_name: str) -> int | None:
     return int(part) if is_job_server(server_name) and part.isdigit() else None
 
 
+def notebook_outputs(notebook: str, job_id: int) -> dict[str, str]:
+    """Where notebook job `job_id` writes its executed notebook and the HTML copy, relative to the
+    home: beside the input, named after the job (`train.ipynb` -> `train.job-12.ipynb`, `.html`)."""
+    stem = notebook.removesuffix(".ipynb")
+    return {"output": f"{stem}.job-{job_id}.ipynb", "output_html": f"{stem}.job-{job_id}.html"}
+
+
 @dataclass(frozen=True)
 class Job:
     id: int
@@ -87,9 +94,7 @@ class Job:
         """A notebook job's executed notebook and HTML copy, relative to the home ({} otherwise)."""
         if not self.notebook:
             return {}
-        from ...jobs.notebook import outputs
-
-        return outputs(self.notebook, self.id)
+        return notebook_outputs(self.notebook, self.id)
 
     @property
     def is_cluster(self) -> bool:
