@@ -26,6 +26,7 @@ from .schedules import ScheduleLimits
 log = logging.getLogger("gpu-pool-page")
 INTERVAL_SECONDS = 5.0
 MAX_ERROR = 500
+SNAPSHOT_ROWS = 500
 
 
 def utc_now() -> datetime:
@@ -42,6 +43,8 @@ class Scheduler:
         self.clock = clock
         self.interval = interval
         self._task: asyncio.Task | None = None
+        # Every schedule as the pool page shows them, refreshed at each look (the page never waits on the ledger).
+        self.snapshot: list[dict] = []
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.forever())
@@ -74,6 +77,7 @@ class Scheduler:
                 continue  # another service fired it, or it was paused or deleted meanwhile
             await self.fire(schedule)
             fired.append(schedule.id)
+        self.snapshot = [s.to_dict() for s in await self.runner.call(self.ledger.schedules, None, SNAPSHOT_ROWS)]
         return fired
 
     async def fire(self, schedule: Schedule) -> None:

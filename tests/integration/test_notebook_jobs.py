@@ -14,7 +14,7 @@ import json
 from ..fixtures.hub import Hub, wait_for
 from .test_gpu_spawner import container_of
 from .test_jobs import job_containers, job_hub, jobs_api, lease_of, wait_state
-from .test_poolpage import page_api
+from .test_poolpage import logged_in, page_api
 
 NOTEBOOK = {
     "cells": [
@@ -117,7 +117,8 @@ def test_hostile_notebook_paths_and_cron_strings_are_refused_and_nothing_is_crea
 
 
 def test_a_one_minute_schedule_fires_with_the_server_stopped_and_makes_an_ordinary_job(make_hub, docker_client):
-    hub, tokens = job_hub(make_hub, users=("pat", "bob"), extra_config=ONE_MINUTE)
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_ADMIN_USERS": "ada"}, users=("pat", "bob", "ada"),
+                          extra_config=ONE_MINUTE)
     pat = tokens["pat"]
     assert hub.server_model("pat") is None  # no server: the hub fires it
     r = schedules_api(hub, "POST", "", pat, json={"cron": "* * * * *", "profile": "tf-cpu", "name": "tick",
@@ -137,6 +138,13 @@ def test_a_one_minute_schedule_fires_with_the_server_stopped_and_makes_an_ordina
     assert hub.server_model("pat") is None  # it never needed pat's server
     seen = schedules_api(hub, "GET", f"/{made['id']}", pat).json()
     assert seen["fired"] >= 1 and seen["last_job_id"] >= first["id"] and seen["last_error"] is None
+    # The pool page lists it: to pat (theirs), to the admin (everyone's), not to bob.
+    def page(user):
+        return logged_in(hub, user).get(f"{hub.url}/services/gpu-pool/", timeout=30).text
+    mine = wait_for(lambda: (p := page("pat")) and 'id="schedules"' in p and p, hub=hub, what="pat's schedule on the page")
+    assert "tick" in mine and "<code>* * * * *</code>" in mine
+    assert "tick" in page("ada") and 'id="schedules"' not in page("bob")
+    assert [s["user"] for s in schedules_api(hub, "GET", "?all=1", tokens["ada"]).json()["schedules"]] == ["pat"]
 
     r = schedules_api(hub, "POST", f"/{made['id']}/pause", pat)
     assert r.status_code == 200 and r.json()["paused"] and r.json()["next_at"] is None, r.text

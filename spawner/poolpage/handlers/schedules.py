@@ -109,6 +109,14 @@ class ScheduleActionAPI(SchedulesMixin, APIHandler):
         self.write_json(self.schedule_dict(updated))
 
 
+def schedule_rows(scheduler: Scheduler | None, viewer) -> list[dict]:
+    """The schedules the pool page lists (the viewer's; a pool admin's: everyone's), from the
+    scheduler's snapshot."""
+    if scheduler is None:
+        return []
+    return [s for s in scheduler.snapshot if viewer.admin or s["user"] == viewer.name]
+
+
 def limits_dict(limits: ScheduleLimits) -> dict:
     return {"max_per_user": limits.max_per_user, "min_interval_minutes": limits.min_interval_minutes,
             "max_run_seconds": limits.max_run_seconds}
