@@ -18,9 +18,10 @@ from .test_poolpage import logged_in, page_api
 
 NOTEBOOK = {
     "cells": [
-        {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
+        {"id": "defaults", "cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None,
+         "outputs": [],
          "source": "epochs = 1\n"},
-        {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+        {"id": "train", "cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
          "source": "import os\nprint(f\"trained for {epochs} epochs on {os.environ.get('NVIDIA_VISIBLE_DEVICES')}\")\n"},
     ],
     "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
