@@ -203,3 +203,74 @@ def test_two_services_claiming_one_slot_fire_it_once(tmp_path):
     finally:
         runner.pool.close()
     assert wins == [True, False]
+
+
+def test_a_version_12_ledger_gains_schedules_and_notebook_jobs_in_place(tmp_path):
+    import sqlalchemy as sa
+
+    from spawner.pool import SCHEMA_VERSION
+    from spawner.pool.ledger.job_records import JobLedger
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    GPUPool(db_url=url).gpus()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:  # as schema 12 left it
+        conn.execute(sa.text("DROP TABLE gpu_pool_schedules"))
+        for column in ("notebook", "parameters", "schedule_id"):
+            conn.execute(sa.text(f"ALTER TABLE gpu_pool_jobs DROP COLUMN {column}"))
+        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='12' WHERE key='schema_version'"))
+    pool = GPUPool(db_url=url)
+    try:
+        job = JobLedger(pool).create("pat", [], "tf-cpu", ["true"], "work", 60, "h", 1, 1, notebook="work/a.ipynb",
+                                     parameters={"epochs": 5}, schedule_id=None)
+        assert job.to_dict()["output"] == f"work/a.job-{job.id}.ipynb" and job.parameters == {"epochs": 5}
+        from spawner.pool.ledger.schedule_records import ScheduleLedger
+
+        made = ScheduleLedger(pool).create("pat", "n", "@daily", {"profile": "tf-cpu", "command": ["true"]}, "h",
+                                           lambda now: now)
+        assert made.to_dict()["cron"] == "@daily"
+    finally:
+        pool.close()
+    with engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
+            == str(SCHEMA_VERSION) == "13"
+    engine.dispose()
+
+
+def gpu_job():
+    """The notebook images' gpu-job module, loaded from its source (as the CLI reference does)."""
+    import importlib.machinery
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "images" / "jupyter" / "gpuhub_job" / "__init__.py"
+    loader = importlib.machinery.SourceFileLoader("gpu_job_for_tests", str(path))
+    spec = importlib.util.spec_from_loader("gpu_job_for_tests", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_gpu_job_sends_a_notebook_with_typed_parameters_and_a_schedule(monkeypatch, tmp_path):
+    module = gpu_job()
+    home = tmp_path / "home"
+    (home / "work").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(home / "work")
+    sent = []
+    monkeypatch.setattr(module, "request", lambda args, method, path, body=None, stream=False, api="jobs":
+                        sent.append((api, method, path, body)) or {"schedules": []})
+    monkeypatch.setattr(module, "show", lambda job: None)
+    monkeypatch.setattr(module, "show_schedule", lambda schedule: None)
+    module.main(["--url", "http://x/", "submit", "--profile", "tf-gpu-1", "--notebook", "train.ipynb",
+                 "-p", "epochs", "5", "-p", "rate", "0.1", "-p", "name", "run a", "-p", "fast", "true"])
+    module.main(["--url", "http://x/", "schedule", "create", "--cron", "0 3 * * *", "--profile", "tf-cpu",
+                 "--", "python", "x.py"])
+    module.main(["--url", "http://x/", "schedule", "pause", "3"])
+    assert sent[0] == ("jobs", "POST", "", {"profile": "tf-gpu-1", "notebook": "work/train.ipynb",
+                                            "parameters": {"epochs": 5, "rate": 0.1, "name": "run a", "fast": True}})
+    assert sent[1] == ("schedules", "POST", "", {"cron": "0 3 * * *", "profile": "tf-cpu",
+                                                 "command": ["python", "x.py"], "workdir": "work"})
+    assert sent[2] == ("schedules", "POST", "/3/pause", {})
+    with pytest.raises(SystemExit):  # a notebook and a command at once
+        module.main(["--url", "http://x/", "submit", "--profile", "p", "--notebook", "a.ipynb", "--", "python"])
