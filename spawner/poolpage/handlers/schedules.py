@@ -73,7 +73,7 @@ class SchedulesAPI(SchedulesMixin, APIHandler):
                 await runner._check_notebook(name, asked.submission.notebook)
             created = await self.call(scheduler.ledger.create, name, asked.name, asked.cron, asked.body,
                                       runner.settings.host,
-                                      lambda _now: cron.next_times(asked.cron, scheduler.clock(), 1)[0],
+                                      lambda now: cron.next_times(asked.cron, now, 1)[0],
                                       check=scheduler.limits.check_count)
         except (BadJob, JobError) as exc:
             raise web.HTTPError(exc.status, str(exc)) from None
