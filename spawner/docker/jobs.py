@@ -9,6 +9,7 @@ network unless its spec names one.  Blocking Docker calls run on the engine's ow
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -248,6 +249,21 @@ class DockerJobEngine:
 
     async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         return [self.settings.host] if self.settings.host else None
+
+    async def home_dir(self, user: str) -> str | None:
+        """The home volume's directory on this host (the local driver's), "" if the user has no
+        home volume yet, None if it is not a directory here (another driver: NFS, a plugin)."""
+        import docker.errors
+
+        name = render_user(self.settings.home_volume, user, self.settings.home_name_escape)
+        try:
+            volume = await self.docker("inspect_volume", name)
+        except docker.errors.NotFound:
+            return ""
+        mountpoint = volume.get("Mountpoint") or ""
+        if volume.get("Driver") != "local" or volume.get("Options") or not os.path.isdir(mountpoint):
+            return None
+        return mountpoint
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         await prepare_home_volume(_HomeOwner(self, user, directory_identity), image, uid, gid)

@@ -133,6 +133,11 @@ class JobEngine(Protocol):
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         """The user's home volume, ready for uid:gid on every host (homes.py's rules); its name."""
 
+    async def home_dir(self, user: str) -> str | None:
+        """The user's home as a directory this process can read (a local volume's), to check a
+        notebook's path before the job is queued; None where there is none (no volume yet: ""),
+        e.g. on Swarm, whose homes live on other nodes: the job's container checks it then."""
+
 
 async def wait_until_ended(inspect, name: str, timeout: float, poll: float) -> UnitState | None:
     """`inspect(name)` every `poll` seconds until the unit has ended, is gone (None) or

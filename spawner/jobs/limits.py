@@ -88,6 +88,18 @@ class JobLimits(Configurable):
         """,
     )
 
+    max_parameters_bytes = Int(
+        16 * 1024,
+        config=True,
+        help="""Most bytes a notebook job's parameters may take, written as JSON (`"parameters":
+        {...}`, `gpu-job submit --notebook NB -p NAME VALUE`); a schedule's too.
+
+        Papermill injects them into the notebook's first cell, so they are kept
+        small: names and values such as epochs or a data path, not data.  A
+        submission above it is refused with HTTP 400 naming this limit.
+        """,
+    )
+
     profile_limits = Dict(
         config=True,
         help="""Caps of one profile's jobs per user, on top of `max_running` and `max_queued`:
@@ -103,6 +115,12 @@ class JobLimits(Configurable):
     def _check_workers(self, proposal):
         if proposal.value < 1:
             raise TraitError("JobLimits.max_workers must be >= 1 (1: no cluster jobs)")
+        return proposal.value
+
+    @validate("max_parameters_bytes")
+    def _check_parameters(self, proposal):
+        if proposal.value < 2:
+            raise TraitError("JobLimits.max_parameters_bytes must be >= 2 (an empty JSON object)")
         return proposal.value
 
     @validate("max_running", "max_queued")

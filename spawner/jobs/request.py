@@ -1,6 +1,7 @@
 """What a job submission may contain, checked before anything is leased or created.
 
-Only `profile`, `command` (a list of strings), `workdir` (relative, inside the
+Only `profile`, `command` (a list of strings) or `notebook` (a notebook in the home, run
+with papermill, with its `parameters`: notebook.py), `workdir` (relative, inside the
 home), `timeout` (seconds, within the profile's maximum), `workers` (a
 cluster of that many containers, each with the profile's GPUs; within
 JobLimits.max_workers), `borrow` (true: it may run on idle GPUs beyond its user's
@@ -16,19 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..profiles import Profile, choose_profile
+from . import notebook as nb
+from .refusal import MAX_PATH, BadJob, shown
 
-ALLOWED_KEYS = ("profile", "command", "workdir", "timeout", "workers", "borrow", "requeue")
+ALLOWED_KEYS = ("profile", "command", "notebook", "parameters", "workdir", "timeout", "workers", "borrow", "requeue")
 MAX_ARGS = 256
 MAX_COMMAND_BYTES = 16 * 1024
-MAX_WORKDIR = 1024
-
-
-class BadJob(ValueError):
-    """A submission refused; str() is the message for the user, `status` the HTTP status."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -40,11 +34,9 @@ class Submission:
     workers: int = 1  # > 1: a cluster job (one container per worker, TF_CONFIG naming them all)
     borrow: bool = False  # may run on idle GPUs beyond the user's share (borrowed, reclaimed with notice)
     requeue: bool = True  # a reclaimed run goes back to the queue by itself
-
-
-def _shown(value: Any) -> str:
-    """A short printable excerpt of hostile input, for messages."""
-    return "".join(ch for ch in str(value)[:40] if ch.isprintable())
+    # A notebook job: the notebook's path in the home ("" for a command) and papermill's parameters.
+    notebook: str = ""
+    parameters: dict | None = None
 
 
 def check_workdir(value: Any) -> str:
@@ -53,10 +45,10 @@ def check_workdir(value: Any) -> str:
         return ""
     if not isinstance(value, str):
         raise BadJob(f"'workdir' must be a string (a directory in your home), not {type(value).__name__}")
-    if len(value) > MAX_WORKDIR or any(ord(ch) < 32 for ch in value):
+    if len(value) > MAX_PATH or any(ord(ch) < 32 for ch in value):
         raise BadJob("'workdir' is too long or contains control characters")
     if value.startswith("/") or value.startswith("~"):
-        raise BadJob(f"'workdir' must be relative to your home, not {_shown(value)!r}")
+        raise BadJob(f"'workdir' must be relative to your home, not {shown(value)!r}")
     parts = [p for p in value.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise BadJob("'workdir' must stay inside your home ('..' is not allowed)")
@@ -88,7 +80,7 @@ def check_timeout(value: Any, limit: int) -> int:
     if value is None:
         return limit
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise BadJob(f"'timeout' must be a number of seconds, not {_shown(value)!r}")
+        raise BadJob(f"'timeout' must be a number of seconds, not {shown(value)!r}")
     if value < 1 or value > limit:
         raise BadJob(f"'timeout' must be between 1 and {limit} seconds (this profile's maximum)")
     return int(value)
@@ -99,9 +91,9 @@ def check_workers(value: Any, limit: int) -> int:
     if value is None:
         return 1
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadJob(f"'workers' must be a whole number of containers, not {_shown(value)!r}")
+        raise BadJob(f"'workers' must be a whole number of containers, not {shown(value)!r}")
     if not 1 <= value <= limit:
-        raise BadJob(f"'workers' must be between 1 and {limit} (JobLimits.max_workers), not {_shown(value)}")
+        raise BadJob(f"'workers' must be between 1 and {limit} (JobLimits.max_workers), not {shown(value)}")
     return value
 
 
@@ -110,18 +102,19 @@ def check_flag(body: dict, key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise BadJob(f"'{key}' must be true or false, not {_shown(value)!r}")
+        raise BadJob(f"'{key}' must be true or false, not {shown(value)!r}")
     return value
 
 
 def check_submission(body: Any, profiles: list[Profile], user_groups, default_max: int,
-                     max_workers: int = 1) -> Submission:
+                     max_workers: int = 1, max_parameters_bytes: int | None = None) -> Submission:
     """The submission in `body` (parsed JSON), or BadJob (400; 403 for a profile not theirs).
 
-    `max_workers` is JobLimits.max_workers (1: clusters refused)."""
+    `max_workers` is JobLimits.max_workers (1: clusters refused); `max_parameters_bytes`
+    JobLimits.max_parameters_bytes (a notebook's parameters as JSON; None: the command's own bound)."""
     if not isinstance(body, dict):
         raise BadJob('The body must be a JSON object such as {"profile": "tf-gpu-1", "command": ["python", "train.py"]}')
-    extra = sorted(_shown(k) for k in body if k not in ALLOWED_KEYS)
+    extra = sorted(shown(k) for k in body if k not in ALLOWED_KEYS)
     if extra:
         raise BadJob(f"Unsupported field(s) {', '.join(repr(k) for k in extra)}: a job takes only "
                      f"{', '.join(ALLOWED_KEYS)}; the image, environment, mounts and GPUs come "
@@ -134,12 +127,23 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
         profile = choose_profile({"profile": body["profile"]}, profiles, user_groups)
     except web.HTTPError as exc:
         raise BadJob(exc.log_message or str(exc), exc.status_code) from None
-    return Submission(
-        profile=profile,
-        command=check_command(body.get("command")),
-        workdir=check_workdir(body.get("workdir")),
-        timeout_s=check_timeout(body.get("timeout"), max_seconds(profile, default_max)),
-        workers=check_workers(body.get("workers"), max_workers),
-        borrow=check_flag(body, "borrow", False),
-        requeue=check_flag(body, "requeue", True),
-    )
+    timeout_s = check_timeout(body.get("timeout"), max_seconds(profile, default_max))
+    workers = check_workers(body.get("workers"), max_workers)
+    borrow, requeue = check_flag(body, "borrow", False), check_flag(body, "requeue", True)
+    if body.get("notebook") is None:
+        if body.get("parameters") is not None:
+            raise BadJob("'parameters' are for a notebook job: give 'notebook' too")
+        return Submission(profile=profile, command=check_command(body.get("command")),
+                          workdir=check_workdir(body.get("workdir")), timeout_s=timeout_s, workers=workers,
+                          borrow=borrow, requeue=requeue)
+    if body.get("command") is not None or body.get("workdir") is not None:
+        raise BadJob("A job runs either a 'command' or a 'notebook', not both; a notebook runs in its "
+                     "own directory, so it takes no 'workdir'")
+    if workers != 1:
+        raise BadJob("A notebook job runs in one container; 'workers' is for command jobs")
+    if max_parameters_bytes is None:  # bounded still: they become part of the command
+        max_parameters_bytes = MAX_COMMAND_BYTES
+    path = nb.check_notebook(body["notebook"])
+    parameters = nb.check_parameters(body.get("parameters"), max_parameters_bytes)
+    return Submission(profile=profile, command=nb.command(path, parameters), workdir=nb.workdir_of(path),
+                      timeout_s=timeout_s, notebook=path, parameters=parameters, borrow=borrow, requeue=requeue)

@@ -40,6 +40,7 @@ from .engine import ENDED, UNKNOWN, JobEngine, JobRefused, UnitGone
 from .engine import RUNNING as RUNNING_UNIT
 from .fair_use import FairUseStops
 from .limits import JobLimits
+from .notebook import resolve_in_home
 from .reclaim import Reclaims
 from .request import BadJob, Submission
 from .settings import JobSettings
@@ -179,12 +180,16 @@ class JobRunner:
 
     # ------------------------------------------------------------ requests
 
-    async def submit(self, user: str, groups, auth_state: dict | None, sub: Submission) -> Job:
-        """Record a job and queue it; refused (JobError) before any lease or container."""
+    async def submit(self, user: str, groups, auth_state: dict | None, sub: Submission,
+                     schedule_id: int | None = None) -> Job:
+        """Record a job and queue it; refused (JobError) before any lease or container.
+        `schedule_id`: the schedule whose firing it is."""
         try:
             uid, gid = container_identity(auth_state, self.settings.fallback_uid, self.settings.fallback_gid)
         except Exception as exc:  # IdentityRefused
             raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
+        if sub.notebook:
+            await self._check_notebook(user, sub.notebook)
         if sub.profile.gpus:
             await self._sync_inventory()
             try:
@@ -200,7 +205,9 @@ class JobRunner:
                                   sub.timeout_s, self.settings.host, uid, gid,
                                   check=functools.partial(self.limits.check_submission, sub.profile,
                                                           workers=sub.workers),
-                                  workers=sub.workers, borrow=sub.borrow, requeue=sub.requeue)
+                                  workers=sub.workers, borrow=sub.borrow, requeue=sub.requeue,
+                                  notebook=sub.notebook or None, parameters=sub.parameters,
+                                  schedule_id=schedule_id)
         except BadJob as exc:
             log.info("Job of %s refused: %s", user, exc)
             raise JobError(str(exc), exc.status) from None
@@ -209,6 +216,23 @@ class JobRunner:
                  len(job.command))
         self._spawn(job)
         return job
+
+    async def _check_notebook(self, user: str, path: str) -> None:
+        """A notebook that is not there, or whose path leads out of the home through a symlink,
+        is refused now (400) where the engine can show the home; else its container checks."""
+        try:
+            home = await self.engine.home_dir(user)
+        except Exception as exc:
+            log.warning("Could not look at %s's home for notebook %r: %s", user, path, exc)
+            return
+        if home == "":
+            raise JobError(f"There is no notebook {path!r} in your home (you have no home yet: start a "
+                           "server once)", 400)
+        if home is not None:
+            try:
+                await asyncio.to_thread(resolve_in_home, home, self.settings.home_mount_point, path)
+            except BadJob as exc:
+                raise JobError(str(exc), exc.status) from None
 
     async def cancel(self, job_id: int) -> Job:
         """Cancel: a queued job leaves the queue, a running one is stopped; returns once its

@@ -71,6 +71,8 @@ class JobSettings:
     pool: dict = field(default_factory=dict)
     # The hub's c.JobLimits options (limits.py): how many jobs a user runs and queues, their CPUs.
     limits: dict = field(default_factory=dict)
+    # The hub's c.ScheduleLimits options (schedules.py): schedules per user, their interval and run.
+    schedule_limits: dict = field(default_factory=dict)
     # The hub's c.ContainerLimits (pids and log bounds), as ContainerLimits.settings() gives them.
     container_limits: dict = field(default_factory=dict)
 

@@ -38,6 +38,7 @@ from .handlers import history as history_api
 from .handlers import jobs as jobs_api
 from .handlers import lab as lab_api
 from .handlers import notifications as notifications_api
+from .handlers import schedules as schedules_api
 from .handlers import wait as insight
 from .handlers.actions import hub_api
 from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
@@ -150,6 +151,9 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
         jinja.globals["job_rows"] = lambda viewer: jobs_api.job_rows(jobs, viewer)
         jinja.globals["job_profiles"] = lambda: jobs_api.job_profiles(jobs)
         jinja.globals["max_workers"] = jobs.limits.max_workers
+    scheduler = jobs_api.make_scheduler(jobs)
+    if scheduler is not None:
+        jinja.globals["schedule_rows"] = lambda viewer: schedules_api.schedule_rows(scheduler, viewer)
     api = url_path_join(prefix, "api")
     return web.Application(
         [
@@ -163,8 +167,9 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             (url_path_join(api, "audit"), AuditAPI),
             *_more_routes(prefix),
             *jobs_api.routes(prefix),
+            *schedules_api.routes(prefix),
         ],
-        pool=pool, jobs=jobs, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
+        pool=pool, jobs=jobs, scheduler=scheduler, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
         limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
         notify=notify if notify is not None else EmailNotifications(), notify_key=_key_of(pool),

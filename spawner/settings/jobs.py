@@ -14,6 +14,7 @@ from ..containers import ContainerLimits
 from ..hub_service import without_named
 from ..jobs import JOBS_SCOPE
 from ..jobs.limits import JobLimits
+from ..jobs.schedules import ScheduleLimits
 from ..jobs.settings import JobSettings, reconciler_default
 from ..poolpage import SERVICE_NAME
 from ..profiles import DEFAULT_PROFILES
@@ -30,6 +31,12 @@ def job_limits(c) -> dict:
     """The c.JobLimits options an admin set, checked here so that a mistake stops the hub at start."""
     JobLimits(config=c)
     return {k: v for k, v in c.JobLimits.items()}
+
+
+def schedule_limits(c) -> dict:
+    """The c.ScheduleLimits options an admin set, checked here (a mistake stops the hub at start)."""
+    ScheduleLimits(config=c)
+    return {k: v for k, v in c.ScheduleLimits.items()}
 
 
 def job_settings(c, settings) -> JobSettings:
@@ -85,6 +92,7 @@ def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
         limits=job_limits(c),
+        schedule_limits=schedule_limits(c),
         container_limits=ContainerLimits(config=c).settings(),
         reconcile_interval=float(c.Reconciler.get("interval", reconciler_default("interval"))),
         reconcile_min_age=float(c.Reconciler.get("min_lease_age", reconciler_default("min_lease_age"))),

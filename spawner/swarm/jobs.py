@@ -123,6 +123,10 @@ class SwarmJobEngine(DockerJobEngine):
         return {k: render_user(v, user, self.settings.home_name_escape)
                 for k, v in self.settings.home_volume_driver_options.items()}
 
+    async def home_dir(self, user: str) -> str | None:
+        """None: a job's home is a volume on the node it runs on (the container checks its notebook)."""
+        return None
+
     def home_volume_create_kwargs(self, user: str) -> dict:
         options = self._volume_options(user)
         return {"driver": "local", "driver_opts": options} if options else {}

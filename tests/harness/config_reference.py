@@ -37,6 +37,7 @@ CLASSES = [
     ("spawner.containers", "ContainerLimits"),
     ("spawner.docker.firewall", "HostFirewall"),
     ("spawner.jobs.limits", "JobLimits"),
+    ("spawner.jobs.schedules", "ScheduleLimits"),
     ("spawner.auth", "DirectoryAuthenticator"),
     ("spawner.culling", "GPUIdleCuller"),
     ("spawner.poolpage.limits", "PoolServiceLimits"),

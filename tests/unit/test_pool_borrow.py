@@ -171,7 +171,7 @@ def test_a_version_12_ledger_gains_the_borrowing_columns_in_place(tmp_path):
         assert pool.try_acquire("alice", "job/1", 2, borrow=True).borrowed
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
-                == str(SCHEMA_VERSION) == "13"
+                == str(SCHEMA_VERSION) == "14"
     finally:
         pool.close()
         engine.dispose()

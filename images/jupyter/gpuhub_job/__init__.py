@@ -1,10 +1,16 @@
 """gpu-job: run a command on leased GPUs as a batch job, from a notebook server's terminal.
 
     gpu-job submit --profile tf-gpu-1 -- python train.py --epochs 5 --model_path model.keras
+    gpu-job submit --profile tf-gpu-1 --notebook train.ipynb -p epochs 5
+    gpu-job schedule create --cron "0 3 * * *" --profile tf-gpu-1 --notebook train.ipynb -p epochs 5
     gpu-job logs -f 12        # follow job 12's output until it ends
     gpu-job status 12         # state, exit code, GPUs, times
     gpu-job cancel 12
     gpu-job list
+
+A notebook runs with papermill; the executed copy (and an HTML one) lands beside it,
+train.job-12.ipynb and train.job-12.html.  A schedule fires on the hub even while your
+server is stopped (`gpu-job schedule list / pause / resume / delete`).
 
 The job runs in your home (the current directory, when it is inside your home), with
 the profile's image and limits, and holds its GPUs only while it runs.  It talks to
@@ -27,8 +33,8 @@ def fail(message, code=1):
     sys.exit(code)
 
 
-def request(args, method, path, body=None, stream=False):
-    url = args.url.rstrip("/") + "/api/jobs" + path
+def request(args, method, path, body=None, stream=False, api="jobs"):
+    url = args.url.rstrip("/") + f"/api/{api}" + path
     token = os.environ.get("JUPYTERHUB_API_TOKEN")
     if not token:
         fail("JUPYTERHUB_API_TOKEN is not set: run gpu-job inside a notebook server of the hub")
@@ -51,6 +57,44 @@ def request(args, method, path, body=None, stream=False):
     return json.loads(response.read() or b"null")
 
 
+def home_path(path):
+    """A path given on the command line (relative to the current directory) as relative to
+    $HOME; one outside the home is sent as it is, and the hub says why it is refused."""
+    home = os.path.abspath(os.environ.get("HOME", "/home/jovyan"))
+    full = os.path.abspath(path)
+    return os.path.relpath(full, home) if full.startswith(home + os.sep) else path
+
+
+def parameter_value(text):
+    """A -p value as papermill reads one: JSON when it parses (5, 0.1, true, "x"), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def job_body(args, command):
+    """What api/jobs (and api/schedules) take from `submit`'s and `schedule create`'s options."""
+    body = {"profile": args.profile}
+    if args.notebook:
+        if command:
+            fail("give either --notebook or a command after --, not both")
+        body["notebook"] = home_path(args.notebook)
+        if args.parameter:
+            body["parameters"] = {name: parameter_value(value) for name, value in args.parameter}
+    else:
+        if not command:
+            fail("give the command after --, e.g. gpu-job submit --profile tf-gpu-1 -- python train.py, "
+                 "or --notebook NB")
+        if args.parameter:
+            fail("-p is for a notebook (--notebook NB)")
+        body["command"] = command
+        body["workdir"] = workdir_here() if args.workdir is None else args.workdir
+    if args.timeout is not None:
+        body["timeout"] = args.timeout
+    return body
+
+
 def workdir_here():
     """The current directory relative to $HOME, or "" (the home) when outside it."""
     home = os.path.realpath(os.environ.get("HOME", "/home/jovyan"))
@@ -63,6 +107,8 @@ def workdir_here():
 def show(job):
     gpus = ", ".join(job.get("gpus") or []) or "none"
     line = f"job {job['id']}: {job['state']}"
+    if job.get("schedule_id"):
+        line += f" (fired by schedule {job['schedule_id']})"
     if job.get("queue_position"):
         line += f" (position {job['queue_position']} in the queue)"
     if job.get("exit_code") is not None:
@@ -72,7 +118,10 @@ def show(job):
     print(line)
     if job.get("borrowed_notice"):
         print(f"  {job['borrowed_notice']}")
-    print(f"  profile {job['profile']}, GPUs {gpus}, command {' '.join(job['command'])}")
+    what = (f"notebook {job['notebook']}" if job.get("notebook") else f"command {' '.join(job['command'])}")
+    print(f"  profile {job['profile']}, GPUs {gpus}, {what}")
+    if job.get("notebook"):
+        print(f"  output {job['output']} (and {job['output_html']})")
     for unit in job.get("units") or []:
         print(f"  worker {unit['worker']}{' (chief)' if unit['worker'] == 0 else ''}: host {unit['host']}, "
               f"GPUs {', '.join(unit['gpus']) or 'none'}")
@@ -82,16 +131,34 @@ def show(job):
         print(f"  {job['message']}")
 
 
+def show_schedule(schedule):
+    state = "paused" if schedule["paused"] else f"next {schedule.get('next_at') or '-'}"
+    print(f"schedule {schedule['id']}: {schedule['name']!r}, cron {schedule['cron']!r} (UTC), {state}")
+    what = (f"notebook {schedule['notebook']}" if schedule.get("notebook")
+            else f"command {' '.join(schedule.get('command') or [])}")
+    print(f"  profile {schedule['profile']}, {what}, fired {schedule['fired']} time(s)"
+          + (f", last job {schedule['last_job_id']}" if schedule.get("last_job_id") else ""))
+    if schedule.get("last_error"):
+        print(f"  last firing made no job: {schedule['last_error']}")
+
+
+def job_options(p):
+    p.add_argument("--profile", required=True, help="a profile's slug, e.g. tf-gpu-1")
+    p.add_argument("--notebook", default=None, help="run this notebook (in your home) with papermill")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="a notebook parameter (repeat for more); VALUE is read as JSON when it parses")
+    p.add_argument("--workdir", default=None, help="directory inside your home (default: the current one)")
+    p.add_argument("--timeout", type=int, default=None, help="seconds before it is stopped")
+
+
 def build_parser():
     """The command line (docs/reference/cli.md is generated from it)."""
     parser = argparse.ArgumentParser(prog="gpu-job", description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get("GPUHUB_JOBS_URL", ""),
                         help="the gpu-pool service (default: $GPUHUB_JOBS_URL)")
     sub = parser.add_subparsers(dest="action", required=True)
-    p = sub.add_parser("submit", help="queue a job: gpu-job submit --profile P -- COMMAND...")
-    p.add_argument("--profile", required=True, help="a profile's slug, e.g. tf-gpu-1")
-    p.add_argument("--workdir", default=None, help="directory inside your home (default: the current one)")
-    p.add_argument("--timeout", type=int, default=None, help="seconds before it is stopped")
+    p = sub.add_parser("submit", help="queue a job: gpu-job submit --profile P -- COMMAND... (or --notebook NB)")
+    job_options(p)
     p.add_argument("--workers", type=int, default=None,
                    help="a cluster of N containers, each with the profile's GPUs and TF_CONFIG (default 1)")
     p.add_argument("--borrow", action="store_true",
@@ -113,6 +180,19 @@ def build_parser():
                         "followed or not)")
     q = sub.add_parser("list", help="your jobs, newest first")
     q.add_argument("--json", action="store_true")
+    s = sub.add_parser("schedule", help="jobs the hub fires on a cron string, even with your server stopped")
+    ss = s.add_subparsers(dest="schedule_action", required=True)
+    q = ss.add_parser("create", help="gpu-job schedule create --cron CRON --profile P (--notebook NB | -- COMMAND...)")
+    q.add_argument("--cron", required=True, help='five fields in UTC, e.g. "0 3 * * *" (every night at 03:00)')
+    q.add_argument("--name", default=None, help="a name to tell it by")
+    job_options(q)
+    q.add_argument("--json", action="store_true")
+    q.add_argument("command", nargs=argparse.REMAINDER)
+    q = ss.add_parser("list", help="your schedules")
+    q.add_argument("--json", action="store_true")
+    for name in ("pause", "resume", "delete"):
+        q = ss.add_parser(name, help=f"{name} a schedule")
+        q.add_argument("schedule", type=int)
     return parser
 
 
@@ -123,12 +203,7 @@ def main(argv=None):
 
     if args.action == "submit":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        if not command:
-            fail("give the command after --, e.g. gpu-job submit --profile tf-gpu-1 -- python train.py")
-        body = {"profile": args.profile, "command": command,
-                "workdir": workdir_here() if args.workdir is None else args.workdir}
-        if args.timeout is not None:
-            body["timeout"] = args.timeout
+        body = job_body(args, command)
         if args.workers is not None:
             body["workers"] = args.workers
         if args.borrow:
@@ -155,6 +230,30 @@ def main(argv=None):
         for job in [] if args.json else jobs:
             workers = f"x{job['workers']}" if job.get("workers", 1) > 1 else ""
             print(f"{job['id']:>6}  {job['state']:<10} {job['profile'] + workers:<12} {' '.join(job['command'])[:60]}")
+    elif args.action == "schedule":
+        schedule(args)
+
+
+def schedule(args):
+    action = args.schedule_action
+    if action == "create":
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        body = {"cron": args.cron, **job_body(args, command)}
+        if args.name:
+            body["name"] = args.name
+        made = request(args, "POST", "", body, api="schedules")
+        print(json.dumps(made, indent=2)) if args.json else show_schedule(made)
+    elif action == "list":
+        found = request(args, "GET", "", api="schedules")["schedules"]
+        if args.json:
+            print(json.dumps(found, indent=2))
+        for one in [] if args.json else found:
+            show_schedule(one)
+    elif action == "delete":
+        request(args, "DELETE", f"/{args.schedule}", api="schedules")
+        print(f"schedule {args.schedule} deleted")
+    else:
+        show_schedule(request(args, "POST", f"/{args.schedule}/{action}", {}, api="schedules"))
 
 
 if __name__ == "__main__":

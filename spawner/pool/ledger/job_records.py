@@ -54,6 +54,13 @@ def job_id_of(server_name: str) -> int | None:
     return int(part) if is_job_server(server_name) and part.isdigit() else None
 
 
+def notebook_outputs(notebook: str, job_id: int) -> dict[str, str]:
+    """Where notebook job `job_id` writes its executed notebook and the HTML copy, relative to the
+    home: beside the input, named after the job (`train.ipynb` -> `train.job-12.ipynb`, `.html`)."""
+    stem = notebook.removesuffix(".ipynb")
+    return {"output": f"{stem}.job-{job_id}.ipynb", "output_html": f"{stem}.job-{job_id}.html"}
+
+
 @dataclass(frozen=True)
 class Job:
     id: int
@@ -81,6 +88,16 @@ class Job:
     borrow: bool = False  # may run on idle GPUs beyond its user's share (borrowed leases)
     requeue: bool = True  # a reclaimed run goes back to the queue by itself
     attempts: int = 1  # runs started or queued for: 2 after its first reclaim
+    notebook: str | None = None  # a notebook job's notebook (its path in the home)
+    parameters: dict | None = None
+    schedule_id: int | None = None  # the schedule that fired it
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        """A notebook job's executed notebook and HTML copy, relative to the home ({} otherwise)."""
+        if not self.notebook:
+            return {}
+        return notebook_outputs(self.notebook, self.id)
 
     @property
     def is_cluster(self) -> bool:
@@ -118,6 +135,9 @@ class Job:
             "ended_at": iso(self.ended_at), "workers": self.workers,
             "units": [dict(u) for u in self.units],
             "borrow": self.borrow, "requeue": self.requeue, "attempts": self.attempts,
+            "notebook": self.notebook, "parameters": self.parameters,
+            "output": self.outputs.get("output"), "output_html": self.outputs.get("output_html"),
+            "schedule_id": self.schedule_id,
         }
 
 
@@ -131,6 +151,8 @@ def _job(row) -> Job:
         submitted_at=m["submitted_at"], started_at=m["started_at"], ended_at=m["ended_at"],
         workers=m["workers"], units=tuple(json.loads(m["units"])) if m["units"] else (),
         borrow=bool(m["borrow"]), requeue=bool(m["requeue"]), attempts=m["attempts"],
+        notebook=m["notebook"], parameters=json.loads(m["parameters"]) if m["parameters"] else None,
+        schedule_id=m["schedule_id"],
     )
 
 
@@ -145,7 +167,8 @@ class JobLedger:
 
     def create(self, user: str, groups, profile: str, command, workdir: str, timeout_s: int,
                host: str, uid: int, gid: int, check: Callable[[list[tuple[str, str]]], None] | None = None,
-               workers: int = 1, borrow: bool = False, requeue: bool = True) -> Job:
+               workers: int = 1, borrow: bool = False, requeue: bool = True, notebook: str | None = None,
+               parameters: dict | None = None, schedule_id: int | None = None) -> Job:
         """Record a queued job.  `check`, given the user's active jobs as (profile, state)
         pairs, may refuse it by raising: it runs in the same transaction, under the
         ledger's write lock, so concurrent submissions cannot pass a limit together."""
@@ -159,6 +182,8 @@ class JobLedger:
                 "command": json.dumps(list(command)), "workdir": workdir, "timeout_s": timeout_s,
                 "host": host, "uid": uid, "gid": gid, "state": QUEUED, "gpu_uuids": "[]", "workers": workers,
                 "borrow": bool(borrow), "requeue": bool(requeue),
+                "notebook": notebook, "schedule_id": schedule_id,
+                "parameters": json.dumps(parameters, sort_keys=True) if notebook else None,
                 "submitted_at": self._store.now(conn)})).inserted_primary_key[0]
             return self._get(conn, job_id)
         return self._store.write(write)

@@ -43,7 +43,9 @@ from ..models import PoolUnavailable
 # gpu_pool_notify_users (each user's notification choices and directory address)
 # 13: borrowing beyond a share (issue 38): gpu_pool_leases.borrowed/reclaim_at,
 # gpu_pool_waiters.beyond, gpu_pool_jobs.borrow/requeue/attempts
-SCHEMA_VERSION = 13
+# 14: gpu_pool_schedules (cron schedules the service fires) and gpu_pool_jobs.notebook/parameters/
+# schedule_id (notebook jobs, and the schedule a job was fired by)
+SCHEMA_VERSION = 14
 NAME_MAX = 255
 
 
@@ -226,8 +228,39 @@ jobs_table = Table(
     Column("borrow", Boolean, nullable=False, server_default=false()),
     Column("requeue", Boolean, nullable=False, server_default=true()),
     Column("attempts", Integer, nullable=False, server_default=text("1")),
+    # A notebook job: the notebook's path in the home and papermill's parameters (JSON object);
+    # NULL for a command job.  The schedule that fired it, if one did.
+    Column("notebook", Text),
+    Column("parameters", Text),
+    Column("schedule_id", Integer),
     Index("ix_gpu_pool_jobs_user", "user_name"),
     Index("ix_gpu_pool_jobs_state", "state"),
+    sqlite_autoincrement=True,
+)
+
+
+# Cron schedules (spawner/jobs/scheduler.py): each firing submits `body` (a job's submission, JSON)
+# as `user_name`, through the same queue and limits as any job.  `next_at` is the next time it is
+# due: a firing claims it by moving it on in one transaction, so two services never fire one slot
+# twice, and slots missed while no service ran are skipped (one firing, then the next slot).
+schedules_table = Table(
+    "gpu_pool_schedules",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(NAME_MAX), nullable=False),
+    Column("name", String(NAME_MAX), nullable=False),
+    Column("cron", String(128), nullable=False),
+    Column("body", Text, nullable=False),  # JSON: profile, command or notebook + parameters, timeout
+    Column("host", String(NAME_MAX), nullable=False),  # the service (Docker host) that fires it
+    Column("paused", Boolean, nullable=False),
+    Column("next_at", UTCDateTime),  # NULL while paused
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("last_fired_at", UTCDateTime),
+    Column("last_job_id", Integer),
+    Column("last_error", Text),  # why the last firing made no job (refused), for its owner
+    Column("fired", Integer, nullable=False, server_default=text("0")),
+    Index("ix_gpu_pool_schedules_due", "paused", "next_at"),
+    Index("ix_gpu_pool_schedules_user", "user_name"),
     sqlite_autoincrement=True,
 )
 
@@ -437,6 +470,9 @@ def create_schema(conn) -> int | None:
             _add_columns(conn, "gpu_pool_jobs", {"borrow": f"BOOLEAN NOT NULL DEFAULT {no}",
                                                  "requeue": f"BOOLEAN NOT NULL DEFAULT {yes}",
                                                  "attempts": "INTEGER NOT NULL DEFAULT 1"})
+        if int(version) < 14:
+            # 13 -> 14: notebook jobs and the schedule a job came from (gpu_pool_schedules is new).
+            _add_columns(conn, "gpu_pool_jobs", {"notebook": "TEXT", "parameters": "TEXT", "schedule_id": "INTEGER"})
         conn.execute(update(meta_table).where(meta_table.c.key == "schema_version")
                      .values(value=str(SCHEMA_VERSION)))
     elif int(version) > SCHEMA_VERSION:

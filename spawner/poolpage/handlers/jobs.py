@@ -27,6 +27,7 @@ from ...jobs.engine import UnitGone
 from ...jobs.reclaim import borrowed_notice
 from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
+from ...jobs.scheduler import Scheduler
 from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, Job
 from .. import ADMIN_SCOPE
 from ..limits import PoolServiceLimits
@@ -97,22 +98,29 @@ class JobsMixin:
         runner = self.runner
         try:
             sub = check_submission(body, list(runner.profiles.values()), groups, runner.settings.max_seconds,
-                                   runner.limits.max_workers)
+                                   runner.limits.max_workers, runner.limits.max_parameters_bytes)
             return await runner.submit(name, groups, hub_user.get("auth_state"), sub)
         except (BadJob, JobError) as exc:
             raise web.HTTPError(exc.status, str(exc)) from None
 
     async def hub_user(self, name: str) -> dict:
         """The user's model from the hub (groups; auth_state with the directory uid/gid)."""
-        auth = self.hub_auth
-        request = HTTPRequest(url_path_join(auth.api_url, "users", quote(name, safe="")),
-                              headers={"Authorization": f"token {auth.api_token}"}, request_timeout=20)
-        try:
-            response = await AsyncHTTPClient().fetch(request)
-        except Exception as exc:
-            log.error("Could not read user %s from the hub: %s", name, exc)
-            raise web.HTTPError(503, "The hub did not answer; try again in a moment") from None
-        return json.loads(response.body)
+        return await fetch_hub_user(self.hub_auth.api_url, self.hub_auth.api_token, name)
+
+
+async def fetch_hub_user(api_url: str, api_token: str, name: str) -> dict:
+    """User `name`'s model from the hub's API, with the service's token; HTTPError 503 if the hub
+    did not answer (404 if it has no such user)."""
+    request = HTTPRequest(url_path_join(api_url, "users", quote(name, safe="")),
+                          headers={"Authorization": f"token {api_token}"}, request_timeout=20)
+    try:
+        response = await AsyncHTTPClient().fetch(request)
+    except Exception as exc:
+        if getattr(exc, "code", None) == 404:
+            raise web.HTTPError(404, f"The hub has no user {name!r} any more") from None
+        log.error("Could not read user %s from the hub: %s", name, exc)
+        raise web.HTTPError(503, "The hub did not answer; try again in a moment") from None
+    return json.loads(response.body)
 
 
 class JobsAPI(JobsMixin, APIHandler):
@@ -409,16 +417,36 @@ def job_profiles(runner: JobRunner | None) -> list[dict]:
     return [{"slug": p.slug, "name": p.display_name, "gpus": p.gpus} for p in runner.profiles.values()]
 
 
+def make_scheduler(runner: JobRunner | None) -> Scheduler | None:
+    """The schedules' scheduler where jobs run; it reads users from the hub with the service's
+    own token (the service's environment, as HubAuth reads it)."""
+    if runner is None:
+        return None
+
+    async def hub_user(name: str) -> dict:
+        from jupyterhub.services.auth import HubAuth
+
+        auth = HubAuth()
+        return await fetch_hub_user(auth.api_url, auth.api_token, name)
+    return Scheduler(runner, hub_user)
+
+
 async def start_jobs(app: web.Application):
-    """Take up the jobs; returns the coroutine function that stops them.  (The containers reach
-    the jobs API on the hub's bridge, where the service listens for them: app.serve.)"""
+    """Take up the jobs, then fire the schedules; returns the coroutine function that stops them.
+    (The containers reach the jobs API on the hub's bridge, where the service listens for them:
+    app.serve.)"""
     runner: JobRunner | None = app.settings.get("jobs")
+    scheduler: Scheduler | None = app.settings.get("scheduler")
     if runner is None:
         async def nothing():
             pass
         return nothing
     await runner.start()
+    if scheduler is not None:
+        scheduler.start()
 
     async def stop():
+        if scheduler is not None:
+            await scheduler.stop()
         await runner.stop()
     return stop
