@@ -276,7 +276,7 @@ def test_a_version_8_ledger_gains_the_readings_memory_column_in_place(tmp_path):
     [new] = p.gpu_readings(60).values()
     assert new.memory_used_mib == 512
     with engine.begin() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "13"
+        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta")).scalar() == str(SCHEMA_VERSION) == "14"
     p.close()
     engine.dispose()
 

@@ -483,7 +483,7 @@ def test_a_version_11_ledger_gains_the_outbox_in_place(tmp_path):
     assert [r["event"] for r in rows(p)] == ["job-ended"]
     with engine.begin() as conn:
         assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
-            == str(SCHEMA_VERSION) == "13"
+            == str(SCHEMA_VERSION) == "14"
     p.close()
     engine.dispose()
 
