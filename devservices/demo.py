@@ -361,6 +361,12 @@ class Demo:
                          f"{DEMO_POOL['booking_grace']:g} s)")
             if env.get("GPUHUB_JOBS", "true").lower() not in ("0", "false", "no", "off"):
                 lines.append(f"Jobs: {pool}#submit-job (submit a command; follow its log on the job's page)")
+                lines.append("Notebook jobs: in a terminal of your server, gpu-job submit --profile tf-gpu-1 "
+                             "--notebook starter.ipynb (the executed copy lands beside it)")
+                lines.append('Schedules: gpu-job schedule create --cron "0 3 * * *" --profile tf-gpu-1 '
+                             "--notebook starter.ipynb (fires while your server is stopped; gpu-job schedule list)")
+                lines.append("Borrowing: gpu-job submit --borrow ... runs on idle GPUs beyond your share, "
+                             "given back with notice (SIGTERM) when someone within theirs asks")
             lines.append(f"Action scripts: {pool}#exec-form (log in as carol: pool admin, in "
                          f"{seed.EXEC_GROUP}, which holds custom:gpu-pool:exec)")
         if env.get("GPUHUB_SSH", "").lower() in ("1", "true", "yes", "on"):

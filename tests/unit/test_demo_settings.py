@@ -24,6 +24,8 @@ def test_every_feature_is_on_and_a_newcomers_settings_win(tmp_path, monkeypatch)
     assert env["GPUHUB_JOBS"] == "true" and env["GPUHUB_DIRECTORY_EXEC_GROUPS"] == "script-runners"
     lines = "\n".join(d.feature_lines())
     assert "SSH:" not in lines and "2 GPU-hours per 1 h" in lines and "#exec-form" in lines
+    for feature in ("Notebook jobs: ", "Schedules: ", "Borrowing: "):
+        assert feature in lines, f"no {feature!r} line in the banner"
 
 
 def test_the_ssh_line_is_ready_to_paste(tmp_path, monkeypatch):
