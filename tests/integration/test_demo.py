@@ -31,7 +31,7 @@ import requests
 
 from devservices.hub import REPO, remove_what_a_hub_made
 from devservices.ldap import seed
-from devservices.ports import free_port
+from devservices.ports import free_port_run
 from devservices.ssh_client import SSHClient
 from spawner.labels import LABEL_USER
 
@@ -42,21 +42,13 @@ from .test_browser import LAB_TIMEOUT, by_css, click
 BANNER_TIMEOUT = 900
 
 
-def four_free_ports() -> int:
-    """A port p with p..p+3 free (the hub, its proxy's API, the pool page, the SSH key page)."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        ok = True
-        for port in range(base, base + 4):
-            with socket.socket() as sock:
-                sock.settimeout(0.2)
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    ok = False
-        if ok and base + 3 < 65536:
-            return base
-    raise RuntimeError("no four free ports in a row")
+def demo_ports() -> dict[str, int]:
+    """The demo's ports, all below the kernel's ephemeral range (free_port_run): the demo binds
+    them only after its image builds, minutes later, and a port in that range may be taken by
+    then (a run's demo failed so: its SSH key page's port was in use).  The hub, its proxy's API,
+    the pool page and the SSH key page must be in a row (the demo's --port and the next three)."""
+    base = free_port_run(8)
+    return {"port": base, "ssh": base + 4, "ldap": base + 5, "ldaps": base + 6, "hub_api": base + 7}
 
 
 class Banner:
@@ -114,12 +106,13 @@ class Demo:
 def demo(tmp_path_factory, docker_client, hub_network) -> Iterator[Demo]:
     """One demo for the module's tests, started as a newcomer starts it, stopped with Ctrl-C."""
     tmp_path = tmp_path_factory.mktemp("demo")
-    port, ssh_port = four_free_ports(), free_port()
+    ports = demo_ports()
+    port, ssh_port = ports["port"], ports["ssh"]
     prefix = f"gpuhub-demotest-{secrets.token_hex(3)}"
     env = {**os.environ,
            # A newcomer's own settings, over the demo's: here, what keeps this demo apart from others.
            "GPUHUB_DOCKER_NETWORK": hub_network.name, "GPUHUB_CONTAINER_PREFIX": prefix,
-           "GPUHUB_HOME_VOLUME": f"{prefix}-home-{{username}}", "GPUHUB_HUB_PORT": str(free_port()),
+           "GPUHUB_HOME_VOLUME": f"{prefix}-home-{{username}}", "GPUHUB_HUB_PORT": str(ports["hub_api"]),
            "GPUHUB_LEASE_WAIT_TIMEOUT": "60"}
     # ...and a config file of their own, loaded after the demo's.
     mine = tmp_path / "my_demo.py"
@@ -127,7 +120,7 @@ def demo(tmp_path_factory, docker_client, hub_network) -> Iterator[Demo]:
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "devservices" / "demo.py"), "--dir", str(tmp_path / "demo"),
          "--port", str(port), "--ssh-port", str(ssh_port), "--config", str(mine),
-         "--ldap-port", str(free_port()), "--ldaps-port", str(free_port())],
+         "--ldap-port", str(ports["ldap"]), "--ldaps-port", str(ports["ldaps"])],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         text=True, start_new_session=True)
     banner = Banner(proc)
