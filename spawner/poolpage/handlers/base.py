@@ -93,6 +93,15 @@ class APIHandler(BaseHandler):
             raise web.HTTPError(403, NO_EXEC)
         return viewer
 
+    def json_body(self, max_bytes: int):
+        """The request's body parsed as JSON (None when empty); a 400 past `max_bytes` or not JSON."""
+        if len(self.request.body) > max_bytes:
+            raise web.HTTPError(400, f"The request body is larger than {max_bytes} bytes")
+        try:
+            return json.loads(self.request.body or b"null")
+        except ValueError:
+            raise web.HTTPError(400, "The body must be JSON") from None
+
     def write_json(self, data, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")

@@ -132,12 +132,7 @@ class JobsAPI(JobsMixin, APIHandler):
 
     async def post(self):
         name, _ = self.job_user()
-        if len(self.request.body) > MAX_BODY:
-            raise web.HTTPError(400, f"The request body is larger than {MAX_BODY} bytes")
-        try:
-            body = json.loads(self.request.body or b"null")
-        except ValueError:
-            raise web.HTTPError(400, "The body must be JSON") from None
+        body = self.json_body(MAX_BODY)
         job = await self.submit_body(name, body)
         self.set_header("Location", url_path_join(self.request.path, str(job.id)))
         self.write_json(await self.job_dict(job), status=201)

@@ -10,8 +10,6 @@ limit is c.ScheduleLimits' (spawner/jobs/schedules.py); a refused body changes n
 
 from __future__ import annotations
 
-import json
-
 from jupyterhub.utils import url_path_join
 from tornado import web
 
@@ -57,12 +55,7 @@ class SchedulesAPI(SchedulesMixin, APIHandler):
 
     async def post(self):
         name, _ = self.job_user()
-        if len(self.request.body) > MAX_BODY:
-            raise web.HTTPError(400, f"The request body is larger than {MAX_BODY} bytes")
-        try:
-            body = json.loads(self.request.body or b"null")
-        except ValueError:
-            raise web.HTTPError(400, "The body must be JSON") from None
+        body = self.json_body(MAX_BODY)
         scheduler, runner = self.scheduler, self.runner
         hub_user = await self.hub_user(name)
         groups = sorted(hub_user.get("groups") or [])
