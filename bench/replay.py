@@ -19,9 +19,9 @@ at once (the images' gpuhub_activity extension posts it to the hub as it starts)
 Waiting: `acquire()`'s wait runs on the event loop's clock (its timeout, heartbeats and polls),
 which cannot run virtually.  The replay makes the same ledger calls the wait makes, at each
 event of the virtual clock: a request joins the queue with the wait's first write
-(`_attempt(..., enqueue=True)`); whenever GPUs free up (a release, a cull, a booking's start,
+(`GPUPool.grant_or_queue`); whenever GPUs free up (a release, a cull, a booking's start,
 its grace or its end, a waiter leaving) every waiter's heartbeat is written and the pool's read
-of the queue (`_look`, the watch's) says which waiters a grant would serve, and those try in
+of the queue (`read_queue`, the watch's) says which waiters a grant would serve, and those try in
 the queue's order, as the watch would make them.  A spawn gives up after the spawner's
 `lease_wait_timeout`, a job after the runner's `queue_timeout`, each with the wait's last try.
 
@@ -69,11 +69,7 @@ from spawner.culling.deadline import CullRules  # noqa: E402
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings, LedgerBudgets, LedgerContention  # noqa: E402
 from spawner.inventory.machine import StaticInventory  # noqa: E402
 from spawner.jobs.settings import JobSettings  # noqa: E402
-from spawner.pool import (  # noqa: E402
-    GPUPool,
-    PoolError,
-    validation,  # noqa: E402
-)
+from spawner.pool import GPUPool, PoolError  # noqa: E402
 from spawner.settings.culler import activity_interval, quiet_after, rules_from_settings  # noqa: E402
 from spawner.settings.hub import Settings  # noqa: E402
 
@@ -332,8 +328,8 @@ class Replay:
 
     # --- the ledger calls of a wait (see the module docstring) ---------------------------------
 
-    def _attempt(self, run: Run, waiter_id: int | None, enqueue: bool):
-        outcome = self.pool._write(self.pool._attempt, run.pool_req, waiter_id, enqueue)
+    def _turn(self, run: Run, waiter_id: int | None, enqueue: bool):
+        outcome = self.pool.grant_or_queue(run.pool_req, waiter_id, enqueue)
         if self.policy.borrow:
             self._asked_back()
         return outcome
@@ -366,22 +362,21 @@ class Replay:
         self.arrive(again)
         self.serve()
 
-    def _beat(self) -> None:
+    def _heartbeats(self) -> None:
         ids = [r.waiter_id for r in self.waiting.values() if r.waiter_id is not None]
         if ids:
-            self.pool._beat(ids)
+            self.pool.heartbeat(ids)
 
     def arrive(self, run: Run) -> None:
         r = run.req
         self.runs.append(run)
-        self._beat()
-        req = self.pool._make_request(r.user, f"{r.kind}-{len(self.runs)}", r.gpus, r.groups, None, r.workers)
-        run.pool_req = replace(req, holds_for=validation.holds_for(r.limit)) if r.limit is not None else req
-        if self.policy.borrow and r.kind == "job":
-            run.pool_req = replace(run.pool_req, borrow=True,
-                                   since=self.clock.at(run.since) if run.since is not None else None)
+        self._heartbeats()
+        borrow = self.policy.borrow and r.kind == "job"
+        run.pool_req = self.pool.request_for(
+            r.user, f"{r.kind}-{len(self.runs)}", r.gpus, r.groups, None, r.workers, holds_for=r.limit, borrow=borrow,
+            since=self.clock.at(run.since) if borrow and run.since is not None else None)
         try:
-            outcome = self._attempt(run, None, True)
+            outcome = self._turn(run, None, True)
         except PoolError:
             run.ended, run.end = self.clock.t, "refused"
             return
@@ -396,9 +391,9 @@ class Replay:
     def give_up(self, run: Run) -> None:
         if id(run) not in self.waiting:
             return
-        self._beat()
+        self._heartbeats()
         try:
-            last = self._attempt(run, run.waiter_id, False)  # the wait's last try
+            last = self._turn(run, run.waiter_id, False)  # the wait's last try
         except PoolError:
             last = None
         del self.waiting[id(run)]
@@ -408,24 +403,24 @@ class Replay:
         if last is not None and last.waiter_id is not None:
             run.waiter_id = last.waiter_id
         if run.waiter_id is not None:
-            self.pool._remove_waiter(run.waiter_id)
+            self.pool.leave_queue(run.waiter_id)
         run.ended, run.end = self.clock.t, "gave-up" if last is not None else "refused"
         self.serve()  # a big waiter leaving may let smaller ones through
 
     def serve(self) -> None:
         """Serve the waiters a grant would serve now, in the queue's order (as the watch would)."""
         while self.waiting:
-            self._beat()
+            self._heartbeats()
             by_waiter = {r.waiter_id: r for r in self.waiting.values()}
-            views = self.pool._look({w: r.pool_req for w, r in by_waiter.items()})
+            views = self.pool.read_queue({w: r.pool_req for w, r in by_waiter.items()}) or {}
             asking = sorted((v.position, w) for w, v in views.items() if v.ask or not v.present)
             progressed = False
             for _, wid in asking:
                 run = by_waiter[wid]
                 try:
-                    outcome = self._attempt(run, wid, True)
+                    outcome = self._turn(run, wid, True)
                 except PoolError:  # it became impossible (over its budget now)
-                    self.pool._remove_waiter(wid)
+                    self.pool.leave_queue(wid)
                     del self.waiting[id(run)]
                     run.ended, run.end = self.clock.t, "refused"
                     progressed = True
@@ -503,7 +498,7 @@ class Replay:
         t = self.clock.t
         self.at(t + self.policy.cull_every, self.cull_pass)
         assert self.policy_fn is not None
-        self._beat()  # the waiters are alive (their heartbeats come every few seconds): contention reads them
+        self._heartbeats()  # the waiters are alive (their heartbeats come every few seconds): contention reads them
         culled = []
         in_window = any(s <= t < e for s, e in self.windows)
         for run in list(self.running.values()):
