@@ -32,6 +32,15 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     return xs, [(i + 1) / len(xs) for i in range(len(xs))]
 
 
+def _save(plt, fig, title: str, path: str) -> str:
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def plot(rows: Sequence, capacity: int, horizon: float, step: float, directory: str, name: str,
          title: str = "") -> list[str]:
     """Write `<name>-gpus.png` and `<name>-waits.png` into `directory` for the replays' `rows`
@@ -55,12 +64,7 @@ def plot(rows: Sequence, capacity: int, horizon: float, step: float, directory: 
     last.set_xticks([24 * d for d in range(round(horizon / 86400) + 1)])
     last.set_xticklabels([DAYS[d % 7] if d < horizon / 86400 else "" for d in range(round(horizon / 86400) + 1)])
     last.set_xlim(0, horizon / 3600)
-    if title:
-        fig.suptitle(f"{title}: GPUs lent and busy", fontsize=10)
-    fig.tight_layout()
-    paths.append(os.path.join(directory, f"{name}-gpus.png"))
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(_save(plt, fig, title and f"{title}: GPUs lent and busy", os.path.join(directory, f"{name}-gpus.png")))
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), squeeze=False)
     for ax, what, label in ((axes[0, 0], "interactive_waits", "interactive starts"), (axes[0, 1], "job_waits", "jobs")):
@@ -75,10 +79,5 @@ def plot(rows: Sequence, capacity: int, horizon: float, step: float, directory: 
         ax.set_title(f"waits of {label}", fontsize=9, loc="left")
         ax.grid(True, linewidth=0.3)
     axes[0, 1].legend(loc="lower right", fontsize=8)
-    if title:
-        fig.suptitle(f"{title}: waits", fontsize=10)
-    fig.tight_layout()
-    paths.append(os.path.join(directory, f"{name}-waits.png"))
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(_save(plt, fig, title and f"{title}: waits", os.path.join(directory, f"{name}-waits.png")))
     return paths
