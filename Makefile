@@ -30,7 +30,7 @@ help:
 	@echo "make typecheck  the type checker (mypy on spawner/), run by make test after lint"
 	@echo "make docs    build the documentation site into docs/_build/html (warnings are errors)"
 	@echo "make bench   run the benchmarks and print their tables"
-	@echo "make bench-replay  a lab's week replayed through the pool on a virtual clock (SIZE=small|large; no Docker)"
+	@echo "make bench-replay  a lab's week replayed through the pool on a virtual clock (SIZE=small|large SEEDS='1 2 3' PLOTS=DIR; no Docker)"
 	@echo "make install install on a server: /opt/jupyterhub-gpu, images, settings, systemd unit (as root)"
 
 $(VENV)/.installed: pyproject.toml
@@ -107,9 +107,17 @@ bench: deps docker
 
 # A lab's week replayed through the real pool on a virtual clock (issue 37); no Docker.
 # SIZE=large for 64 GPUs on 8 hosts and 300 users.
+# SEEDS="1 2 3" for several weeks (one table each, then the product's figures against the goals);
+# PLOTS=DIR also writes the weeks' PNGs there.  matplotlib comes from the bench extra.
 SIZE ?= small
-bench-replay: venv
-	$(PY) bench/replay.py --size $(SIZE)
+SEEDS ?= 1
+PLOTS ?=
+$(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install --quiet -e ".[bench]"
+	touch $@
+
+bench-replay: venv $(VENV)/.bench-installed
+	$(PY) bench/replay.py --size $(SIZE) --seed $(SEEDS) $(if $(PLOTS),--plots $(PLOTS))
 
 clean:
 	rm -rf $(VENV) .cache test-artifacts .pytest_cache docs/_build

@@ -19,9 +19,9 @@ at once (the images' gpuhub_activity extension posts it to the hub as it starts)
 Waiting: `acquire()`'s wait runs on the event loop's clock (its timeout, heartbeats and polls),
 which cannot run virtually.  The replay makes the same ledger calls the wait makes, at each
 event of the virtual clock: a request joins the queue with the wait's first write
-(`_attempt(..., enqueue=True)`); whenever GPUs free up (a release, a cull, a booking's start,
+(`GPUPool.grant_or_queue`); whenever GPUs free up (a release, a cull, a booking's start,
 its grace or its end, a waiter leaving) every waiter's heartbeat is written and the pool's read
-of the queue (`_look`, the watch's) says which waiters a grant would serve, and those try in
+of the queue (`read_queue`, the watch's) says which waiters a grant would serve, and those try in
 the queue's order, as the watch would make them.  A spawn gives up after the spawner's
 `lease_wait_timeout`, a job after the runner's `queue_timeout`, each with the wait's last try.
 
@@ -69,11 +69,7 @@ from spawner.culling.deadline import CullRules  # noqa: E402
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings, LedgerBudgets, LedgerContention  # noqa: E402
 from spawner.inventory.machine import StaticInventory  # noqa: E402
 from spawner.jobs.settings import JobSettings  # noqa: E402
-from spawner.pool import (  # noqa: E402
-    GPUPool,
-    PoolError,
-    validation,  # noqa: E402
-)
+from spawner.pool import GPUPool, PoolError  # noqa: E402
 from spawner.settings.culler import activity_interval, quiet_after, rules_from_settings  # noqa: E402
 from spawner.settings.hub import Settings  # noqa: E402
 
@@ -81,6 +77,7 @@ from spawner.settings.hub import Settings  # noqa: E402
 END_REASONS = {("session", "stopped"): "stopped", ("session", "culled"): "culled", ("session", "budget"): "budget",
                ("session", "booking"): "booking", ("job", "stopped"): "job-finished"}
 HONOURED_WAIT = 60.0  # a booking is honoured when each attendee had a GPU within this many seconds
+SERIES_STEP = 600.0  # the plots' GPUs lent and busy: averages over steps of this many seconds
 
 
 # --- the policies -----------------------------------------------------------------------------
@@ -211,6 +208,7 @@ class Metrics:
     refused: int
     lost_busy_gpu_hours: float
     free_while_waiting_gpu_hours: float = 0.0
+    idle_while_waiting_gpu_hours: float = 0.0  # lent but idle while a request waited
     respawns: int = 0  # idle servers culled whose users came back for more work (their kernels' state lost)
     runtime_s: float = 0.0
     done: dict = field(default_factory=dict)  # user -> busy GPU-hours done
@@ -219,6 +217,9 @@ class Metrics:
     reclaimed_gpu_hours: float = 0.0  # of the borrowed leases that ended reclaimed
     reclaims: int = 0
     reclaim_lost_gpu_minutes: float = 0.0  # work between the last checkpoint and the stop
+    # GPUs lent and GPUs busy, each averaged over consecutive SERIES_STEP-second steps of the week
+    lent_series: list[float] = field(default_factory=list)
+    busy_series: list[float] = field(default_factory=list)
 
     @property
     def lent_share(self) -> float:
@@ -258,6 +259,20 @@ def _overlap(intervals, a: float, b: float) -> float:
     return sum(max(0.0, min(y, b) - max(x, a)) for x, y in intervals)
 
 
+def step_averages(intervals, horizon: float, step: float = SERIES_STEP) -> list[float]:
+    """The mean of a sum of weighted intervals ((start, end, weight), ...) over each `step` of
+    [0, horizon): e.g. the GPUs lent in each 10 minutes of the week."""
+    out = [0.0] * max(1, math.ceil(horizon / step))
+    for a, b, w in intervals:
+        a, b = max(a, 0.0), min(b, horizon)
+        i = int(a // step)
+        while a < b:
+            end = min(b, (i + 1) * step)
+            out[i] += w * (end - a) / step
+            a, i = end, i + 1
+    return out
+
+
 # --- the replay -------------------------------------------------------------------------------------
 
 
@@ -292,6 +307,7 @@ class Replay:
         self.shortest = policy.rules.shortest if policy.rules is not None else math.inf
         self.used: dict[str, list[tuple[float, float, int]]] = defaultdict(list)  # user -> (start, end, gpus)
         self.free_while_waiting = 0.0  # GPU-seconds
+        self.waited: list[tuple[float, float]] = []  # the times when a request waited, in order
         self.asked: set[int] = set()  # borrowed lease ids seen asked back
         self.reclaim_lost = 0.0  # GPU-seconds
 
@@ -329,11 +345,16 @@ class Replay:
         if self.waiting:
             free = self.trace.capacity - sum(r.req.total for r in self.running.values())
             self.free_while_waiting += free * (t - self.clock.t)
+            if t > self.clock.t:
+                if self.waited and self.waited[-1][1] == self.clock.t:
+                    self.waited[-1] = (self.waited[-1][0], t)
+                else:
+                    self.waited.append((self.clock.t, t))
 
     # --- the ledger calls of a wait (see the module docstring) ---------------------------------
 
-    def _attempt(self, run: Run, waiter_id: int | None, enqueue: bool):
-        outcome = self.pool._write(self.pool._attempt, run.pool_req, waiter_id, enqueue)
+    def _turn(self, run: Run, waiter_id: int | None, enqueue: bool):
+        outcome = self.pool.grant_or_queue(run.pool_req, waiter_id, enqueue)
         if self.policy.borrow:
             self._asked_back()
         return outcome
@@ -366,22 +387,21 @@ class Replay:
         self.arrive(again)
         self.serve()
 
-    def _beat(self) -> None:
+    def _heartbeats(self) -> None:
         ids = [r.waiter_id for r in self.waiting.values() if r.waiter_id is not None]
         if ids:
-            self.pool._beat(ids)
+            self.pool.heartbeat(ids)
 
     def arrive(self, run: Run) -> None:
         r = run.req
         self.runs.append(run)
-        self._beat()
-        req = self.pool._make_request(r.user, f"{r.kind}-{len(self.runs)}", r.gpus, r.groups, None, r.workers)
-        run.pool_req = replace(req, holds_for=validation.holds_for(r.limit)) if r.limit is not None else req
-        if self.policy.borrow and r.kind == "job":
-            run.pool_req = replace(run.pool_req, borrow=True,
-                                   since=self.clock.at(run.since) if run.since is not None else None)
+        self._heartbeats()
+        borrow = self.policy.borrow and r.kind == "job"
+        run.pool_req = self.pool.request_for(
+            r.user, f"{r.kind}-{len(self.runs)}", r.gpus, r.groups, None, r.workers, holds_for=r.limit, borrow=borrow,
+            since=self.clock.at(run.since) if borrow and run.since is not None else None)
         try:
-            outcome = self._attempt(run, None, True)
+            outcome = self._turn(run, None, True)
         except PoolError:
             run.ended, run.end = self.clock.t, "refused"
             return
@@ -396,9 +416,9 @@ class Replay:
     def give_up(self, run: Run) -> None:
         if id(run) not in self.waiting:
             return
-        self._beat()
+        self._heartbeats()
         try:
-            last = self._attempt(run, run.waiter_id, False)  # the wait's last try
+            last = self._turn(run, run.waiter_id, False)  # the wait's last try
         except PoolError:
             last = None
         del self.waiting[id(run)]
@@ -408,24 +428,24 @@ class Replay:
         if last is not None and last.waiter_id is not None:
             run.waiter_id = last.waiter_id
         if run.waiter_id is not None:
-            self.pool._remove_waiter(run.waiter_id)
+            self.pool.leave_queue(run.waiter_id)
         run.ended, run.end = self.clock.t, "gave-up" if last is not None else "refused"
         self.serve()  # a big waiter leaving may let smaller ones through
 
     def serve(self) -> None:
         """Serve the waiters a grant would serve now, in the queue's order (as the watch would)."""
         while self.waiting:
-            self._beat()
+            self._heartbeats()
             by_waiter = {r.waiter_id: r for r in self.waiting.values()}
-            views = self.pool._look({w: r.pool_req for w, r in by_waiter.items()})
+            views = self.pool.read_queue({w: r.pool_req for w, r in by_waiter.items()}) or {}
             asking = sorted((v.position, w) for w, v in views.items() if v.ask or not v.present)
             progressed = False
             for _, wid in asking:
                 run = by_waiter[wid]
                 try:
-                    outcome = self._attempt(run, wid, True)
+                    outcome = self._turn(run, wid, True)
                 except PoolError:  # it became impossible (over its budget now)
-                    self.pool._remove_waiter(wid)
+                    self.pool.leave_queue(wid)
                     del self.waiting[id(run)]
                     run.ended, run.end = self.clock.t, "refused"
                     progressed = True
@@ -503,7 +523,7 @@ class Replay:
         t = self.clock.t
         self.at(t + self.policy.cull_every, self.cull_pass)
         assert self.policy_fn is not None
-        self._beat()  # the waiters are alive (their heartbeats come every few seconds): contention reads them
+        self._heartbeats()  # the waiters are alive (their heartbeats come every few seconds): contention reads them
         culled = []
         in_window = any(s <= t < e for s, e in self.windows)
         for run in list(self.running.values()):
@@ -550,6 +570,20 @@ class Replay:
                 done[run.req.user] += run.req.total * _overlap(run.busy_abs(), run.started,
                                                                min(run.ended or horizon, horizon)) / 3600
         busy = sum(done.values())
+        idle_while_waiting = 0.0
+        for run in self.runs:
+            if run.started is None:
+                continue
+            end = min(run.ended or horizon, horizon)
+            lent_waiting = _overlap(self.waited, run.started, end)
+            if lent_waiting:
+                busy_waiting = sum(_overlap(self.waited, max(a, run.started), min(b, end))
+                                   for a, b in run.busy_abs() if min(b, end) > max(a, run.started))
+                idle_while_waiting += run.req.total * (lent_waiting - busy_waiting) / 3600
+        held = [(run.started, min(run.ended or horizon, horizon), run.req.total) for run in self.runs
+                if run.started is not None]
+        working = [(max(a, run.started), min(b, run.ended or horizon, horizon), run.req.total) for run in self.runs
+                   if run.started is not None for a, b in run.busy_abs()]
         demand: dict[str, float] = defaultdict(float)
         for r in self.trace.requests:
             demand[r.user] += r.total * _overlap([(r.arrive + a, r.arrive + b) for a, b in r.busy], 0, horizon) / 3600
@@ -576,9 +610,9 @@ class Replay:
             sum(1 for _, _, why, _, _ in self.culls if why == "budget"),
             sum(1 for _, _, why, _, _ in self.culls if why == "booking"),
             sum(1 for r in self.runs if r.end == "gave-up"), sum(1 for r in self.runs if r.end == "refused"),
-            lost, self.free_while_waiting / 3600,
+            lost, self.free_while_waiting / 3600, idle_while_waiting,
             sum(1 for _, _, why, b, back in self.culls if why == "culled" and not b and back), runtime, dict(done), due,
-            *self._borrowed_hours(horizon))
+            *self._borrowed_hours(horizon), step_averages(held, horizon), step_averages(working, horizon))
 
     def _borrowed_hours(self, horizon: float) -> tuple[float, float, int, float]:
         """(borrowed GPU-hours, of them reclaimed, reclaims, GPU-minutes of work lost to them)."""
@@ -614,7 +648,7 @@ def table(rows: list[Metrics]) -> str:
     lines = [
         "| policy | lent / capacity | busy / lent | interactive wait p50 / p95 / p99 (min) | job wait p50 / p95 / p99 "
         "(min) | Jain | bookings honoured | busy culled | idle culled (came back) | budget / booking stops | gave up / refused "
-        "| busy GPU-h lost | GPU-h free while requests waited | replay (s) |",
+        "| busy GPU-h lost | GPU-h free / lent idle while requests waited | replay (s) |",
         "|" + "---|" * 14,
     ]
     for m in rows:
@@ -626,7 +660,7 @@ def table(rows: list[Metrics]) -> str:
             f"| {_minutes(percentile(jw, .5))} / {_minutes(percentile(jw, .95))} / {_minutes(percentile(jw, .99))} "
             f"| {m.jain:.3f} | {m.bookings_honoured}/{m.bookings} | {m.busy_culled} | {m.idle_culled} ({m.respawns}) "
             f"| {m.stopped_budget} / {m.stopped_booking} | {m.gave_up} / {m.refused} | {m.lost_busy_gpu_hours:.1f} "
-            f"| {m.free_while_waiting_gpu_hours:.0f} | {m.runtime_s:.1f} |")
+            f"| {m.free_while_waiting_gpu_hours:.0f} / {m.idle_while_waiting_gpu_hours:.0f} | {m.runtime_s:.1f} |")
     return "\n".join(lines)
 
 
@@ -642,10 +676,24 @@ def borrowing_table(rows: list[Metrics]) -> str:
     return "\n".join(lines)
 
 
+def goals_table(rows: list[tuple[str, Metrics]]) -> str:
+    """The product's figures against the issue's goals for its defaults, one row per (size, seed)."""
+    lines = ["| week | busy / lent (goal >= 85 %) | interactive wait p95 (goal <= 5 min) | Jain (goal >= 0.9) "
+             "| busy culled (goal 0) | idle culled (came back) | gave up / refused | lent idle while requests waited "
+             "(GPU-h) |", "|" + "---|" * 8]
+    for week, m in rows:
+        lines.append(f"| {week} | {m.busy_share:.0%} | {_minutes(percentile(m.interactive_waits, .95))} "
+                     f"| {m.jain:.3f} | {m.busy_culled} | {m.idle_culled} ({m.respawns}) | {m.gave_up} / {m.refused} "
+                     f"| {m.idle_while_waiting_gpu_hours:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(wl.SIZES), default="small")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, nargs="+", default=[1], metavar="SEED",
+                        help="the week's seed; several (--seed 1 2 3): one table each, then the product's "
+                             "figures against the goals, one row per seed")
     parser.add_argument("--policy", action="append", help="only these policies (default: all three)")
     parser.add_argument("--borrowing", type=int, default=None, metavar="QUOTA",
                         help="instead: the product policy with a per-user limit of QUOTA GPUs, with jobs "
@@ -653,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=NUMBER",
                         help="a GPUPool setting or a hub Settings field of the product policy, e.g. "
                              "backfill_window=600 or activity_interval=30")
+    parser.add_argument("--plots", metavar="DIR", default=None,
+                        help="also write each week's plots into DIR as PNG (needs matplotlib, the bench "
+                             "extra): replay-SIZE-seedN-gpus.png (GPUs lent and busy over the week, per "
+                             "policy) and replay-SIZE-seedN-waits.png (the waits' distributions)")
     args = parser.parse_args(argv)
     overrides: dict[str, float] = {}
     hub: dict[str, Any] = {}
@@ -664,29 +716,41 @@ def main(argv: list[str] | None = None) -> int:
             hub[name] = type(getattr(Settings(), name) or 0)(float(value))
         else:
             parser.error(f"--set {item}: neither a GPUPool setting nor a hub Settings field")
+    if args.plots is not None and args.borrowing is not None:
+        parser.error("--plots draws the three policies' weeks, not --borrowing's")
     size = wl.SIZES[args.size]
-    trace = wl.generate(size, args.seed)
-    sessions = sum(r.kind == "session" for r in trace.requests)
-    jobs = [r for r in trace.requests if r.kind == "job"]
-    print(f"{args.size}: {size.hosts} host(s) x {size.gpus_per_host} GPUs, {size.users} users "
-          f"({len(trace.heavy)} heavy), seed {args.seed}: {sessions} sessions, {len(jobs)} jobs "
-          f"({sum(r.workers > 1 for r in jobs)} gangs), {len(trace.bookings)} booking(s); offered "
-          f"{trace.offered_gpu_hours():.0f} GPU-h held ({trace.offered_gpu_hours() / (trace.capacity * 168):.0%} of "
-          f"capacity), of it busy {sum(r.total * r.busy_seconds() for r in trace.requests) / 3600:.0f} GPU-h; "
-          f"budget {trace.user_budget} GPU-h per user per week (product only)")
-    rows = []
-    if args.borrowing is not None:
-        for policy in borrowing_policies(args.borrowing, overrides, hub):
+    goals: list[tuple[str, Metrics]] = []
+    for seed in args.seed:
+        trace = wl.generate(size, seed)
+        sessions = sum(r.kind == "session" for r in trace.requests)
+        jobs = [r for r in trace.requests if r.kind == "job"]
+        print(f"{args.size}: {size.hosts} host(s) x {size.gpus_per_host} GPUs, {size.users} users "
+              f"({len(trace.heavy)} heavy), seed {seed}: {sessions} sessions, {len(jobs)} jobs "
+              f"({sum(r.workers > 1 for r in jobs)} gangs), {len(trace.bookings)} booking(s); offered "
+              f"{trace.offered_gpu_hours():.0f} GPU-h held ({trace.offered_gpu_hours() / (trace.capacity * 168):.0%} "
+              f"of capacity), of it busy {sum(r.total * r.busy_seconds() for r in trace.requests) / 3600:.0f} GPU-h; "
+              f"budget {trace.user_budget} GPU-h per user per week (product only)")
+        rows = []
+        chosen = (borrowing_policies(args.borrowing, overrides, hub) if args.borrowing is not None else
+                  [p for p in policies(overrides, hub) if not args.policy or p.name in args.policy])
+        t0 = time.perf_counter()
+        for policy in chosen:
             rows.append(replay(trace, policy))
             print(f"  {policy.name}: {rows[-1].runtime_s:.1f} s", file=sys.stderr)
-        print(borrowing_table(rows))
-        return 0
-    for policy in policies(overrides, hub):
-        if args.policy and policy.name not in args.policy:
-            continue
-        rows.append(replay(trace, policy))
-        print(f"  {policy.name}: {rows[-1].runtime_s:.1f} s", file=sys.stderr)
-    print(table(rows))
+        print(f"  the week's replays: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        print(borrowing_table(rows) if args.borrowing is not None else table(rows))
+        goals += [(f"{args.size}, seed {seed}", m) for m in rows if m.policy == "product"]
+        if args.plots is not None:
+            from bench import replay_plots
+
+            name = f"replay-{args.size}-seed{seed}"
+            for path in replay_plots.plot(rows, trace.capacity, trace.horizon, SERIES_STEP, args.plots, name,
+                                          title=f"{args.size} week, seed {seed}"):
+                print(f"  plot: {path}", file=sys.stderr)
+        if len(args.seed) > 1:
+            print()
+    if len(goals) > 1:
+        print(goals_table(goals))
     return 0
 
 

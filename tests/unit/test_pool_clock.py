@@ -53,7 +53,7 @@ def test_a_dead_processs_waiter_goes_stale_when_the_clock_moves(tmp_path):
     holder = pool.try_acquire("holder", "", 1)
     assert holder is not None
     # Carol joins the queue the way acquire() does (its first write), then her process dies.
-    joined = pool._write(pool._attempt, pool._make_request("carol", "", 1, (), None), None, True)
+    joined = pool.grant_or_queue(pool.request_for("carol", "", 1))
     assert joined.waiter_id is not None and [w.user for w in pool.queue()] == ["carol"]
     pool.release(holder.id)
     assert pool.try_acquire("bob", "", 1) is None  # carol's turn: her row is alive
@@ -85,4 +85,39 @@ def test_the_backfill_window_passes_on_the_pools_clock(tmp_path):
         assert lease.user == "alice" and len(lease.gpu_uuids) == 2
 
     asyncio.run(main())
+    pool.close()
+
+
+def test_a_wait_driven_step_by_step_through_the_pools_public_calls(tmp_path):
+    """What acquire's wait and its watch call, driven by a caller with its own clock (the replay
+    bench does this): join the queue, read it, beat, take the grant when the read says so, or
+    leave.  No event loop and no real waiting."""
+    clock = FakeClock()
+    pool = make_pool(tmp_path, clock, 2, waiter_stale_after=600, queue_order="fifo", backfill_window=0)
+    holder = pool.try_acquire("holder", "", 1)
+    assert holder is not None
+    big = pool.request_for("alice", "", 2, holds_for=3600)
+    joined = pool.grant_or_queue(big)  # one GPU is free: alice queues
+    assert joined.leases == () and joined.waiter_id is not None and joined.position == 1
+    small = pool.request_for("bob", "", 1)
+    behind = pool.grant_or_queue(small)  # FIFO, no backfill: the free GPU is held for alice
+    assert behind.leases == () and behind.position == 2
+    views = pool.read_queue({joined.waiter_id: big, behind.waiter_id: small})
+    assert views is not None and not views[joined.waiter_id].ask and not views[behind.waiter_id].ask
+    clock.advance(500)
+    pool.heartbeat([joined.waiter_id])  # alice's process is alive, bob's is not
+    clock.advance(200)  # bob's row is now 700 s without a heartbeat (stale after 600)
+    assert [w.user for w in pool.queue()] == ["alice"]
+    pool.release(holder.id)
+    views = pool.read_queue({joined.waiter_id: big})
+    assert views is not None and views[joined.waiter_id].ask  # a grant would serve alice now
+    granted = pool.grant_or_queue(big, joined.waiter_id)
+    assert [len(lease.gpu_uuids) for lease in granted.leases] == [2] and pool.queue() == []
+    # A wait's last try (queue=False) leaves no row; leave_queue removes one that stayed.
+    last = pool.grant_or_queue(pool.request_for("carol", "", 1), queue=False)
+    assert last.leases == () and last.waiter_id is None and pool.queue() == []
+    dave = pool.grant_or_queue(pool.request_for("dave", "", 1))
+    assert dave.waiter_id is not None and [w.user for w in pool.queue()] == ["dave"]
+    pool.leave_queue(dave.waiter_id)
+    assert pool.queue() == []
     pool.close()

@@ -66,6 +66,16 @@ def test_a_hand_computed_trace_gives_every_figure():
     assert m.lost_busy_gpu_hours == pytest.approx(1 / 6)
     # Free GPUs while someone waited: one GPU 3600-5400 (bob's 2-GPU job waits), none 6000-6300.
     assert m.free_while_waiting_gpu_hours == pytest.approx(0.5)
+    # Lent but idle while someone waited: alice's server 3600-5400, while bob's 2-GPU job waited.
+    assert m.idle_while_waiting_gpu_hours == pytest.approx(0.5)
+    # The plots' series, 10-minute means: 24 steps; both GPUs busy in the first hour; alice's
+    # idle GPU from 3600 to her cull at 5400; in 6000-6600 the 2-GPU job runs (alice gave up).
+    assert len(m.lent_series) == len(m.busy_series) == 24
+    assert m.lent_series[:6] == m.busy_series[:6] == [2.0] * 6
+    assert (m.lent_series[6:9], m.busy_series[6:9]) == ([1.0] * 3, [0.0] * 3)
+    assert m.lent_series[10] == m.busy_series[10] == 2.0
+    assert sum(m.lent_series) * R.SERIES_STEP / 3600 == pytest.approx(m.lent_gpu_hours)
+    assert sum(m.busy_series) * R.SERIES_STEP / 3600 == pytest.approx(m.busy_gpu_hours)
 
 
 def test_without_a_culler_the_idle_server_keeps_its_gpu():
@@ -148,3 +158,27 @@ def test_borrowing_side_by_side_a_job_beyond_its_share_runs_and_is_reclaimed_for
     assert m_on.reclaimed_gpu_hours == pytest.approx(2 * (630 + 2700) / 3600)
     assert m_on.lent_gpu_hours > m_off.lent_gpu_hours
     assert "| reclaims |" in R.borrowing_table([m_off, m_on])
+
+
+def test_the_plots_are_pngs_of_the_weeks_replays(tmp_path):
+    """--plots: GPUs lent and busy per policy, and the waits' distributions, as PNG files."""
+    from bench import replay_plots
+
+    rows = [R.replay(TRACE, POLICY), R.replay(TRACE, R.Policy("fifo", POLICY.pool, None))]
+    paths = replay_plots.plot(rows, TRACE.capacity, TRACE.horizon, R.SERIES_STEP, str(tmp_path), "tiny",
+                              title="tiny")
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["tiny-gpus.png", "tiny-waits.png"]
+    for path in paths:
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_several_seeds_print_a_table_each_and_the_goals(capsys, monkeypatch):
+    """--seed 1 2 (a week of 2 GPUs and 3 users, FIFO only, to be quick): a table per seed; the
+    goals' table has a row per seed of the product's policy (here the hand-made trace's)."""
+    monkeypatch.setitem(wl.SIZES, "tiny", wl.Size(hosts=1, gpus_per_host=2, users=3))
+    assert R.main(["--size", "tiny", "--seed", "1", "2", "--policy", "fifo"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1:" in out and "seed 2:" in out and out.count("| fifo |") == 2
+    assert R.goals_table([("small, seed 1", R.replay(TRACE, POLICY))]).splitlines()[2].startswith(
+        "| small, seed 1 | 86% | 5.0 | ")

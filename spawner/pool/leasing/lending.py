@@ -117,9 +117,7 @@ class PoolLeasing(PoolPart):
         beyond the user's share on idle GPUs (a borrowed lease, reclaimed with notice, see
         reclaim.py).  `since`: when it first joined the queue (a reclaimed job keeps its place).
         """
-        req = replace(self._make_request(user, server_name, count, groups, host),
-                      holds_for=validation.holds_for(holds_for), borrow=bool(borrow),
-                      since=validation.aware(since, "since"))
+        req = self.request_for(user, server_name, count, groups, host, 1, holds_for, borrow, since)
         return await self._wait(req, timeout).run(req, timeout, self.poll_interval, on_wait)
 
     async def acquire_gang(
@@ -145,18 +143,16 @@ class PoolLeasing(PoolPart):
         `host` (a name or a list; default as for acquire).  Quotas count every worker's
         GPUs.  Raises as acquire does; cancelling leaves no lease and no queue row.
         """
-        req = replace(self._make_request(user, server_name, count, groups, host, workers),
-                      holds_for=validation.holds_for(holds_for), borrow=bool(borrow),
-                      since=validation.aware(since, "since"))
+        req = self.request_for(user, server_name, count, groups, host, workers, holds_for, borrow, since)
         return await self._wait(req, timeout).run_all(req, timeout, self.poll_interval, on_wait)
 
     def _wait(self, req: Request, timeout) -> Wait:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
             raise InvalidRequest(f"timeout must be a number of seconds >= 0, not {timeout!r}")
         return Wait(
-            attempt=lambda r, w, e: self._write(self._attempt, r, w, e),
+            attempt=self.grant_or_queue,
             undo_leases=self._undo_leases,
-            remove_waiter=self._remove_waiter,
+            remove_waiter=self.leave_queue,
             wakeups=self._wakeups,
             log=self.log,
             watch=self._watch,
@@ -168,20 +164,47 @@ class PoolLeasing(PoolPart):
         watch = self._watches.get(loop)
         if watch is None:
             watch = self._watches[loop] = QueueWatch(
-                look=self._look, beat=self._beat, poll_interval=self.poll_interval,
+                look=self.read_queue, beat=self.heartbeat, poll_interval=self.poll_interval,
                 heartbeat_interval=min(self.heartbeat_interval, self.waiter_stale_after / 3),
                 wakeups=self._wakeups, log=self.log, on_idle=lambda: self._watches.pop(loop, None))
         return watch
 
-    def _look(self, mine: dict, known: dict | None = None) -> dict[int, grant.View] | None:
-        return self._read(lambda conn: grant.look(self._store, conn, mine, self.waiter_stale_after,
+    # --- a wait's steps, public (what acquire's wait and its watch call; a caller with its own
+    # clock, such as bench/replay.py, drives them itself) ----------------------------------------
+
+    def request_for(
+        self, user: str, server_name: str, count: int, groups: Iterable[str] = (), host: HostChoice = None,
+        workers: int = 1, holds_for: float | None = None, borrow: bool = False, since: datetime | None = None,
+    ) -> Request:
+        """The checked request acquire (`workers` 1) or acquire_gang would make of these arguments
+        (the same meanings); raises InvalidRequest.  Writes nothing: grant_or_queue takes it."""
+        return replace(self._make_request(user, server_name, count, groups, host, workers),
+                       holds_for=validation.holds_for(holds_for), borrow=bool(borrow),
+                       since=validation.aware(since, "since"))
+
+    def grant_or_queue(self, req: Request, waiter_id: int | None = None, queue: bool = True) -> grant.Outcome:
+        """One turn of a wait, in one transaction: grant `req` now (Outcome.leases), or, `queue`,
+        keep its place in the queue (join it when `waiter_id` is None; Outcome.waiter_id, position,
+        why).  With `queue` False a request not granted leaves no new row (a wait's last try).
+        Raises as try_acquire does (Unsatisfiable, QuotaExceeded, ... when it became impossible)."""
+        return self._write(self._attempt, req, waiter_id, queue)
+
+    def read_queue(self, waiters: dict[int, Request], known: dict | None = None) -> dict[int, grant.View] | None:
+        """Where each of `waiters` ({waiter id: its request}) stands, in one read (no lock): its
+        position, and `ask`, whether a grant_or_queue now would serve it (or tell it an error).
+        `known`: the previous read's memory of the queue (a watch keeps it); with it, None means
+        nothing these waiters could learn has changed."""
+        return self._read(lambda conn: grant.look(self._store, conn, waiters, self.waiter_stale_after,
                                                   self.backfill_window, self._topology.choose, known,
                                                   self._rules()))
 
-    def _beat(self, ids: list[int]) -> None:
-        self._write(lambda conn: grant.beat(self._store, conn, ids), durable=False)
+    def heartbeat(self, waiter_ids: list[int]) -> None:
+        """These waiters are alive (one write): rows without a heartbeat for `waiter_stale_after`
+        seconds are another process's dead waiters, ignored and removed."""
+        self._write(lambda conn: grant.beat(self._store, conn, waiter_ids), durable=False)
 
-    def _remove_waiter(self, waiter_id: int) -> None:
+    def leave_queue(self, waiter_id: int) -> None:
+        """Remove a waiter's queue row (it gave up or was cancelled); the queue moves up."""
         self._write(lambda conn: release.remove_waiter(self._store, conn, waiter_id), durable=False)
         self._notify()  # the queue moved
 
