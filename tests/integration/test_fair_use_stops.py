@@ -17,6 +17,9 @@ from ..fixtures.hub import wait_for
 from .test_culling import contents, culling_hub, leases_of
 from .test_poolpage import page_api, wait_for_page
 
+# How far ahead bob's booking starts: alice's whole spawn must fit before it.
+LEAD = 150
+
 
 def iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -43,8 +46,10 @@ def test_a_booked_gpu_stops_the_server_on_it_goes_to_the_booker_and_a_no_show_fr
     tokens = {user: hub.user_token(user) for user in ("alice", "bob", "cy", "dee")}
     wait_for_page(hub, tokens["bob"])
 
-    # bob books the only GPU from a minute on, for half an hour.
-    starts = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=60)
+    # bob books the only GPU from LEAD on, for half an hour.  alice's spawn must be ready before
+    # the window opens: at 60 s a spawn on a loaded machine (load 15, 2 cores) was not, the culler
+    # stopped it at the window's start and the test failed in start_server.
+    starts = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=LEAD)
     ends = starts + timedelta(minutes=30)
     r = page_api(hub, "POST", "api/bookings", tokens["bob"], json={"count": 1, "starts_at": iso(starts),
                                                                    "ends_at": iso(ends)})
@@ -53,6 +58,7 @@ def test_a_booked_gpu_stops_the_server_on_it_goes_to_the_booker_and_a_no_show_fr
 
     # alice starts before the window: she gets the GPU and is told when she loses it.
     hub.start_server("alice", {"profile": "tf-gpu-1"})
+    assert datetime.now(UTC) < starts, f"alice's spawn took longer than the booking's lead ({LEAD} s)"
     (alice,) = leases_of(hub, "alice")
     told = f"This GPU is booked from {starts.strftime('%a %H:%M')} UTC, in "
     log = hub.log_tail(300)  # the spawn's progress message, as the spawner logs it
@@ -77,7 +83,7 @@ def test_a_booked_gpu_stops_the_server_on_it_goes_to_the_booker_and_a_no_show_fr
     wait_for(lambda: queued(hub, "bob", tokens["bob"]), 60, "bob in the queue", hub)
 
     # At the window's start the culler stops alice's server, reason `booking` ...
-    wait_for(lambda: hub.ledger().lease(alice.id).ended_at is not None, 180, "alice's lease to end", hub)
+    wait_for(lambda: hub.ledger().lease(alice.id).ended_at is not None, LEAD + 120, "alice's lease to end", hub)
     ended = hub.ledger().lease(alice.id)
     assert ended.end_reason == "booking" and ended.ended_at >= starts
     hub.wait_stopped("alice", timeout=60)
