@@ -10,9 +10,16 @@ from ..fixtures.hub import DUMMY_PASSWORD, Hub, wait_for
 ADMIN_ENV = {"GPUHUB_ADMIN_USERS": "ada", "GPUHUB_POOL_EXEC_USERS": "ada"}
 
 
+# Longer than the service's own longest answer: a job's cancel answers once its units are
+# stopped, waiting up to 60 s (JobRunner.cancel).  At 30 s a fresh run under load gave up on a
+# cancel whose job had taken 12 s to start and then its stop grace: the test failed, not the
+# service.
+PAGE_API_TIMEOUT = 90
+
+
 def page_api(hub: Hub, method: str, path: str, token: str, **kwargs) -> requests.Response:
     return requests.request(method, f"{hub.url}/services/gpu-pool/{path}",
-                            headers={"Authorization": f"token {token}"}, timeout=30, **kwargs)
+                            headers={"Authorization": f"token {token}"}, timeout=PAGE_API_TIMEOUT, **kwargs)
 
 
 def wait_for_page(hub: Hub, token: str) -> None:
