@@ -56,6 +56,13 @@ def ensure_chp() -> None:
 CULL_ROUND = re.compile(r"GET /hub/api/users\?state=\S* \(idle-culler@")
 
 
+# A test waits for a spawn as long as the hub itself would: the container's start
+# (GPUDockerSpawner.container_start_timeout, 120 s) and then the server's answer (http_timeout,
+# 120 s).  At 120 s in all, a fresh run under load gave up on a Swarm server that the hub was
+# still, rightly, waiting for (its task started 92 s after the service was made).
+SPAWN_BOUND = 240.0
+
+
 @dataclass
 class Hub:
     directory: Path
@@ -189,7 +196,7 @@ class Hub:
         return r.json()["token"]
 
     def start_server(self, name: str, options: dict | None = None, server_name: str = "",
-                     timeout: float = 120) -> dict:
+                     timeout: float = SPAWN_BOUND) -> dict:
         """POST the server and wait until the hub says it is ready."""
         path = f"/users/{name}/server" + (f"s/{server_name}" if server_name else "")
         r = self.api("POST", path, json=options if options is not None else {})
@@ -209,7 +216,7 @@ class Hub:
         user = self.api("GET", f"/users/{name}").json()
         return user.get("servers", {}).get(server_name)
 
-    def wait_ready(self, name: str, server_name: str = "", timeout: float = 120) -> dict:
+    def wait_ready(self, name: str, server_name: str = "", timeout: float = SPAWN_BOUND) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             server = self.server_model(name, server_name)
