@@ -60,6 +60,34 @@ def test_a_gang_counts_gpus_on_any_of_its_hosts():
     assert choose([a, b], {"a": 0, "b": 0}, {}, ["a", "b"], 1, workers=2) == [1, 2]
 
 
+def test_among_leases_started_together_the_holder_with_the_lowest_fair_share_priority_goes_first():
+    heavy, light = borrowed(1, user="dave", minute=5), borrowed(2, user="carol", minute=5)
+    standing = {"dave": 40.0, "carol": 0.5}
+    assert choose([heavy, light], {"a": 0}, {}, ["a"], 1, standing=lambda u, g: standing[u]) == [1]
+    # The start time still comes first: a newer lease of the lightest user goes before.
+    newer = borrowed(3, user="carol", minute=6)
+    assert choose([heavy, light, newer], {"a": 0}, {}, ["a"], 1, standing=lambda u, g: standing[u]) == [3]
+
+
+def test_a_gang_counts_reclaimable_gpus_per_host_in_whole_workers():
+    # 2 workers x 2 GPUs: a has one worker's 2 free, b one GPU.  The newest borrowed GPU, on c,
+    # makes no worker's 2 there (by the total, 3 + 1 = 4, it would be reclaimed for nothing);
+    # the older one on b makes b's.
+    on_c, on_b = borrowed(1, host="c", minute=9), borrowed(2, host="b", minute=1)
+    assert choose([on_c, on_b], {"a": 2, "b": 1, "c": 0}, {}, None, 2, workers=2) == [2]
+    assert choose([on_c], {"a": 2, "b": 1, "c": 0}, {}, None, 2, workers=2) == []  # nothing would serve
+    a1, b1 = borrowed(1, host="a", minute=9), borrowed(2, host="b", minute=8)
+    a2, b2 = borrowed(3, host="a", minute=2), borrowed(4, host="b", minute=1)
+    # With a GPU free on each host, one more on each makes a worker's worth there.
+    assert choose([a1, b1, a2, b2], {"a": 1, "b": 1}, {}, ["a", "b"], 2, workers=2) == [1, 2]
+    # Nothing free: both GPUs of a host for each worker; all four.
+    assert choose([a1, b1, a2, b2], {"a": 0, "b": 0}, {}, ["a", "b"], 2, workers=2) == [1, 2, 3, 4]
+    # One worker's 2 fit on a already (1 free + 1 coming): the newest on b alone is no worker's
+    # worth, so it is passed over for the two that make b's.
+    b3 = borrowed(5, host="b", gpus=2, minute=0)
+    assert choose([b1, b3], {"a": 1, "b": 0}, {"a": 1}, ["a", "b"], 2, workers=2) == [5]
+
+
 def test_a_lease_on_gpus_its_holder_booked_is_never_a_candidate():
     lease = borrowed(1, host="a", gpus=1)
     mine = Booking(5, "alice", None, "a", lease.uuids, T0 - timedelta(hours=1), T0 + timedelta(hours=1), "alice")
@@ -125,6 +153,31 @@ def test_a_waiter_within_its_share_asks_back_the_newest_borrowed_lease_and_gets_
         assert not lease.borrowed and len(lease.gpu_uuids) == 2
         assert pool.lease(newer.id).end_reason == "reclaimed" and not pool.reclaiming()
         assert pool.lease(older.id).ended_at is None  # within alice's share: never asked back
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
+
+
+def test_of_two_borrowed_leases_started_together_the_heavier_recent_user_is_asked_back(tmp_path):
+    now = [T0 - timedelta(hours=10)]
+    pool = make_pool(tmp_path, max_gpus_per_user=1, clock=lambda: now[0])
+
+    async def main():
+        past = pool.try_acquire("dave", "", 1)  # 9 GPU-hours of recent use: the lower priority
+        now[0] = T0 - timedelta(hours=1)
+        assert pool.release(past.id, EndReason.STOPPED)
+        now[0] = T0
+        dave = pool.try_acquire("dave", "job/1", 2, borrow=True)
+        carol = pool.try_acquire("carol", "job/2", 2, borrow=True)  # the same moment, the newer row
+        assert dave.borrowed and carol.borrowed and dave.started_at == carol.started_at
+        bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
+        [asked] = await async_until(lambda: pool.reclaiming(HOST), 10, "a borrowed lease asked back")
+        assert asked.id == dave.id and pool.lease(carol.id).reclaim_at is None
+        bob.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await bob
 
     try:
         asyncio.run(main())
