@@ -205,28 +205,45 @@ def test_a_borrower_never_asks_anything_back_and_waits_behind_requests_within_th
 
 
 def test_a_version_12_ledger_gains_the_borrowing_columns_in_place(tmp_path):
-    from spawner.pool import SCHEMA_VERSION
+    a_version_12_ledger_gains_the_borrowing_columns_in_place(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
 
-    pool = make_pool(tmp_path, max_gpus_per_user=1)
+
+def a_version_12_ledger_gains_the_borrowing_columns_in_place(url: str) -> None:
+    """The 12 -> 13 migration's ALTERs on the ledger at `url` (SQLite here; PostgreSQL in
+    tests/integration/test_pool_borrow_postgres.py): rows from before read as within their share."""
+    from spawner.inventory import SimulatedInventory
+    from spawner.pool import SCHEMA_VERSION, GPUPool
+    from spawner.pool.ledger.job_records import JobLedger
+
+    def open_pool() -> GPUPool:
+        return GPUPool(inventory=SimulatedInventory(count=4, host=HOST), db_url=url, max_gpus_per_user=1)
+
+    pool = open_pool()
     kept = pool.try_acquire("alice", "", 1)
+    job = JobLedger(pool).create("alice", [], "tf-cpu", ["true"], "", 60, HOST, 1000, 100)
     pool.close()
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    with engine.begin() as conn:
-        for table, column in (("gpu_pool_leases", "borrowed"), ("gpu_pool_leases", "reclaim_at"),
-                              ("gpu_pool_waiters", "beyond"), ("gpu_pool_jobs", "borrow"),
-                              ("gpu_pool_jobs", "requeue"), ("gpu_pool_jobs", "attempts")):
-            conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN {column}"))
-        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='12' WHERE key='schema_version'"))
-    pool = make_pool(tmp_path, max_gpus_per_user=1)
+    engine = sa.create_engine(url)
     try:
-        old = pool.lease(kept.id)
-        assert old.ended_at is None and not old.borrowed and old.reclaim_at is None  # within its share
-        assert pool.try_acquire("alice", "job/1", 2, borrow=True).borrowed
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
-                == str(SCHEMA_VERSION) == "14"
+        with engine.begin() as conn:
+            for table, column in (("gpu_pool_leases", "borrowed"), ("gpu_pool_leases", "reclaim_at"),
+                                  ("gpu_pool_waiters", "beyond"), ("gpu_pool_jobs", "borrow"),
+                                  ("gpu_pool_jobs", "requeue"), ("gpu_pool_jobs", "attempts")):
+                conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+            conn.execute(sa.text("UPDATE gpu_pool_meta SET value='12' WHERE key='schema_version'"))
+        pool = open_pool()
+        try:
+            old = pool.lease(kept.id)
+            assert old.ended_at is None and not old.borrowed and old.reclaim_at is None  # within its share
+            before = JobLedger(pool).get(job.id)
+            assert not before.borrow and before.requeue and before.attempts == 1
+            lent = pool.try_acquire("alice", "job/1", 2, borrow=True)
+            assert lent.borrowed and pool.lease(lent.id).borrowed
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
+                    == str(SCHEMA_VERSION) == "14"
+        finally:
+            pool.close()
     finally:
-        pool.close()
         engine.dispose()
 
 
