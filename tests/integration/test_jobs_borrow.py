@@ -157,7 +157,7 @@ def test_a_reclaimed_training_resumes_at_the_epoch_it_was_at_and_saves_its_model
     assert "1 of 3 epochs done, starting at epoch 2" in after
     epochs = [line.split(":", 1)[0] for line in after.splitlines() if line.startswith("epoch ")]
     assert epochs == ["epoch 2/3", "epoch 3/3"], after[-2000:]
-    assert "model saved to /home/jovyan/tensorflow-examples/model.keras" in after
+    assert "model saved to model.keras" in after  # in its directory, tensorflow-examples
 
     # The model is in alice's home; the finished training left no backup behind.
     hub.start_server("alice", {"profile": "tf-cpu"})
