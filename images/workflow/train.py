@@ -9,6 +9,16 @@ offline); with it, on the MNIST files in that directory.  Prints one line per
 epoch with its time, then a `summary: {...}` JSON line.  --device cpu hides
 the GPUs, to compare a GPU run against a CPU run of the same model.
 
+It survives being stopped: each epoch ends with a backup of the training
+(tf.keras.callbacks.BackupAndRestore) in a directory of your home, and a run
+that finds one resumes at the epoch after it, so a job whose borrowed GPUs are
+reclaimed and queued again, or a training you interrupt, loses at most the
+epoch it was in.  The directory is --backup_dir, by default
+$GPUHUB_CHECKPOINT_DIR/train-<model name> in a job (gpu-job sets it, one per
+job) and ~/.gpuhub/checkpoints/train-<model name> elsewhere; a training that
+ends removes its backup.  SIGTERM (a reclaim's notice) stops it at the end of
+the batch it is in, keeping the last epoch's backup.
+
 --strategy multiworker trains data-parallel over the workers of a cluster job
 (`gpu-job submit --workers 2 ... -- python train.py --strategy multiworker`):
 tf.distribute.MultiWorkerMirroredStrategy reads the cluster from TF_CONFIG,
@@ -22,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -42,12 +53,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--strategy", choices=["single", "multiworker"], default="single",
                         help="multiworker: MultiWorkerMirroredStrategy over TF_CONFIG's workers, "
                              "--batch_size images per worker (default single)")
+    parser.add_argument("--backup_dir", default=None,
+                        help="where each epoch's backup goes, to resume from after an interruption "
+                             "(default: $GPUHUB_CHECKPOINT_DIR/train-<model name> in a job, else "
+                             "~/.gpuhub/checkpoints/train-<model name>); '' for none")
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error("--epochs must be at least 1")
     if args.batch_size < 1:
         parser.error("--batch_size must be at least 1")
     return args
+
+
+def backup_dir(args: argparse.Namespace, model_path: Path) -> Path | None:
+    """The directory of this training's backup (None: no backup).  One per model name, as
+    BackupAndRestore wants a directory of its own (it removes it when the training ends)."""
+    if args.backup_dir is not None:
+        return Path(args.backup_dir).expanduser() if args.backup_dir else None
+    base = os.environ.get("GPUHUB_CHECKPOINT_DIR") or str(Path.home() / ".gpuhub" / "checkpoints")
+    return Path(base).expanduser() / f"train-{model_path.stem}"
+
+
+def backed_up_epochs(directory: Path) -> int:
+    """How many epochs the backup in `directory` holds (0: none), from BackupAndRestore's metadata."""
+    try:
+        return int(json.loads((directory / "training_metadata.json").read_text())["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+class Notice:
+    """SIGTERM, as a reclaim's notice or `docker stop` sends it: noted here, acted on at the end
+    of the batch being trained (never in the middle of writing a backup)."""
+
+    def __init__(self):
+        self.received = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.received = True
 
 
 def cluster_task() -> tuple[int, int]:
@@ -78,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"train.py: {exc}", file=sys.stderr)
             return 2
     chief = task == 0
+    notice = Notice()
+    if args.strategy == "single":
+        notice.install()  # (a cluster's workers stop on SIGTERM as they always did: no backup there)
     try:
         model_path = cnn_example.check_model_path(args.model_path)
         data = cnn_example.load_dataset(args.images_path)
@@ -117,12 +166,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"epoch {epoch + 1}/{args.epochs}: {seconds:.2f} s, loss {logs['loss']:.4f}, "
                   f"accuracy {logs['accuracy']:.4f}", flush=True)
 
+    class StopOnNotice(keras.callbacks.Callback):
+        """After BackupAndRestore in the list: SIGTERM ends the run at the next batch's end,
+        with the last finished epoch's backup left for the next run."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if notice.received:
+                done = backed_up_epochs(backup) if backup else 0
+                print(f"train.py: SIGTERM: stopping after {done} of {args.epochs} epochs"
+                      + (f"; the next run resumes at epoch {done + 1} from {backup}" if backup else ""),
+                      flush=True)
+                raise SystemExit(143)  # skips fit's end, which would remove the backup
+
+    backup, resumed = None, 0
     keras.utils.set_random_seed(0)
     height, width = data.x_train.shape[1:3]
     if strategy is None:
         model = cnn_example.build_model(height, width)
+        backup = backup_dir(args, model_path)
+        callbacks = [EpochTimer()]
+        if backup is not None:
+            resumed = done = backed_up_epochs(backup)
+            if done:
+                print(f"resuming from the backup in {backup}: {done} of {args.epochs} epochs done, "
+                      + (f"starting at epoch {done + 1}" if done < args.epochs else "none left to train"),
+                      flush=True)
+            callbacks.insert(0, keras.callbacks.BackupAndRestore(str(backup)))
+        callbacks.append(StopOnNotice())
         model.fit(data.x_train[..., None], data.y_train, epochs=args.epochs, batch_size=args.batch_size,
-                  verbose=0, callbacks=[EpochTimer()])
+                  verbose=0, callbacks=callbacks)
         loss, accuracy = model.evaluate(data.x_test[..., None], data.y_test, verbose=0)
     else:
         model, loss, accuracy = train_multiworker(tf, keras, strategy, data, args, workers, EpochTimer())
@@ -150,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": args.epochs, "epoch_seconds": [round(s, 4) for s in epoch_seconds],
         "test_accuracy": round(float(accuracy), 4), "test_loss": round(float(loss), 4),
         "model_path": str(model_path), "strategy": args.strategy, "workers": workers, "task": task,
+        "resumed_after_epochs": resumed,
     }), flush=True)
     return 0
 

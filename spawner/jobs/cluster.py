@@ -44,7 +44,7 @@ from ..profiles import Profile
 from .engine import ENDED, UNKNOWN, UnitGone, UnitSpec, UnitState
 from .engine import RUNNING as RUNNING_UNIT
 from .settings import JobSettings
-from .spec import WORKDIR_WRAPPER, container_name, workdir_path
+from .spec import WORKDIR_WRAPPER, container_name, job_env, workdir_path
 
 # What `watch` returns when the cluster's borrowed leases are reclaimed (not a job state: the
 # runner queues it again, reclaim.py).
@@ -85,8 +85,7 @@ def worker_specs(job: Job, profile: Profile, settings: JobSettings, home_volume:
         labels = lease_labels(job.user, worker_server_name(job_server_name(job.id), index), gpus, host,
                               unit["lease_id"], pool_id, digest)
         labels[LABEL_JOB] = str(job.id)
-        env = {"HOME": settings.home_mount_point, "GPUHUB_JOB_ID": str(job.id),
-               "GPUHUB_JOB_WORKER": str(index), "GPUHUB_JOB_WORKERS": str(job.workers),
+        env = {**job_env(job, settings), "GPUHUB_JOB_WORKER": str(index), "GPUHUB_JOB_WORKERS": str(job.workers),
                "TF_CONFIG": tf_config(names, index), **runtime_env(profile.cpu_limit, gpus)}
         specs.append(UnitSpec(
             name=name, image=profile.image,

@@ -16,10 +16,15 @@ from ..profiles import Profile
 from .engine import UnitSpec
 from .settings import JobSettings
 
-# Runs the user's argv as given (no shell parsing of it) inside the working
-# directory, or says plainly that the directory is missing.
-WORKDIR_WRAPPER = ('cd -- "$0" 2>/dev/null || { echo "gpu-job: there is no directory $0" >&2; exit 2; }; '
+# Makes the job's checkpoint directory (GPUHUB_CHECKPOINT_DIR), then runs the user's argv as
+# given (no shell parsing of it) inside the working directory, or says plainly that the
+# directory is missing.
+WORKDIR_WRAPPER = ('mkdir -p -- "$GPUHUB_CHECKPOINT_DIR" 2>/dev/null; '
+                   'cd -- "$0" 2>/dev/null || { echo "gpu-job: there is no directory $0" >&2; exit 2; }; '
                    'exec "$@"')
+# Where a job's checkpoints go, under its user's home: one directory per job, the same for every
+# attempt of it (a reclaimed job queued again finds what its first attempt saved there).
+CHECKPOINT_SUBDIR = ".gpuhub/checkpoints/job-{job_id}"
 
 
 def container_name(settings: JobSettings, job_id: int) -> str:
@@ -31,6 +36,17 @@ def workdir_path(settings: JobSettings, workdir: str) -> str:
     return f"{home}/{workdir}" if workdir else home
 
 
+def checkpoint_dir(settings: JobSettings, job_id: int) -> str:
+    """The job's checkpoint directory inside its container (GPUHUB_CHECKPOINT_DIR)."""
+    return f"{settings.home_mount_point.rstrip('/')}/{CHECKPOINT_SUBDIR.format(job_id=job_id)}"
+
+
+def job_env(job: Job, settings: JobSettings) -> dict[str, str]:
+    """What every unit of a job has in its environment, whatever its engine or shape."""
+    return {"HOME": settings.home_mount_point, "GPUHUB_JOB_ID": str(job.id),
+            "GPUHUB_CHECKPOINT_DIR": checkpoint_dir(settings, job.id)}
+
+
 def unit_spec(job: Job, profile: Profile, settings: JobSettings, home_volume: str, pool_id: str,
               node: str = "") -> UnitSpec:
     """The job's one unit, on `node` (its GPUs' host; "" = the engine's own)."""
@@ -39,7 +55,7 @@ def unit_spec(job: Job, profile: Profile, settings: JobSettings, home_volume: st
                            job.uid, job.gid)
     labels = lease_labels(job.user, job_server_name(job.id), gpus, node or job.host, job.lease_id, pool_id, digest)
     labels[LABEL_JOB] = str(job.id)
-    env = {"HOME": settings.home_mount_point, "GPUHUB_JOB_ID": str(job.id), **runtime_env(profile.cpu_limit, gpus)}
+    env = {**job_env(job, settings), **runtime_env(profile.cpu_limit, gpus)}
     return UnitSpec(
         name=container_name(settings, job.id),
         image=profile.image,

@@ -10,7 +10,7 @@ Four simulated GPUs; alice's share is 1 (the per-user limit), bob's 2 (group `ml
 from __future__ import annotations
 
 from ..fixtures.hub import wait_for
-from .test_jobs import job, job_containers, job_hub, jobs_api, lease_of, submit
+from .test_jobs import job, job_containers, job_hub, jobs_api, lease_of, submit, wait_state
 
 GRACE = 15
 BORROWING = f"""
@@ -106,3 +106,64 @@ def test_a_job_submitted_without_requeue_ends_when_reclaimed(make_hub, docker_cl
     assert "not queued again" in done["message"] and done["attempts"] == 1
     assert lease_of(hub, running["lease_id"]).end_reason == "reclaimed"
     assert "notice heeded" in logs(hub, alice, j["id"])
+
+
+# alice's share is none (she borrows); bob's, 1 GPU (group `ml`), for a server on the small image.
+RESUMING = """
+c.GPUPool.max_gpus_per_user = 0
+c.GPUPool.group_gpu_limits = {"ml": 1}
+c.GPUPool.reclaim_grace = 60
+c.GPUDockerSpawner.profiles = list(c.GPUDockerSpawner.profiles) + [{
+    "slug": "lab-gpu-1", "display_name": "JupyterLab + 1 GPU", "gpus": 1,
+    "image": c.GPUDockerSpawner.profiles[0]["image"]}]
+"""
+
+
+def test_a_reclaimed_training_resumes_at_the_epoch_it_was_at_and_saves_its_model(
+        make_hub, docker_client, mkl_image):
+    hub, tokens = job_hub(make_hub, env={"GPUHUB_SIMULATED_GPUS": "1", "GPUHUB_GPU_IMAGE": mkl_image,
+                                         "GPUHUB_LEASE_WAIT_TIMEOUT": "300"},
+                          users=("alice", "bob"), extra_config=RESUMING)
+    assert hub.api("POST", "/groups/ml", json={"users": ["bob"]}).status_code == 201
+    alice = tokens["alice"]
+    # The image's own train.py, unchanged: 3 epochs of the bundled digits, one image a step (an
+    # epoch of some seconds, so the notice lands in the second).
+    j = submit(hub, alice, {"profile": "tf-gpu-1", "workdir": "tensorflow-examples", "borrow": True,
+                            "command": ["python", "train.py", "--epochs", "3", "--batch_size", "1",
+                                        "--model_path", "model.keras"]})
+    wait_for(lambda: "epoch 1/3" in logs(hub, alice, j["id"]), 300, "the first epoch to end", hub)
+    first = job(hub, alice, j["id"])
+    assert first["state"] == "running" and first["borrowed"], first
+
+    # bob, within his share, asks for the GPU: the training is told, stops, and queues again.
+    r = hub.api("POST", "/users/bob/server", json={"profile": "lab-gpu-1"}, timeout=60)
+    assert r.status_code in (201, 202), r.text
+    again = wait_for(lambda: (r := job(hub, alice, j["id"]))["state"] == "queued" and r, 120,
+                     "the reclaimed training back in the queue", hub)
+    assert again["attempts"] == 2 and lease_of(hub, first["lease_id"]).end_reason == "reclaimed"
+    before = logs(hub, alice, j["id"])
+    assert "epoch 1/3" in before and "epoch 3/3" not in before, before[-2000:]
+    stopped = [line for line in before.splitlines() if "SIGTERM: stopping after" in line]
+    assert stopped == ["train.py: SIGTERM: stopping after 1 of 3 epochs; the next run resumes at epoch 2 from "
+                       f"/home/jovyan/.gpuhub/checkpoints/job-{j['id']}/train-model"], before[-2000:]
+    hub.wait_ready("bob", timeout=120)
+
+    # bob stops: the second attempt runs, starts at epoch 2 and saves the model.
+    hub.stop_server("bob")
+    done = wait_state(hub, alice, j["id"], ("succeeded", "failed", "cancelled"), timeout=600)
+    after = logs(hub, alice, j["id"])
+    assert done["state"] == "succeeded" and done["attempts"] == 2, (done, after[-2000:])
+    assert "resuming from the backup in /home/jovyan/.gpuhub/checkpoints/job-" in after
+    assert "1 of 3 epochs done, starting at epoch 2" in after
+    epochs = [line.split(":", 1)[0] for line in after.splitlines() if line.startswith("epoch ")]
+    assert epochs == ["epoch 2/3", "epoch 3/3"], after[-2000:]
+    assert "model saved to model.keras" in after  # in its directory, tensorflow-examples
+
+    # The model is in alice's home; the finished training left no backup behind.
+    hub.start_server("alice", {"profile": "tf-cpu"})
+    from .test_gpu_spawner import container_of
+
+    code, out = container_of(hub, docker_client, "alice").exec_run(
+        ["sh", "-c", f"ls -l /home/jovyan/tensorflow-examples/model.keras && "
+                     f"ls -A /home/jovyan/.gpuhub/checkpoints/job-{j['id']}"])
+    assert code == 0 and b"model.keras" in out and b"train-model" not in out, out

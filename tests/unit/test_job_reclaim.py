@@ -135,3 +135,24 @@ def test_a_job_that_ignores_the_notice_is_stopped_after_the_grace(tmp_path):
 
 def test_a_job_without_requeue_ends_cancelled_when_reclaimed(tmp_path):
     run(tmp_path, heeds=True, requeue=False)
+
+
+def test_every_attempt_of_a_job_and_each_of_its_workers_gets_one_checkpoint_directory_in_the_home():
+    from spawner.jobs.cluster import units_of, worker_specs
+    from spawner.jobs.spec import unit_spec
+
+    from .test_jobs import PROFILES, _job
+
+    settings = JobSettings(prefix="gpuhub", host="node1", home_mount_point="/home/jovyan")
+    profile = next(p for p in PROFILES if p.slug == "tf-gpu-1")
+    first = unit_spec(_job(attempts=1), profile, settings, "gpuhub-home-pat", "l")
+    again = unit_spec(_job(attempts=2, lease_id=9, gpu_uuids=("GPU-b",)), profile, settings, "gpuhub-home-pat", "l")
+    other = unit_spec(_job(id=13), profile, settings, "gpuhub-home-pat", "l")
+    assert first.env["GPUHUB_CHECKPOINT_DIR"] == again.env["GPUHUB_CHECKPOINT_DIR"] == \
+        "/home/jovyan/.gpuhub/checkpoints/job-12"
+    assert other.env["GPUHUB_CHECKPOINT_DIR"] == "/home/jovyan/.gpuhub/checkpoints/job-13"
+    # The container makes it (as the job's user, in the home it mounts) before the command runs.
+    assert 'mkdir -p -- "$GPUHUB_CHECKPOINT_DIR"' in first.command[2]
+    workers = worker_specs(_job(workers=2, units=tuple(units_of([], 2, "node1"))), profile, settings,
+                           "gpuhub-home-pat", "l")
+    assert {w.env["GPUHUB_CHECKPOINT_DIR"] for w in workers} == {"/home/jovyan/.gpuhub/checkpoints/job-12"}

@@ -26,6 +26,13 @@ def borrowed(id_, host="a", gpus=1, minute=0, server=None, user="alice") -> Borr
                     T0 + timedelta(minutes=minute))
 
 
+async def cancelled(task: asyncio.Future) -> None:
+    """Cancel a waiting acquire and let it leave the queue."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 # ------------------------------------------------------------------ the choice (pure)
 
 def test_the_most_recently_started_borrowed_lease_goes_first():
@@ -58,6 +65,34 @@ def test_a_one_host_request_takes_the_host_that_needs_the_fewest_gpus_reclaimed(
 def test_a_gang_counts_gpus_on_any_of_its_hosts():
     a, b = borrowed(1, host="a", minute=2), borrowed(2, host="b", minute=1)
     assert choose([a, b], {"a": 0, "b": 0}, {}, ["a", "b"], 1, workers=2) == [1, 2]
+
+
+def test_among_leases_started_together_the_holder_with_the_lowest_fair_share_priority_goes_first():
+    heavy, light = borrowed(1, user="dave", minute=5), borrowed(2, user="carol", minute=5)
+    standing = {"dave": 40.0, "carol": 0.5}
+    assert choose([heavy, light], {"a": 0}, {}, ["a"], 1, standing=lambda u, g: standing[u]) == [1]
+    # The start time still comes first: a newer lease of the lightest user goes before.
+    newer = borrowed(3, user="carol", minute=6)
+    assert choose([heavy, light, newer], {"a": 0}, {}, ["a"], 1, standing=lambda u, g: standing[u]) == [3]
+
+
+def test_a_gang_counts_reclaimable_gpus_per_host_in_whole_workers():
+    # 2 workers x 2 GPUs: a has one worker's 2 free, b one GPU.  The newest borrowed GPU, on c,
+    # makes no worker's 2 there (by the total, 3 + 1 = 4, it would be reclaimed for nothing);
+    # the older one on b makes b's.
+    on_c, on_b = borrowed(1, host="c", minute=9), borrowed(2, host="b", minute=1)
+    assert choose([on_c, on_b], {"a": 2, "b": 1, "c": 0}, {}, None, 2, workers=2) == [2]
+    assert choose([on_c], {"a": 2, "b": 1, "c": 0}, {}, None, 2, workers=2) == []  # nothing would serve
+    a1, b1 = borrowed(1, host="a", minute=9), borrowed(2, host="b", minute=8)
+    a2, b2 = borrowed(3, host="a", minute=2), borrowed(4, host="b", minute=1)
+    # With a GPU free on each host, one more on each makes a worker's worth there.
+    assert choose([a1, b1, a2, b2], {"a": 1, "b": 1}, {}, ["a", "b"], 2, workers=2) == [1, 2]
+    # Nothing free: both GPUs of a host for each worker; all four.
+    assert choose([a1, b1, a2, b2], {"a": 0, "b": 0}, {}, ["a", "b"], 2, workers=2) == [1, 2, 3, 4]
+    # One worker's 2 fit on a already (1 free + 1 coming): the newest on b alone is no worker's
+    # worth, so it is passed over for the two that make b's.
+    b3 = borrowed(5, host="b", gpus=2, minute=0)
+    assert choose([b1, b3], {"a": 1, "b": 0}, {"a": 1}, ["a", "b"], 2, workers=2) == [5]
 
 
 def test_a_lease_on_gpus_its_holder_booked_is_never_a_candidate():
@@ -132,6 +167,29 @@ def test_a_waiter_within_its_share_asks_back_the_newest_borrowed_lease_and_gets_
         pool.close()
 
 
+def test_of_two_borrowed_leases_started_together_the_heavier_recent_user_is_asked_back(tmp_path):
+    now = [T0 - timedelta(hours=10)]
+    pool = make_pool(tmp_path, max_gpus_per_user=1, clock=lambda: now[0])
+
+    async def main():
+        past = pool.try_acquire("dave", "", 1)  # 9 GPU-hours of recent use: the lower priority
+        now[0] = T0 - timedelta(hours=1)
+        assert pool.release(past.id, EndReason.STOPPED)
+        now[0] = T0
+        dave = pool.try_acquire("dave", "job/1", 2, borrow=True)
+        carol = pool.try_acquire("carol", "job/2", 2, borrow=True)  # the same moment, the newer row
+        assert dave.borrowed and carol.borrowed and dave.started_at == carol.started_at
+        bob = asyncio.ensure_future(pool.acquire("bob", "", 1, timeout=30))
+        [asked] = await async_until(lambda: pool.reclaiming(HOST), 10, "a borrowed lease asked back")
+        assert asked.id == dave.id and pool.lease(carol.id).reclaim_at is None
+        await cancelled(bob)
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
+
+
 def test_a_borrower_never_asks_anything_back_and_waits_behind_requests_within_their_share(tmp_path):
     pool = make_pool(tmp_path, count=2, max_gpus_per_user=0)
 
@@ -152,28 +210,45 @@ def test_a_borrower_never_asks_anything_back_and_waits_behind_requests_within_th
 
 
 def test_a_version_12_ledger_gains_the_borrowing_columns_in_place(tmp_path):
-    from spawner.pool import SCHEMA_VERSION
+    a_version_12_ledger_gains_the_borrowing_columns_in_place(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
 
-    pool = make_pool(tmp_path, max_gpus_per_user=1)
+
+def a_version_12_ledger_gains_the_borrowing_columns_in_place(url: str) -> None:
+    """The 12 -> 13 migration's ALTERs on the ledger at `url` (SQLite here; PostgreSQL in
+    tests/integration/test_pool_borrow_postgres.py): rows from before read as within their share."""
+    from spawner.inventory import SimulatedInventory
+    from spawner.pool import SCHEMA_VERSION, GPUPool
+    from spawner.pool.ledger.job_records import JobLedger
+
+    def open_pool() -> GPUPool:
+        return GPUPool(inventory=SimulatedInventory(count=4, host=HOST), db_url=url, max_gpus_per_user=1)
+
+    pool = open_pool()
     kept = pool.try_acquire("alice", "", 1)
+    job = JobLedger(pool).create("alice", [], "tf-cpu", ["true"], "", 60, HOST, 1000, 100)
     pool.close()
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    with engine.begin() as conn:
-        for table, column in (("gpu_pool_leases", "borrowed"), ("gpu_pool_leases", "reclaim_at"),
-                              ("gpu_pool_waiters", "beyond"), ("gpu_pool_jobs", "borrow"),
-                              ("gpu_pool_jobs", "requeue"), ("gpu_pool_jobs", "attempts")):
-            conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN {column}"))
-        conn.execute(sa.text("UPDATE gpu_pool_meta SET value='12' WHERE key='schema_version'"))
-    pool = make_pool(tmp_path, max_gpus_per_user=1)
+    engine = sa.create_engine(url)
     try:
-        old = pool.lease(kept.id)
-        assert old.ended_at is None and not old.borrowed and old.reclaim_at is None  # within its share
-        assert pool.try_acquire("alice", "job/1", 2, borrow=True).borrowed
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
-                == str(SCHEMA_VERSION) == "14"
+        with engine.begin() as conn:
+            for table, column in (("gpu_pool_leases", "borrowed"), ("gpu_pool_leases", "reclaim_at"),
+                                  ("gpu_pool_waiters", "beyond"), ("gpu_pool_jobs", "borrow"),
+                                  ("gpu_pool_jobs", "requeue"), ("gpu_pool_jobs", "attempts")):
+                conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+            conn.execute(sa.text("UPDATE gpu_pool_meta SET value='12' WHERE key='schema_version'"))
+        pool = open_pool()
+        try:
+            old = pool.lease(kept.id)
+            assert old.ended_at is None and not old.borrowed and old.reclaim_at is None  # within its share
+            before = JobLedger(pool).get(job.id)
+            assert not before.borrow and before.requeue and before.attempts == 1
+            lent = pool.try_acquire("alice", "job/1", 2, borrow=True)
+            assert lent.borrowed and pool.lease(lent.id).borrowed
+            with engine.connect() as conn:
+                assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() \
+                    == str(SCHEMA_VERSION) == "14"
+        finally:
+            pool.close()
     finally:
-        pool.close()
         engine.dispose()
 
 
@@ -192,9 +267,7 @@ def test_a_job_queued_again_keeps_its_place_by_its_first_submission(tmp_path, or
         pool.release(holder.id)
         lease = await asyncio.wait_for(again, 10)
         assert lease.user == "alice" and not bob.done()
-        bob.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await bob
+        await cancelled(bob)
 
     try:
         asyncio.run(main())

@@ -101,6 +101,16 @@ def ordered(store: Store, conn, rows: list[WaiterRow], now, mode: str, shares: s
     return Ordered(serving_order.order(rows, mode, standing_of, now, shares.fifo_after), standing_of, use)
 
 
+def holders_standing(store: Store, conn, now, rules: QueueRules) -> reclaim.Standing | None:
+    """The fair-share standing of borrowed leases' holders, which breaks ties in the reclaim's
+    choice (the lowest priority first); None without shares."""
+    shares = rules.shares
+    if shares is None:
+        return None
+    use = rollup.decayed_use(store, conn, now, rules.use_cache)
+    return lambda user, groups: serving_order.standing(user, groups, use.users, use.groups, shares)
+
+
 def explain(o: Ordered, index: int, mode: str, shares: serving_order.Shares | None, now) -> str:
     """serving_order.why for the waiter at `index` of the serving order."""
     me = o.rows[index]
@@ -238,7 +248,8 @@ def attempt(
         # Within its share and nothing free enough: ask borrowed leases back (their holders
         # stop them within GPUPool.reclaim_grace; this request is served as they end).
         free_for = {h: len(lst) for h, lst in avail.items()}
-        marked = reclaim.mark(conn, free_for, req.hosts, req.count, req.workers, booked, now)
+        marked = reclaim.mark(conn, free_for, req.hosts, req.count, req.workers, booked, now,
+                              holders_standing(store, conn, now, rules))
         if marked:
             log.info("Reclaiming %d borrowed lease(s) (%s) for %s/%s within its share", len(marked),
                      ", ".join(str(m.id) for m in marked), req.user, req.server_name)

@@ -9,16 +9,19 @@ engine confirms it gone; the waiting request is then served as GPUs free.  Nothi
 anything: the pool never calls an engine.
 
 The choice (`choose`) is a pure function: the most recently started first (the least work
-lost); a cluster as a whole (all of its workers' leases, on whatever hosts); never a lease on
-GPUs its holder has booked now (the booking is theirs).  For a one-host request, the host that
-needs the fewest GPUs reclaimed; for a gang, GPUs on any of its hosts until its total is
-covered (placement then decides).
+lost), then, among those started at the same moment, the holder with the lowest fair-share
+priority (the most recent GPU use per share: serving_order.standing, what orders the queue);
+a cluster as a whole (all of its workers' leases, on whatever hosts); never a lease on GPUs
+its holder has booked now (the booking is theirs).  For a one-host request, the host that
+needs the fewest GPUs reclaimed; for a gang of workers, each worker's GPUs on one host, as
+placement lends them (placement.gang_fits): GPUs reclaimed on a host count only in whole
+workers' worth, and a lease whose GPUs no worker would use is left alone.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -27,6 +30,11 @@ from sqlalchemy import select, update
 from ..fair_use.bookings import Booking
 from ..ledger.schema import lease_gpus_table, leases_table
 from ..ledger.store import as_utc
+from .placement import gang_fits
+
+# A holder's fair-share standing (user, groups) -> recent GPU-hours per share: higher is a
+# lower priority, reclaimed first among leases started at the same moment.
+Standing = Callable[[str, tuple[str, ...]], float]
 
 
 @dataclass(frozen=True)
@@ -55,33 +63,60 @@ def booked_by_holder(lease: Borrowed, bookings: Iterable[Booking], now: datetime
                and set(b.gpu_uuids) & set(lease.uuids) for b in bookings)
 
 
-def _units(candidates: Iterable[Borrowed]) -> list[list[Borrowed]]:
-    """The candidates grouped by unit, the most recently started unit first."""
+def _units(candidates: Iterable[Borrowed], standing: Standing | None = None) -> list[list[Borrowed]]:
+    """The candidates grouped by unit in the order they are reclaimed: the most recently started
+    unit first; among those started together, the lowest fair-share priority first."""
     by_unit: dict[str, list[Borrowed]] = {}
     for lease in candidates:
         by_unit.setdefault(lease.unit, []).append(lease)
-    return sorted(by_unit.values(), key=lambda u: (max(l.started_at for l in u), max(l.id for l in u)),
-                  reverse=True)
+
+    def order(unit: list[Borrowed]) -> tuple:
+        first = unit[0]
+        return (max(l.started_at for l in unit), standing(first.user, first.groups) if standing else 0.0,
+                max(l.id for l in unit))
+
+    return sorted(by_unit.values(), key=order, reverse=True)
+
+
+def _gang_served(have: dict[str, int], units: list[list[Borrowed]], count: int, workers: int) -> bool:
+    """Whether `workers` x `count` GPUs fit, each worker on one host, in what `have` holds per
+    host plus the GPUs of `units` there."""
+    room = dict(have)
+    for unit in units:
+        for lease in unit:
+            if lease.host in room:
+                room[lease.host] += len(lease.uuids)
+    return gang_fits(room, None, count, workers)
 
 
 def choose(candidates: Iterable[Borrowed], free: dict[str, int], coming: dict[str, int],
-           hosts: Iterable[str] | None, count: int, workers: int = 1) -> list[int]:
+           hosts: Iterable[str] | None, count: int, workers: int = 1,
+           standing: Standing | None = None) -> list[int]:
     """The ids of the borrowed leases to reclaim so that a request for `workers` x `count` GPUs
     on `hosts` (None: any) could be served; [] when the GPUs free (`free`, per host: those left
     to it after the requests ahead) and coming free (`coming`: leases already being reclaimed)
-    serve it already, or when reclaiming every candidate would not."""
+    serve it already, or when reclaiming every candidate would not.  `standing` breaks ties of
+    start time (None: by lease id alone)."""
     candidates = list(candidates)
     names = sorted(set(free) | set(coming) | {c.host for c in candidates}) if hosts is None else list(hosts)
     have = {h: free.get(h, 0) + coming.get(h, 0) for h in names}
-    units = [u for u in _units(candidates) if any(l.host in have for l in u)]
+    units = [u for u in _units(candidates, standing) if any(l.host in have for l in u)]
     if workers > 1:
-        need, got, picked = count * workers, sum(have.values()), []
+        if _gang_served(have, [], count, workers):
+            return []
+        picked: list[list[Borrowed]] = []
         for unit in units:
-            if got >= need:
-                break
             picked.append(unit)
-            got += sum(len(l.uuids) for l in unit if l.host in have)
-        return sorted(l.id for u in picked for l in u) if got >= need and picked else []
+            if _gang_served(have, picked, count, workers):
+                break
+        else:
+            return []
+        # Units taken on the way whose GPUs no worker needs in the end go back, the oldest first
+        # (each one, one host's GPUs short of a worker's worth, may have been made whole by later ones).
+        for unit in reversed(picked[:-1]):
+            if _gang_served(have, [u for u in picked if u is not unit], count, workers):
+                picked.remove(unit)
+        return sorted(l.id for u in picked for l in u)
     if any(n >= count for n in have.values()):
         return []
     best: tuple[int, list[list[Borrowed]]] | None = None
@@ -123,7 +158,7 @@ def borrowed_now(conn) -> list[Borrowed]:
 
 
 def mark(conn, free: dict[str, int], hosts: Iterable[str] | None, count: int, workers: int,
-         bookings: list[Booking], now: datetime) -> list[Borrowed]:
+         bookings: list[Booking], now: datetime, standing: Standing | None = None) -> list[Borrowed]:
     """Mark for reclaiming (reclaim_at = now) the borrowed leases `choose` picks for a request
     within its share; the leases marked."""
     leases = borrowed_now(conn)
@@ -133,7 +168,7 @@ def mark(conn, free: dict[str, int], hosts: Iterable[str] | None, count: int, wo
             coming[lease.host] = coming.get(lease.host, 0) + len(lease.uuids)
     candidates = [lease for lease in leases if lease.reclaim_at is None
                   and not booked_by_holder(lease, bookings, now)]
-    ids = choose(candidates, free, coming, hosts, count, workers)
+    ids = choose(candidates, free, coming, hosts, count, workers, standing)
     if not ids:
         return []
     conn.execute(update(leases_table).where(leases_table.c.id.in_(ids), leases_table.c.ended_at.is_(None),
