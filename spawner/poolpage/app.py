@@ -25,9 +25,9 @@ from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..notify import EmailNotifications, directory
+from ..notify.browser import BrowserFeed
 from ..notify.cull_warning import CullWatch
 from ..notify.sender import Sender
-from ..notify.browser import BrowserFeed
 from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
 from ..notify.webhook import WebhookSender
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
