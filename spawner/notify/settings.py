@@ -1,4 +1,4 @@
-"""The e-mail channel's options, read by the gpu-pool service (from the hub's config file)."""
+"""The channels' options (mail, webhooks, browser) and what is told, read by the gpu-pool service."""
 
 from __future__ import annotations
 
