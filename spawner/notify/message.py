@@ -17,7 +17,7 @@ from email.utils import format_datetime, make_msgid
 
 from jupyterhub.utils import url_path_join
 
-from ..pool.ledger.events import CULL_WARNING, GRANTED, JOB_ENDED
+from ..pool.ledger.events import CULL_WARNING, GRANTED, JOB_ENDED, RECLAIMED
 from ..pool.ledger.outbox import Entry
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")
@@ -87,6 +87,19 @@ def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], st
         if p.get("message"):
             rows.append(("Why", str(p["message"])))
         return title, rows, url_path_join(links.service, "jobs", str(job))
+    if entry.event == RECLAIMED:
+        job, name = p.get("job_id"), str(p.get("server_name") or "")
+        what = f"job {job}" if job is not None else f"server {name or '(default)'}"
+        at = datetime.fromisoformat(str(p.get("stops_at")))
+        left = max(0.0, (at - datetime.now(UTC)).total_seconds())
+        title = f"Your {what} runs on borrowed GPUs that are asked back: it stops in {_hours(left)}"
+        rows = [("Job" if job is not None else "Server", str(job) if job is not None else name or "(default)"),
+                ("GPUs", str(p.get("gpus"))), ("Hosts", ", ".join(p.get("hosts") or ())),
+                ("Stops at", at.astimezone(UTC).strftime("%H:%M:%S UTC")),
+                ("Why", "a request within its share needs them; a job is queued again by itself unless it "
+                        "was submitted with --no-requeue")]
+        link = url_path_join(links.service, "jobs", str(job)) if job is not None else links.hub
+        return title, rows, link
     return f"{entry.event}", [], None
 
 

@@ -6,6 +6,9 @@ in the transaction that records it.
 - `job_ended`: a batch job reached an end state (its exit code, GPU-hours, how long it ran).
 - `cull_warning`: a server will be culled soon if it stays idle (written by the gpu-pool
   service's cull watch, spawner/notify/cull_warning.py, once per idle spell).
+- `reclaimed`: borrowed GPUs are asked back for a request within its share (leasing/reclaim.py):
+  the job (or server) holding them is stopped at `stops_at`, `GPUPool.reclaim_grace` after the
+  mark; one event per job (a cluster's workers together).
 
 The notify senders tell `granted` once the server is ready (they ask the hub), so the mail's link
 opens a running server.
@@ -14,7 +17,7 @@ opens a running server.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -22,8 +25,8 @@ from sqlalchemy import select
 from . import outbox
 from .schema import outbox_table, waiters_table
 
-GRANTED, JOB_ENDED, CULL_WARNING = "granted", "job-ended", "cull-warning"
-EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING)
+GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED = "granted", "job-ended", "cull-warning", "reclaimed"
+EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED)
 SPELLS_LOOKED_AT = 50  # a user's newest cull warnings compared with a new one (one per idle spell)
 
 
@@ -46,6 +49,22 @@ def job_ended(store, conn, job) -> None:
         "message": (job.message or "")[:2000], "command": " ".join(job.command)[:2000],
         "ran_s": round(max(0.0, ran), 1), "gpu_hours": round(gpus * max(0.0, ran) / 3600, 3),
         "ended_at": job.ended_at.isoformat() if job.ended_at else None})
+
+
+def reclaimed(store, conn, marked, now: datetime, grace_s: float) -> None:
+    """Tell the holders of the borrowed leases just marked for reclaiming (reclaim.Borrowed), one
+    event per unit (a cluster job's workers are one), in the marking transaction."""
+    units: dict[tuple[str, str], list] = {}
+    for lease in marked:
+        units.setdefault((lease.user, lease.unit), []).append(lease)
+    for (user, _), leases in sorted(units.items()):
+        name = leases[0].server_name.split("/worker-", 1)[0]
+        job = name.split("/", 1)[1] if name.startswith("job/") else None
+        outbox.enqueue(store, conn, user, RECLAIMED, {
+            "server_name": name, "job_id": int(job) if job and job.isdigit() else None,
+            "hosts": sorted({lease.host for lease in leases}), "gpus": sum(len(lease.uuids) for lease in leases),
+            "asked_at": now.isoformat(), "grace_s": round(grace_s, 1),
+            "stops_at": (now + timedelta(seconds=grace_s)).isoformat()})
 
 
 def cull_warning(store, conn, user: str, server_name: str, spell: str, payload: dict[str, Any]) -> bool:

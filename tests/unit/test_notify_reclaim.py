@@ -1,0 +1,58 @@
+"""More events outside the tab (issue 39): borrowed GPUs asked back (`reclaimed`) are told to the
+job's owner, with how long is left, on a real ledger, by mail (a real SMTP server on loopback) and
+in the browser's feed, once per job (a cluster's workers together)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from devservices.waiting import async_until
+from spawner.notify import directory
+from spawner.notify.browser import BrowserFeed
+from spawner.notify.settings import BrowserNotifications
+from spawner.pool import EndReason
+from spawner.pool.ledger import outbox
+
+from .test_notify import AUTH_STATE, ReadyHub, SMTPServer, make_pool, rows, sender
+
+
+def test_a_reclaim_of_borrowed_gpus_tells_the_jobs_owner_how_long_is_left_once(tmp_path):
+    pool = make_pool(tmp_path, gpus=4, max_gpus_per_user=2, reclaim_grace=90)
+    directory.record_address(pool, "bob", AUTH_STATE)  # bob@example.org
+
+    async def main():
+        pool.try_acquire("bob", "job/1", 1, borrow=True)  # within his share of 2: never asked back
+        newer = pool.try_acquire("bob", "job/2", 3, borrow=True)  # beyond it: borrowed
+        assert newer.borrowed and rows(pool) == []  # borrowing tells nothing
+        carol = asyncio.ensure_future(pool.acquire("carol", "", 2, timeout=30))
+        [asked] = await async_until(lambda: pool.reclaiming(), 10, "the borrowed lease asked back")
+        [event] = rows(pool, "bob")
+        assert event["event"] == "reclaimed"
+        p = event["payload"]
+        assert (p["job_id"], p["server_name"], p["gpus"], p["grace_s"]) == (2, "job/2", 3, 90.0)
+        stops = datetime.fromisoformat(p["stops_at"])
+        assert stops == datetime.fromisoformat(p["asked_at"]) + timedelta(seconds=90)
+        assert rows(pool, "carol") == []  # the one who asked is not named nor told here
+        with SMTPServer() as smtp:
+            assert await sender(pool, smtp.port).run_once() == 1  # "auto": a reclaim is always told
+            [(to, msg)] = smtp.inbox.messages
+        assert to == ["bob@example.org"]
+        assert msg["Subject"].startswith("GPU hub: Your job 2 runs on borrowed GPUs that are asked back: it stops in ")
+        text = msg.get_body(("plain",)).get_content()
+        assert "Stops at: " + stops.strftime("%H:%M:%S UTC") in text
+        assert "https://hub.example.org/services/gpu-pool/jobs/2" in text
+        feed = BrowserFeed(pool, BrowserNotifications())
+        [shown] = await feed.take("bob", ReadyHub(pool), b"k" * 32, "http://127.0.0.1:8000", "/",
+                                  "/services/gpu-pool/")
+        assert shown["event"] == "reclaimed" and shown["url"] == "http://127.0.0.1:8000/services/gpu-pool/jobs/2"
+        assert "Stops at" in shown["body"]
+        pool.release(newer.id, EndReason.RECLAIMED)
+        await asyncio.wait_for(carol, 10)
+        assert [r["event"] for r in pool._store.read(lambda conn: outbox.entries(conn, "bob"))] == [
+            "reclaimed", "reclaimed"]  # one per channel (e-mail, browser), never a second mark
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
