@@ -17,7 +17,7 @@ from email.utils import format_datetime, make_msgid
 
 from jupyterhub.utils import url_path_join
 
-from ..pool.ledger.events import CULL_WARNING, GRANTED, JOB_ENDED, RECLAIMED
+from ..pool.ledger.events import BUDGET, CULL_WARNING, GRANTED, JOB_ENDED, RECLAIMED
 from ..pool.ledger.outbox import Entry
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")
@@ -100,6 +100,21 @@ def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], st
                         "was submitted with --no-requeue")]
         link = url_path_join(links.service, "jobs", str(job)) if job is not None else links.hub
         return title, rows, link
+    if entry.event == BUDGET:
+        who = str(p.get("who") or "you")
+        whose = "Your" if who == "you" else f"{who[0].upper()}{who[1:]}'s"
+        limit = float(p.get("limit") or 0)
+        if int(p.get("percent") or 0) >= 100:
+            title = f"{whose} GPU-hour budget ({limit:g} GPU-hours) is used up: GPU servers and jobs stop"
+            then = "The culler stops the GPU servers and jobs it pays for; new ones are refused until hours free."
+        else:
+            title = f"{whose} GPU-hour budget is {int(p.get('percent') or 0)} % used ({limit:g} GPU-hours)"
+            then = "At 100 % the culler stops the GPU servers and jobs it pays for."
+        rows = [("Budget", str(p.get("message") or "")), ("Then", then)]
+        if p.get("runs_out_at") and int(p.get("percent") or 0) < 100:
+            at = datetime.fromisoformat(str(p["runs_out_at"]))
+            rows.append(("Used up at", at.astimezone(UTC).strftime("%a %H:%M UTC") + " with the GPUs held now"))
+        return title, rows, links.service
     return f"{entry.event}", [], None
 
 

@@ -26,6 +26,7 @@ from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..notify import EmailNotifications, directory
 from ..notify.browser import BrowserFeed
+from ..notify.budget_watch import BudgetWatch
 from ..notify.cull_warning import CullWatch
 from ..notify.sender import Sender
 from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
@@ -233,9 +234,12 @@ async def serve(app: web.Application, port: int) -> None:
     feed.start()
     watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
                       app.settings["notify_events"])
+    budgets = BudgetWatch(app.settings["pool"], app.settings["notify_events"])
     if app.settings["notify"].enabled or app.settings["webhooks"].enabled or feed.settings.enabled:
         watch.start()  # (no channel: nobody to warn)
+        budgets.start()
     await stop.wait()
+    await budgets.stop()
     await watch.stop()
     await feed.stop()
     await hook_sender.stop()

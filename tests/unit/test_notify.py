@@ -402,7 +402,8 @@ def test_preferences_left_out_keep_their_default():
         "granted": {"email": "never", "webhook": "auto", "browser": "auto"},
         "job-ended": {"email": "auto", "webhook": "auto", "browser": "auto"},
         "cull-warning": {"email": "auto", "webhook": "auto", "browser": "auto"},
-        "reclaimed": {"email": "auto", "webhook": "auto", "browser": "auto"}}
+        "reclaimed": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "budget": {"email": "auto", "webhook": "auto", "browser": "auto"}}
 
 
 def test_unsubscribe_tokens_are_per_user_and_event():
@@ -574,5 +575,6 @@ def test_the_mails_unsubscribe_link_stops_that_event_only(service, smtp_server):
     assert done.status_code == 200 and "no more mails about" in done.text
     events = requests.get(url + "api/notifications", headers={"X-User": "bob"}, timeout=10).json()["events"]
     assert {e: c["email"] for e, c in events.items()} == {"granted": "always", "job-ended": "never",
-                                                          "cull-warning": "auto", "reclaimed": "auto"}
+                                                          "cull-warning": "auto", "reclaimed": "auto",
+                                                          "budget": "auto"}
     assert requests.get(link.split("&token")[0], timeout=10).status_code == 403

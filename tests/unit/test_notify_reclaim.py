@@ -56,3 +56,59 @@ def test_a_reclaim_of_borrowed_gpus_tells_the_jobs_owner_how_long_is_left_once(t
         asyncio.run(main())
     finally:
         pool.close()
+
+
+def test_a_gpu_hour_budget_at_80_and_100_percent_is_told_once_each_per_period(tmp_path):
+    from spawner.notify import budget_watch
+    from spawner.notify.sender import Sender
+
+    from .test_notify import Clock, settings
+
+    clock = Clock()
+    pool = make_pool(tmp_path, gpus=2, clock=clock, gpu_hour_budget=1.0, budget_period=3600)
+    directory.record_address(pool, "bob", AUTH_STATE)
+    store = pool._store
+    lease = pool.try_acquire("bob", "", 2)  # 2 GPUs: a GPU-hour every 30 min
+    assert budget_watch.run_once(store) == 0  # nothing used yet
+    clock.advance(23 * 60)  # 0.77 GPU-hours
+    assert budget_watch.run_once(store) == 0
+    clock.advance(2 * 60)  # 0.83
+    assert budget_watch.run_once(store) == 1
+    assert budget_watch.run_once(store) == 0  # once per threshold
+    [event] = rows(pool, "bob")
+    assert (event["event"], event["payload"]["percent"], event["payload"]["who"]) == ("budget", 80, "you")
+    assert event["payload"]["used"] == 0.833 and event["payload"]["limit"] == 1.0
+    clock.advance(5 * 60)  # 1.0: used up
+    assert budget_watch.run_once(store) == 1 and budget_watch.run_once(store) == 0
+    assert [r["payload"]["percent"] for r in rows(pool, "bob")] == [100, 80]
+
+    with SMTPServer() as smtp:
+        s = Sender(pool, settings(smtp.port, mails_per_hour=10), "/services/gpu-pool/", "http://127.0.0.1:8000/",
+                   hub=ReadyHub(pool))
+        assert asyncio.run(s.run_once()) == 1  # "auto": budgets are told; both in one digest
+        [(_, msg)] = smtp.inbox.messages
+    text = msg.get_body(("plain",)).get_content()
+    assert "Your GPU-hour budget is 80 % used (1 GPU-hours)" in text
+    assert "Your GPU-hour budget (1 GPU-hours) is used up: GPU servers and jobs stop" in text
+    assert "You have used 1.0 of your 1 GPU-hours in the last" in text
+    pool.release(lease.id)
+    # A period later, the same budget reaching 80 % again is told again.
+    clock.advance(3600)
+    lease = pool.try_acquire("bob", "", 2)
+    clock.advance(25 * 60)
+    assert budget_watch.run_once(store) == 1
+    pool.release(lease.id)
+    pool.close()
+
+
+def test_no_budget_no_budget_events(tmp_path):
+    from spawner.notify import budget_watch
+
+    from .test_notify import Clock
+
+    clock = Clock()
+    pool = make_pool(tmp_path, gpus=2, clock=clock)
+    pool.try_acquire("bob", "", 2)
+    clock.advance(10 * 3600)
+    assert budget_watch.run_once(pool._store) == 0 and rows(pool) == []
+    pool.close()

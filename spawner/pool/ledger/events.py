@@ -9,6 +9,9 @@ in the transaction that records it.
 - `reclaimed`: borrowed GPUs are asked back for a request within its share (leasing/reclaim.py):
   the job (or server) holding them is stopped at `stops_at`, `GPUPool.reclaim_grace` after the
   mark; one event per job (a cluster's workers together).
+- `budget`: a GPU-hour budget of the user's (their own, or a group's) reached 80 % or 100 %
+  (written by the gpu-pool service's budget watch, spawner/notify/budget_watch.py), once per
+  budget and threshold in a budget period.
 
 The notify senders tell `granted` once the server is ready (they ask the hub), so the mail's link
 opens a running server.
@@ -25,8 +28,8 @@ from sqlalchemy import select
 from . import outbox
 from .schema import outbox_table, waiters_table
 
-GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED = "granted", "job-ended", "cull-warning", "reclaimed"
-EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED)
+GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED, BUDGET = "granted", "job-ended", "cull-warning", "reclaimed", "budget"
+EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED, BUDGET)
 SPELLS_LOOKED_AT = 50  # a user's newest cull warnings compared with a new one (one per idle spell)
 
 
@@ -65,6 +68,23 @@ def reclaimed(store, conn, marked, now: datetime, grace_s: float) -> None:
             "hosts": sorted({lease.host for lease in leases}), "gpus": sum(len(lease.uuids) for lease in leases),
             "asked_at": now.isoformat(), "grace_s": round(grace_s, 1),
             "stops_at": (now + timedelta(seconds=grace_s)).isoformat()})
+
+
+def budget_reached(store, conn, user: str, who: str, percent: int, period_s: float,
+                   payload: dict[str, Any]) -> bool:
+    """Queue the news that `user`'s budget `who` ("you", "group 'x'") reached `percent` of its
+    GPU-hours, unless it was told within the last `period_s` (one budget period).  True when queued."""
+    t = outbox_table.c
+    since = store.now(conn) - timedelta(seconds=period_s)
+    seen = conn.execute(select(t.payload).where(t.user_name == user, t.event == BUDGET,
+                                                t.channel == outbox.CHANNELS[0], t.created_at >= since)
+                        .order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
+    for raw in seen:
+        p = json.loads(raw)
+        if p.get("who") == who and p.get("percent") == percent:
+            return False
+    outbox.enqueue(store, conn, user, BUDGET, {**payload, "who": who, "percent": percent, "period_s": period_s})
+    return True
 
 
 def cull_warning(store, conn, user: str, server_name: str, spell: str, payload: dict[str, Any]) -> bool:
