@@ -10,20 +10,13 @@ servers and jobs (reason `budget`); the news says so, and when the next GPU-hour
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
 
 from ..pool.fair_use import budget
 from ..pool.ledger import events
-from ..pool.ledger.off_loop import ledger_call
 from ..pool.ledger.store import as_utc
-from .settings import Notifications
 
 THRESHOLDS = (80, 100)  # percent of a budget's GPU-hours
-LEDGER_TIMEOUT = 15.0
-log = logging.getLogger("gpu-pool-notify")
 
 
 def look(store, conn, now=None) -> list[tuple[str, str, int, float, dict]]:
@@ -58,32 +51,3 @@ def run_once(store) -> int:
                    for user, who, percent, period_s, payload in look(store, conn))
     return store.write(write)
 
-
-class BudgetWatch:
-    """The service's task that queues the budget events (nothing while no budget is published)."""
-
-    def __init__(self, pool, settings: Notifications):
-        self.pool, self.settings = pool, settings
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                queued = await ledger_call(run_once, self.pool._store, timeout=LEDGER_TIMEOUT)
-                if queued:
-                    log.info("Told %d GPU-hour budget(s) reaching 80 or 100 %%", queued)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("The budget watch's round failed; trying again in %s s", self.settings.cull_check_every)
-            await asyncio.sleep(self.settings.cull_check_every)

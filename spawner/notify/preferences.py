@@ -3,7 +3,8 @@ and the user's webhook URL (none by default).
 
 "auto" (the default) tells by e-mail and webhook only what a person away from the tab would
 miss: a server ready after a wait of `Notifications.ready_after` seconds or more, a job that ran
-`AUTO_AFTER_S` or more, every cull warning, every reclaim of borrowed GPUs and every GPU-hour budget at 80 % or 100 %.  In the browser (a notification while a pool page
+`AUTO_AFTER_S` or more, and every other event (cull warnings, reclaims of borrowed GPUs, GPU-hour budgets at 80 % and
+100 %, bookings).  In the browser (a notification while a pool page
 is open, which costs nothing) "auto" tells every event.  A document is checked whole (`parse`): anything unknown is refused
 with a message naming it, and nothing is changed.  The ledger keeps
 `{"events": {...}, "webhook": url-or-null}` (a document of the first slice, the events alone, is
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..pool.ledger.events import BUDGET, CULL_WARNING, EVENTS, GRANTED, JOB_ENDED, RECLAIMED
+from ..pool.ledger.events import EVENTS, GRANTED, JOB_ENDED
 from ..pool.ledger.outbox import BROWSER, CHANNELS
 
 AUTO, ALWAYS, NEVER = "auto", "always", "never"
@@ -120,5 +121,6 @@ def wants(choices: dict[str, dict[str, str]], event: str, channel: str, payload:
         return float(payload.get("waited_s") or 0) >= ready_after
     if event == JOB_ENDED:
         return float(payload.get("ran_s") or 0) >= AUTO_AFTER_S
-    # The warnings a person away from the tab can act on (keep the server; save; plan their hours).
-    return event in (CULL_WARNING, RECLAIMED, BUDGET)
+    # The warnings and bookings: each is news a person away from the tab can act on (keep the
+    # server, save their work, plan their hours, come to their booked GPUs).
+    return True

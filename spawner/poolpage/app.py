@@ -24,12 +24,12 @@ from tornado.httpserver import HTTPServer
 from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_gone
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
-from ..notify import EmailNotifications, directory
+from ..notify import EmailNotifications, booking_watch, budget_watch, directory
 from ..notify.browser import BrowserFeed
-from ..notify.budget_watch import BudgetWatch
 from ..notify.cull_warning import CullWatch
 from ..notify.sender import Sender
 from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
+from ..notify.watch import LedgerWatch
 from ..notify.webhook import WebhookSender
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..reauth import PasswordRecheck, authenticator_from_env
@@ -234,12 +234,16 @@ async def serve(app: web.Application, port: int) -> None:
     feed.start()
     watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
                       app.settings["notify_events"])
-    budgets = BudgetWatch(app.settings["pool"], app.settings["notify_events"])
+    every = app.settings["notify_events"].cull_check_every
+    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once, "GPU-hour budget event(s)"),
+                      LedgerWatch(app.settings["pool"], every, booking_watch.run_once, "booking event(s)")]
     if app.settings["notify"].enabled or app.settings["webhooks"].enabled or feed.settings.enabled:
         watch.start()  # (no channel: nobody to warn)
-        budgets.start()
+        for w in ledger_watches:
+            w.start()
     await stop.wait()
-    await budgets.stop()
+    for w in ledger_watches:
+        await w.stop()
     await watch.stop()
     await feed.stop()
     await hook_sender.stop()

@@ -403,7 +403,9 @@ def test_preferences_left_out_keep_their_default():
         "job-ended": {"email": "auto", "webhook": "auto", "browser": "auto"},
         "cull-warning": {"email": "auto", "webhook": "auto", "browser": "auto"},
         "reclaimed": {"email": "auto", "webhook": "auto", "browser": "auto"},
-        "budget": {"email": "auto", "webhook": "auto", "browser": "auto"}}
+        "budget": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "booking": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "booked-out": {"email": "auto", "webhook": "auto", "browser": "auto"}}
 
 
 def test_unsubscribe_tokens_are_per_user_and_event():
@@ -576,5 +578,5 @@ def test_the_mails_unsubscribe_link_stops_that_event_only(service, smtp_server):
     events = requests.get(url + "api/notifications", headers={"X-User": "bob"}, timeout=10).json()["events"]
     assert {e: c["email"] for e, c in events.items()} == {"granted": "always", "job-ended": "never",
                                                           "cull-warning": "auto", "reclaimed": "auto",
-                                                          "budget": "auto"}
+                                                          "budget": "auto", "booking": "auto", "booked-out": "auto"}
     assert requests.get(link.split("&token")[0], timeout=10).status_code == 403

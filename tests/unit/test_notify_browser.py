@@ -154,10 +154,11 @@ def test_the_pool_page_offers_browser_notifications_and_asks_its_feed():
     env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
     viewer = views.Viewer("bob")
     common = dict(viewer=viewer, gpus=[], summary=views.summary([]), queue=[], active=[], history=[],
-                  total_hours=0, audit=[], base_url="/", prefix="/services/gpu-pool/")
+                  total_hours=0, audit=[], base_url="/", prefix="/services/gpu-pool/", xsrf="tok'en")
     html = env.get_template("page.html").render(browser_notifications=BrowserNotifications(poll_interval=7),
                                                 **common)
     assert 'id="notify-enable"' in html and '"/services/gpu-pool/api/notifications/feed"' in html
     assert "const every = 7000;" in html and "new Notification(" in html
+    assert 'const xsrf = "tok\\u0027en";' in html and '"X-XSRFToken": xsrf' in html  # escaped in the script
     off = env.get_template("page.html").render(browser_notifications=BrowserNotifications(enabled=False), **common)
     assert "notify-enable" not in off

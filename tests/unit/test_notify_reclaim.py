@@ -112,3 +112,44 @@ def test_no_budget_no_budget_events(tmp_path):
     clock.advance(10 * 3600)
     assert budget_watch.run_once(pool._store) == 0 and rows(pool) == []
     pool.close()
+
+
+def test_a_booking_tells_its_booker_soon_and_ready_and_the_holder_of_its_gpu_when_it_stops(tmp_path):
+    from spawner.notify import booking_watch
+    from spawner.notify.message import Links, describe
+
+    from .test_notify import Clock
+
+    clock = Clock()
+    pool = make_pool(tmp_path, gpus=1, clock=clock)
+    store = pool._store
+    held = pool.try_acquire("alice", "train", 1)
+    b = pool.book("bob", 1, clock.now + timedelta(minutes=20), clock.now + timedelta(minutes=80), admin=True)
+    assert booking_watch.run_once(store) == 1 and booking_watch.run_once(store) == 0  # once
+    [out] = rows(pool, "alice")
+    assert out["event"] == "booked-out"
+    assert (out["payload"]["booking_id"], out["payload"]["lease_id"], out["payload"]["server_name"]) == (
+        b.id, held.id, "train")
+    assert out["payload"]["stops_at"] == b.starts_at.isoformat() and rows(pool, "bob") == []
+    links = Links("https://hub.example.org/", "https://hub.example.org/services/gpu-pool/", {})
+    entry = outbox.Entry(out["id"], "alice", out["event"], "email", out["payload"], out["created_at"], 1)
+    title, facts, _ = describe(entry, links)
+    assert title.startswith("Your server train stops in ") and "booked by someone else" in title
+    assert dict(facts)["Stops at"] == b.starts_at.strftime("%a %H:%M UTC")
+
+    clock.advance(6 * 60)  # 14 minutes before the start
+    assert booking_watch.run_once(store) == 1 and booking_watch.run_once(store) == 0
+    [soon] = rows(pool, "bob")
+    assert (soon["event"], soon["payload"]["kind"], soon["payload"]["gpus"]) == ("booking", "soon", 1)
+    clock.advance(15 * 60)  # started; alice's server still holds the GPU: not ready yet
+    assert booking_watch.run_once(store) == 0
+    pool.release(held.id, EndReason.BOOKING)
+    assert booking_watch.run_once(store) == 1 and booking_watch.run_once(store) == 0
+    assert [(r["event"], r["payload"]["kind"]) for r in rows(pool, "bob")] == [("booking", "ready"), ("booking", "soon")]
+    assert len(rows(pool, "alice")) == 1
+    told = [describe(outbox.Entry(r["id"], "bob", r["event"], "email", r["payload"], r["created_at"], 1), links)
+            for r in rows(pool, "bob")]
+    assert told[1][0] == "Your booking of 1 GPU(s) starts in 0 s"  # (the test's clock is in the past)
+    assert told[0][0].startswith("Your booked GPUs are ready: 1 GPU(s) of node-1, until ")
+    assert told[0][2] == "https://hub.example.org/hub/spawn"
+    pool.close()

@@ -12,6 +12,10 @@ in the transaction that records it.
 - `budget`: a GPU-hour budget of the user's (their own, or a group's) reached 80 % or 100 %
   (written by the gpu-pool service's budget watch, spawner/notify/budget_watch.py), once per
   budget and threshold in a budget period.
+- `booking`: for the booker, a booking starts within 15 minutes (`kind` "soon"), then its GPUs
+  are free for them (`kind` "ready"), once each; `booked-out`: for a holder of a GPU booked by
+  someone else, their server or job is stopped when the booking starts, once per lease and
+  booking (both written by the gpu-pool service's booking watch, spawner/notify/booking_watch.py).
 
 The notify senders tell `granted` once the server is ready (they ask the hub), so the mail's link
 opens a running server.
@@ -28,8 +32,9 @@ from sqlalchemy import select
 from . import outbox
 from .schema import outbox_table, waiters_table
 
-GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED, BUDGET = "granted", "job-ended", "cull-warning", "reclaimed", "budget"
-EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED, BUDGET)
+GRANTED, JOB_ENDED, CULL_WARNING = "granted", "job-ended", "cull-warning"
+RECLAIMED, BUDGET, BOOKING, BOOKED_OUT = "reclaimed", "budget", "booking", "booked-out"
+EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED, BUDGET, BOOKING, BOOKED_OUT)
 SPELLS_LOOKED_AT = 50  # a user's newest cull warnings compared with a new one (one per idle spell)
 
 
@@ -74,29 +79,30 @@ def budget_reached(store, conn, user: str, who: str, percent: int, period_s: flo
                    payload: dict[str, Any]) -> bool:
     """Queue the news that `user`'s budget `who` ("you", "group 'x'") reached `percent` of its
     GPU-hours, unless it was told within the last `period_s` (one budget period).  True when queued."""
-    t = outbox_table.c
     since = store.now(conn) - timedelta(seconds=period_s)
-    seen = conn.execute(select(t.payload).where(t.user_name == user, t.event == BUDGET,
-                                                t.channel == outbox.CHANNELS[0], t.created_at >= since)
-                        .order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
+    return once(store, conn, user, BUDGET, {"who": who, "percent": percent}, {**payload, "period_s": period_s},
+                since=since)
+
+
+def once(store, conn, user: str, event: str, key: dict[str, Any], payload: dict[str, Any],
+         since: datetime | None = None) -> bool:
+    """Queue `event` for `user` unless one of their newest ones (written since `since`, when given)
+    already has these `key` values in its payload (an idle spell's cull warning, a booking's
+    "soon", a lease's "booked-out": told once).  True when queued."""
+    t = outbox_table.c
+    stmt = select(t.payload).where(t.user_name == user, t.event == event, t.channel == outbox.CHANNELS[0])
+    if since is not None:
+        stmt = stmt.where(t.created_at >= since)
+    seen = conn.execute(stmt.order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
     for raw in seen:
         p = json.loads(raw)
-        if p.get("who") == who and p.get("percent") == percent:
+        if all(p.get(k) == v for k, v in key.items()):
             return False
-    outbox.enqueue(store, conn, user, BUDGET, {**payload, "who": who, "percent": percent, "period_s": period_s})
+    outbox.enqueue(store, conn, user, event, {**payload, **key})
     return True
 
 
 def cull_warning(store, conn, user: str, server_name: str, spell: str, payload: dict[str, Any]) -> bool:
     """Queue the warning that `user`'s server `server_name` is culled soon, unless this idle spell
     (`spell`: the last activity it began at) was warned about already.  True when queued."""
-    t = outbox_table.c
-    seen = conn.execute(select(t.payload).where(t.user_name == user, t.event == CULL_WARNING,
-                                                t.channel == outbox.CHANNELS[0])
-                        .order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
-    for raw in seen:
-        p = json.loads(raw)
-        if p.get("server_name") == server_name and p.get("spell") == spell:
-            return False
-    outbox.enqueue(store, conn, user, CULL_WARNING, {**payload, "server_name": server_name, "spell": spell})
-    return True
+    return once(store, conn, user, CULL_WARNING, {"server_name": server_name, "spell": spell}, payload)
