@@ -117,18 +117,18 @@ def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], st
         return title, rows, links.service
     if entry.event in (BOOKING, BOOKED_OUT):
         starts, ends = (datetime.fromisoformat(str(p.get(k))) for k in ("starts_at", "ends_at"))
-        left = _hours(max(0.0, (starts - datetime.now(UTC)).total_seconds()))
+        until = _hours(max(0.0, (starts - datetime.now(UTC)).total_seconds()))
         window = f"{starts.astimezone(UTC).strftime('%a %H:%M')} to {ends.astimezone(UTC).strftime('%H:%M UTC')}"
         rows = [("Booking", f"{p.get('gpus')} GPU(s) of {p.get('host')}, {window}")]
         if entry.event == BOOKED_OUT:
             server = str(p.get("server_name") or "")
             what = f"job {server.split('/')[1]}" if server.startswith("job/") else f"server {server or '(default)'}"
-            title = f"Your {what} stops in {left}: its GPU is booked by someone else from then"
+            title = f"Your {what} stops in {until}: its GPU is booked by someone else from then"
             rows += [("Stops at", starts.astimezone(UTC).strftime("%a %H:%M UTC")),
                      ("Do", "save your work before, or move to GPUs that are not booked")]
             return title, rows, links.service
         if p.get("kind") == "soon":
-            return f"Your booking of {p.get('gpus')} GPU(s) starts in {left}", rows, links.service
+            return f"Your booking of {p.get('gpus')} GPU(s) starts in {until}", rows, links.service
         return (f"Your booked GPUs are ready: {p.get('gpus')} GPU(s) of {p.get('host')}, until "
                 f"{ends.astimezone(UTC).strftime('%H:%M UTC')}"), rows, url_path_join(links.hub, "hub", "spawn")
     return f"{entry.event}", [], None
