@@ -12,13 +12,11 @@ seconds; the service then, for that user only:
 - marks the rest `sent` before it answers: at most once (an answer lost on the way loses them).
 
 Rows no page took within `max_age` expire (at each ask, and every EXPIRE_EVERY_S seconds in the
-service), so a page opened tomorrow does not show yesterday's news.
+service: `expire`, a LedgerWatch's round), so a page opened tomorrow does not show yesterday's news.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -50,14 +48,13 @@ def as_notification(entry: Entry, links: Links) -> dict[str, Any]:
 
 
 class BrowserFeed:
-    """The feed's work for the service (`take`), and its task that expires what no page took."""
+    """The feed's work for the service (`take`), and the round that expires what no page took."""
 
     def __init__(self, pool, settings: BrowserNotifications, events: Notifications | None = None,
                  owner: str | None = None):
         self.pool, self.settings = pool, settings
         self.events = events if events is not None else Notifications()
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:browser"
-        self._task: asyncio.Task | None = None
 
     async def _ledger(self, fn, *args):
         return await ledger_call(fn, *args, timeout=LEDGER_TIMEOUT)
@@ -66,26 +63,9 @@ class BrowserFeed:
         store = self.pool._store
         return store.write(lambda conn: fn(store, conn, *args))
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self._ledger(self._write, outbox.expire, self.settings.max_age, CHANNEL)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("Could not expire old browser notifications (%s); trying again in %.0f s", exc,
-                            EXPIRE_EVERY_S)
-            await asyncio.sleep(EXPIRE_EVERY_S)
+    def expire(self, store) -> int:
+        """One round of the expiry (a LedgerWatch's, every EXPIRE_EVERY_S): rows no page took in time."""
+        return store.write(lambda conn: outbox.expire(store, conn, self.settings.max_age, CHANNEL))
 
     async def take(self, user: str, hub, key: bytes, origin: str, base_url: str, prefix: str) -> list[dict]:
         """`user`'s new notifications, marked delivered (`origin`: scheme://host the page was

@@ -233,32 +233,21 @@ class BrowserNotifications(Configurable):
         user presses the page's button and allows notifications in their browser.  Off: the page
         offers nothing and the feed answers 404; the events' browser rows expire after `max_age`.
         """)
-    poll_interval = Float(5.0, config=True, help="""
+    poll_interval = Float(5.0, min=1.0, config=True, help="""
         Seconds between an open pool page's asks for new events: a notification comes at most this
         late after its event (a server's "ready" after the hub says it is ready).  Browsers slow the
         timers of background tabs (Chromium: to once a minute after five minutes hidden).
         """)
-    max_age = Float(600.0, config=True, help="""
+    max_age = Float(600.0, min=1.0, config=True, help="""
         Seconds an event waits for an open page to take it; older ones are dropped (state
         `expired`), so a page opened tomorrow does not pop up yesterday's news.
         """)
-    page_size = Int(10, config=True, help="""
+    page_size = Int(10, min=1, config=True, help="""
         The most events one answer of the feed carries; more wait for the next ask.  The page shows
         at most three notifications at once and folds the rest into one "N more updates".
         """)
-    polls_per_minute = Int(60, config=True, help="""
+    polls_per_minute = Int(60, min=1, config=True, help="""
         The most asks of the feed per user and minute (all their tabs together); beyond it the feed
         answers 429 and the page waits a minute.
         """)
 
-    @validate("poll_interval", "max_age")
-    def _check_seconds(self, proposal):
-        if not proposal["value"] >= 1:
-            raise TraitError(f"{proposal['trait'].name} must be a number of seconds >= 1, not {proposal['value']}")
-        return proposal["value"]
-
-    @validate("page_size", "polls_per_minute")
-    def _check_count(self, proposal):
-        if proposal["value"] < 1:
-            raise TraitError(f"{proposal['trait'].name} must be at least 1, not {proposal['value']}")
-        return proposal["value"]

@@ -1,11 +1,10 @@
-"""A watch of the gpu-pool service: one ledger round (budget_watch.run_once, booking_watch.run_once)
-every `every` seconds, on the ledger's threads, bounded by LEDGER_TIMEOUT; a failed round is logged
-and tried again at the next."""
+"""A watch of the gpu-pool service: one ledger round (budget_watch.run_once, booking_watch.run_once,
+the browser rows' expiry) every `every` seconds, on the ledger's threads, bounded by
+LEDGER_TIMEOUT; a failed round is logged and tried again at the next."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -17,7 +16,7 @@ log = logging.getLogger("gpu-pool-notify")
 
 class LedgerWatch:
     def __init__(self, pool, every: float, round_: Callable[..., int], what: str):
-        """`round_(store)`: the number of events it queued; `what`: those events, for the log."""
+        """`round_(store)`: how many rows it wrote; `what`: what they are, for the log."""
         self.pool, self.every, self.round, self.what = pool, every, round_, what
         self._task: asyncio.Task | None = None
 
@@ -25,18 +24,17 @@ class LedgerWatch:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _loop(self) -> None:
         while True:
             try:
-                queued = await ledger_call(self.round, self.pool._store, timeout=LEDGER_TIMEOUT)
-                if queued:
-                    log.info("Queued %d %s", queued, self.what)
+                done = await ledger_call(self.round, self.pool._store, timeout=LEDGER_TIMEOUT)
+                if done:
+                    log.info("%d %s", done, self.what)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -25,7 +25,7 @@ from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
 from ..notify import EmailNotifications, booking_watch, budget_watch, directory
-from ..notify.browser import BrowserFeed
+from ..notify.browser import EXPIRE_EVERY_S, BrowserFeed
 from ..notify.cull_warning import CullWatch
 from ..notify.sender import Sender
 from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
@@ -231,12 +231,13 @@ async def serve(app: web.Application, port: int) -> None:
                                 public_url=app.settings["notify"].public_url)
     hook_sender.start()
     feed = app.settings["browser_feed"]
-    feed.start()
     watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
                       app.settings["notify_events"])
     every = app.settings["notify_events"].cull_check_every
-    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once, "GPU-hour budget event(s)"),
-                      LedgerWatch(app.settings["pool"], every, booking_watch.run_once, "booking event(s)")]
+    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once, "GPU-hour budget event(s) queued"),
+                      LedgerWatch(app.settings["pool"], every, booking_watch.run_once, "booking event(s) queued")]
+    expiry = LedgerWatch(app.settings["pool"], EXPIRE_EVERY_S, feed.expire, "browser notification(s) expired")
+    expiry.start()
     if app.settings["notify"].enabled or app.settings["webhooks"].enabled or feed.settings.enabled:
         watch.start()  # (no channel: nobody to warn)
         for w in ledger_watches:
@@ -245,7 +246,7 @@ async def serve(app: web.Application, port: int) -> None:
     for w in ledger_watches:
         await w.stop()
     await watch.stop()
-    await feed.stop()
+    await expiry.stop()
     await hook_sender.stop()
     await sender.stop()
     exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
