@@ -36,27 +36,30 @@ def _holders(conn, b: bookings.Booking) -> list[tuple[int, str, list[str], str, 
             for r in rows]
 
 
-def run_once(store) -> int:
-    """One look; the number of events queued (blocking: call it on the ledger's threads)."""
-    def write(conn):
-        now = store.now(conn)
-        queued = 0
-        for b in bookings.live(conn, now):
-            about = {"host": b.host, "gpus": len(b.gpu_uuids), "group": b.group,
-                     "starts_at": b.starts_at.isoformat(), "ends_at": b.ends_at.isoformat()}
-            holders = _holders(conn, b)
-            others = [h for h in holders if not b.for_(h[1], h[2])]
-            if now < b.starts_at <= now + timedelta(seconds=SOON_S):
-                queued += events.once(store, conn, b.user, events.BOOKING, {"booking_id": b.id, "kind": "soon"},
-                                      about)
-            if b.active(now) and not others:
-                queued += events.once(store, conn, b.user, events.BOOKING, {"booking_id": b.id, "kind": "ready"},
-                                      about)
-            if now < b.starts_at:
-                for lease_id, user, _, server, _ in others:
-                    queued += events.once(store, conn, user, events.BOOKED_OUT,
-                                          {"booking_id": b.id, "lease_id": lease_id},
-                                          {**about, "server_name": server, "stops_at": b.starts_at.isoformat()})
-        return queued
-    return store.write(write)
+def news(store, conn) -> list[tuple[str, str, dict, dict]]:
+    """(user, event, key, payload) of what the live bookings may have to tell now."""
+    now = store.now(conn)
+    out: list[tuple[str, str, dict, dict]] = []
+    for b in bookings.live(conn, now):
+        about = {"host": b.host, "gpus": len(b.gpu_uuids), "group": b.group,
+                 "starts_at": b.starts_at.isoformat(), "ends_at": b.ends_at.isoformat()}
+        others = [h for h in _holders(conn, b) if not b.for_(h[1], h[2])]
+        if now < b.starts_at <= now + timedelta(seconds=SOON_S):
+            out.append((b.user, events.BOOKING, {"booking_id": b.id, "kind": "soon"}, about))
+        if b.active(now) and not others:
+            out.append((b.user, events.BOOKING, {"booking_id": b.id, "kind": "ready"}, about))
+        if now < b.starts_at:
+            out += [(user, events.BOOKED_OUT, {"booking_id": b.id, "lease_id": lease_id},
+                     {**about, "server_name": server, "stops_at": b.starts_at.isoformat()})
+                    for lease_id, user, _, server, _ in others]
+    return out
 
+
+def run_once(store) -> int:
+    """One look (a read; a write only when there may be news); the number of events queued, each
+    once (events.once), in the write (blocking: call it on the ledger's threads)."""
+    found = store.read(lambda conn: news(store, conn))
+    if not found:
+        return 0
+    return store.write(lambda conn: sum(events.once(store, conn, user, event, key, payload)
+                                        for user, event, key, payload in found))

@@ -45,9 +45,10 @@ def look(store, conn, now=None) -> list[tuple[str, str, int, float, dict]]:
 
 
 def run_once(store) -> int:
-    """One look; the number of events queued (blocking: call it on the ledger's threads)."""
-    def write(conn):
-        return sum(events.budget_reached(store, conn, user, who, percent, period_s, payload)
-                   for user, who, percent, period_s, payload in look(store, conn))
-    return store.write(write)
-
+    """One look (a read; a write only for what is at a threshold); the number of events queued
+    (blocking: call it on the ledger's threads)."""
+    found = store.read(lambda conn: look(store, conn))
+    if not found:
+        return 0
+    return store.write(lambda conn: sum(events.budget_reached(store, conn, user, who, percent, period_s, payload)
+                                        for user, who, percent, period_s, payload in found))
