@@ -11,7 +11,11 @@ What it does, in order:
    (a second run builds nothing): the Debian base, the TensorFlow MKL image,
    and the CUDA image only when NVML finds a GPU;
 3. starts a seeded OpenLDAP directory on 127.0.0.1:3890 (StartTLS) / 6360 (LDAPS);
-4. starts the hub with hub_config/jupyterhub_config.py -- the production config,
+4. starts a mail sink (devservices/mail_sink.py: SMTP on 127.0.0.1:2525 and a page
+   listing what it received on 127.0.0.1:8025) as the hub's SMTP server, so the
+   notification mails (ready after a wait in the queue, job ended, cull warnings)
+   can be read there;
+5. starts the hub with hub_config/jupyterhub_config.py -- the production config,
    driven by GPUHUB_* variables -- on the machine's NVML GPUs, or 4 simulated
    GPUs when there is none; its data (database, GPU ledger, cookie secret,
    auth-state key) lives under .demo/ and is reused by the next run.  Every
@@ -19,14 +23,15 @@ What it does, in order:
    scripts for carol (the directory group `script-runners`), bookings and a
    GPU-hour budget with limits small enough to see in a minute (DEMO_POOL,
    in .demo/jupyterhub_config.py, which loads the production config first);
-5. prints the URL, the demo logins and where to find each feature, and waits.
+6. prints the URL, the demo logins and where to find each feature, and waits.
 
 Your own GPUHUB_* variables (`GPUHUB_SSH=false make demo`, ...) are applied over
 the demo's settings, and `--config FILE` is loaded after the demo's config
 (c.GPUPool.booking_max_hours = 4, ...); docs/demo.md lists both.
 
 Ctrl-C (or SIGTERM) stops what it started, and only that, by pid: the hub
-(which stops the notebook servers it runs and its proxy), then the directory.
+(which stops the notebook servers it runs and its proxy), then the mail sink and
+the directory.
 """
 
 from __future__ import annotations
@@ -66,6 +71,9 @@ DEMO_POOL = {
     "budget_period": 3600.0,
 }
 DEMO_BUDGET_GPU_HOURS = "0.25"  # GPUHUB_GPU_HOUR_BUDGET: per user, per DEMO_POOL["budget_period"]
+# A "ready" mail after a wait in the queue of this many seconds (the hub's default: 30).
+DEMO_READY_AFTER = 5.0
+DEMO_MAIL_FROM = "GPU hub demo <gpu-hub@gpuhub.test>"
 
 
 def say(msg: str) -> None:
@@ -176,6 +184,7 @@ class Demo:
         self.hub_dir = self.dir / "hub"
         self.ldap: subprocess.Popen | None = None
         self.hub: subprocess.Popen | None = None
+        self.mail = None  # the mail sink (devservices/mail_sink.py), once started
         self.launcher: list[str] = []  # a prefix for the hub's command (demo_swarm: its network namespace)
         self.stopping = False
         # The hub's own children (proxy, idle culler), seen while it ran, as
@@ -192,6 +201,8 @@ class Demo:
         for port, what in ((self.args.port, "the hub"), (self.args.port + 1, "the proxy's API"),
                            (self.args.port + 2, "the pool page"), (self.args.port + 3, "the SSH key page"),
                            (self.args.ssh_port, "the SSH gateway"),
+                           (self.args.smtp_port, "the mail sink's SMTP"),
+                           (self.args.mail_port, "the mail sink's page"),
                            (self.args.ldap_port, "the directory"),
                            (self.args.ldaps_port, "the directory (LDAPS)")):
             if port_in_use(port):
@@ -281,11 +292,30 @@ class Demo:
                  "c = get_config()  # noqa: F821",
                  f"load_subconfig({str(REPO / 'hub_config' / 'jupyterhub_config.py')!r})  # noqa: F821"]
         lines += [f"c.GPUPool.{name} = {value!r}" for name, value in DEMO_POOL.items()]
+        lines += self.mail_config()
         if self.args.config is not None:
             lines.append(f"load_subconfig({str(self.args.config.resolve())!r})  # noqa: F821 (--config)")
         path = self.dir / "jupyterhub_config.py"
         path.write_text("\n".join(lines) + "\n")
         return path
+
+    def mail_config(self) -> list[str]:
+        """The hub's mail settings: the demo's sink as its SMTP server, the directory's `mail`
+        attribute as each user's address."""
+        return ["c.EmailNotifications.enabled = True",
+                'c.EmailNotifications.smtp_host = "127.0.0.1"',
+                f"c.EmailNotifications.smtp_port = {self.args.smtp_port}",
+                'c.EmailNotifications.security = "none"  # the sink on this machine: no login, no TLS',
+                f"c.EmailNotifications.from_address = {DEMO_MAIL_FROM!r}",
+                f"c.EmailNotifications.public_url = {self.url!r}",
+                f"c.Notifications.ready_after = {DEMO_READY_AFTER!r}",
+                'c.DirectoryAuthenticator.auth_state_attributes = ["mail"]']
+
+    def start_mail_sink(self) -> None:
+        from devservices.mail_sink import MailSink
+
+        self.mail = MailSink(self.args.smtp_port, self.args.mail_port)
+        self.mail.start()
 
     def start_hub(self, env: dict[str, str]) -> None:
         log_path = self.dir / "hub.log"
@@ -340,7 +370,7 @@ class Demo:
             print(f"  {line}")
         print()
         print(f"  Logs: {self.dir / 'hub.log'}, {self.dir / 'openldap.log'}")
-        print("  Ctrl-C stops the hub, its notebook servers and the directory.")
+        print("  Ctrl-C stops the hub, its notebook servers, the mail sink and the directory.")
         print(flush=True)
 
     def feature_lines(self) -> list[str]:
@@ -374,6 +404,9 @@ class Demo:
             lines.append(f"SSH: ssh -p {port} {alice.name}@127.0.0.1 (password {alice.password}; "
                          f"once alice has logged in at {url}/hub/login; starts her server if none runs; "
                          f"keys: {url}/services/gpu-ssh/)")
+        lines.append(f"Mail: http://127.0.0.1:{self.args.mail_port}/ lists what the hub mailed (SMTP sink on "
+                     f"127.0.0.1:{self.args.smtp_port}): ready after {DEMO_READY_AFTER:g} s or more in the queue, "
+                     "jobs that ran 5 min or more, cull warnings with their keep-it link")
         lines.append(f"Admin panel: {url}/hub/admin (log in as carol)")
         return lines
 
@@ -394,6 +427,9 @@ class Demo:
                 self.hub.wait()
         if self.hub is not None:
             self._stop_leftovers_of_hub()
+        if self.mail is not None:
+            self.mail.stop()
+            self.mail = None
         if self.ldap is not None and self.ldap.poll() is None:
             say("stopping the demo directory")
             self.ldap.send_signal(signal.SIGTERM)
@@ -433,6 +469,8 @@ class Demo:
                 return 130
             say("starting the demo directory (OpenLDAP)")
             directory_env = self.start_directory()
+            say("starting the mail sink")
+            self.start_mail_sink()
             say("starting the hub")
             self.start_hub(self.hub_env(directory_env, gpus, cpu_image, gpu_image))
             self.hub_children |= children_of(self.hub.pid)
@@ -508,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
 def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssh-port", type=int, default=2222,
                         help="the SSH gateway's port on 127.0.0.1 (default 2222); its key page uses the hub's port + 3")
+    parser.add_argument("--smtp-port", type=int, default=2525,
+                        help="the mail sink's SMTP port on 127.0.0.1 (default 2525): the hub's SMTP server")
+    parser.add_argument("--mail-port", type=int, default=8025,
+                        help="the mail sink's page on 127.0.0.1 (default 8025): the mails the hub sent")
     parser.add_argument("--config", type=Path, default=None,
                         help="a JupyterHub config file of yours, loaded after the demo's (c.GPUPool...)")
 

@@ -70,11 +70,13 @@ class SwarmDemo(Demo):
         gateway = _docker0_gateway()
         # The hub's namespace reaches the host's loopback services at the same 127.0.0.1
         # addresses: host gateway forwarders, and loopback forwarders inside the namespace.
-        pg_gw, ldap_gw = free_port(), free_port()
+        pg_gw, ldap_gw, smtp_gw = free_port(), free_port(), free_port()
         self._forward([f"{gateway}:{pg_gw}", f"127.0.0.1:{self.postgres.port}",
-                       f"{gateway}:{ldap_gw}", f"127.0.0.1:{self.args.ldap_port}"])
+                       f"{gateway}:{ldap_gw}", f"127.0.0.1:{self.args.ldap_port}",
+                       f"{gateway}:{smtp_gw}", f"127.0.0.1:{self.args.smtp_port}"])
         self._forward([f"127.0.0.1:{self.postgres.port}", f"{gateway}:{pg_gw}",
-                       f"127.0.0.1:{self.args.ldap_port}", f"{gateway}:{ldap_gw}"], site.launcher)
+                       f"127.0.0.1:{self.args.ldap_port}", f"{gateway}:{ldap_gw}",
+                       f"127.0.0.1:{self.args.smtp_port}", f"{gateway}:{smtp_gw}"], site.launcher)
         self._forward([f"127.0.0.1:{self.args.port}", f"{site.bridge_ip}:{self.args.port}"])
         if env.get("GPUHUB_SSH", "").lower() in ("1", "true", "yes", "on"):
             # The gateway listens in the hub's namespace; `ssh -p PORT alice@127.0.0.1` reaches it here.

@@ -17,7 +17,7 @@ from email.utils import format_datetime, make_msgid
 
 from jupyterhub.utils import url_path_join
 
-from ..pool.ledger.events import CULL_WARNING, GRANTED, JOB_ENDED
+from ..pool.ledger.events import BOOKED_OUT, BOOKING, BUDGET, CULL_WARNING, GRANTED, JOB_ENDED, RECLAIMED
 from ..pool.ledger.outbox import Entry
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")
@@ -87,6 +87,50 @@ def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], st
         if p.get("message"):
             rows.append(("Why", str(p["message"])))
         return title, rows, url_path_join(links.service, "jobs", str(job))
+    if entry.event == RECLAIMED:
+        job, name = p.get("job_id"), str(p.get("server_name") or "")
+        what = f"job {job}" if job is not None else f"server {name or '(default)'}"
+        at = datetime.fromisoformat(str(p.get("stops_at")))
+        left = max(0.0, (at - datetime.now(UTC)).total_seconds())
+        title = f"Your {what} runs on borrowed GPUs that are asked back: it stops in {_hours(left)}"
+        rows = [("Job" if job is not None else "Server", str(job) if job is not None else name or "(default)"),
+                ("GPUs", str(p.get("gpus"))), ("Hosts", ", ".join(p.get("hosts") or ())),
+                ("Stops at", at.astimezone(UTC).strftime("%H:%M:%S UTC")),
+                ("Why", "a request within its share needs them; a job is queued again by itself unless it "
+                        "was submitted with --no-requeue")]
+        link = url_path_join(links.service, "jobs", str(job)) if job is not None else links.hub
+        return title, rows, link
+    if entry.event == BUDGET:
+        who = str(p.get("who") or "you")
+        whose = "Your" if who == "you" else f"{who[0].upper()}{who[1:]}'s"
+        limit = float(p.get("limit") or 0)
+        if int(p.get("percent") or 0) >= 100:
+            title = f"{whose} GPU-hour budget ({limit:g} GPU-hours) is used up: GPU servers and jobs stop"
+            then = "The culler stops the GPU servers and jobs it pays for; new ones are refused until hours free."
+        else:
+            title = f"{whose} GPU-hour budget is {int(p.get('percent') or 0)} % used ({limit:g} GPU-hours)"
+            then = "At 100 % the culler stops the GPU servers and jobs it pays for."
+        rows = [("Budget", str(p.get("message") or "")), ("Then", then)]
+        if p.get("runs_out_at") and int(p.get("percent") or 0) < 100:
+            at = datetime.fromisoformat(str(p["runs_out_at"]))
+            rows.append(("Used up at", at.astimezone(UTC).strftime("%a %H:%M UTC") + " with the GPUs held now"))
+        return title, rows, links.service
+    if entry.event in (BOOKING, BOOKED_OUT):
+        starts, ends = (datetime.fromisoformat(str(p.get(k))) for k in ("starts_at", "ends_at"))
+        until = _hours(max(0.0, (starts - datetime.now(UTC)).total_seconds()))
+        window = f"{starts.astimezone(UTC).strftime('%a %H:%M')} to {ends.astimezone(UTC).strftime('%H:%M UTC')}"
+        rows = [("Booking", f"{p.get('gpus')} GPU(s) of {p.get('host')}, {window}")]
+        if entry.event == BOOKED_OUT:
+            server = str(p.get("server_name") or "")
+            what = f"job {server.split('/')[1]}" if server.startswith("job/") else f"server {server or '(default)'}"
+            title = f"Your {what} stops in {until}: its GPU is booked by someone else from then"
+            rows += [("Stops at", starts.astimezone(UTC).strftime("%a %H:%M UTC")),
+                     ("Do", "save your work before, or move to GPUs that are not booked")]
+            return title, rows, links.service
+        if p.get("kind") == "soon":
+            return f"Your booking of {p.get('gpus')} GPU(s) starts in {until}", rows, links.service
+        return (f"Your booked GPUs are ready: {p.get('gpus')} GPU(s) of {p.get('host')}, until "
+                f"{ends.astimezone(UTC).strftime('%H:%M UTC')}"), rows, url_path_join(links.hub, "hub", "spawn")
     return f"{entry.event}", [], None
 
 

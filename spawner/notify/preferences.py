@@ -1,9 +1,11 @@
 """Each user's notification choices: for every event and channel, "auto", "always" or "never",
 and the user's webhook URL (none by default).
 
-"auto" (the default) tells only what a person away from the tab would miss: a server ready
-after a wait of `Notifications.ready_after` seconds or more, a job that ran `AUTO_AFTER_S` or
-more, and every cull warning.  A document is checked whole (`parse`): anything unknown is refused
+"auto" (the default) tells by e-mail and webhook only what a person away from the tab would
+miss: a server ready after a wait of `Notifications.ready_after` seconds or more, a job that ran
+`AUTO_AFTER_S` or more, and every other event (cull warnings, reclaims of borrowed GPUs, GPU-hour budgets at 80 % and
+100 %, bookings).  In the browser (a notification while a pool page
+is open, which costs nothing) "auto" tells every event.  A document is checked whole (`parse`): anything unknown is refused
 with a message naming it, and nothing is changed.  The ledger keeps
 `{"events": {...}, "webhook": url-or-null}` (a document of the first slice, the events alone, is
 read as such).
@@ -14,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..pool.ledger.events import CULL_WARNING, EVENTS, GRANTED, JOB_ENDED
-from ..pool.ledger.outbox import CHANNELS
+from ..pool.ledger.events import EVENTS, GRANTED, JOB_ENDED
+from ..pool.ledger.outbox import BROWSER, CHANNELS
 
 AUTO, ALWAYS, NEVER = "auto", "always", "never"
 CHOICES = (AUTO, ALWAYS, NEVER)
@@ -113,8 +115,12 @@ def wants(choices: dict[str, dict[str, str]], event: str, channel: str, payload:
     choice = choices.get(event, {}).get(channel, AUTO)
     if choice != AUTO:
         return choice == ALWAYS
+    if channel == BROWSER:
+        return True  # the user has a pool page open and allowed its notifications
     if event == GRANTED:
         return float(payload.get("waited_s") or 0) >= ready_after
     if event == JOB_ENDED:
         return float(payload.get("ran_s") or 0) >= AUTO_AFTER_S
-    return event == CULL_WARNING  # the only warning a person away from the tab can act on
+    # The warnings and bookings: each is news a person away from the tab can act on (keep the
+    # server, save their work, plan their hours, come to their booked GPUs).
+    return True

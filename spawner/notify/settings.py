@@ -1,4 +1,4 @@
-"""The e-mail channel's options, read by the gpu-pool service (from the hub's config file)."""
+"""The channels' options (mail, webhooks, browser) and what is told, read by the gpu-pool service."""
 
 from __future__ import annotations
 
@@ -220,3 +220,34 @@ class WebhookNotifications(Configurable):
     def secret(self) -> bytes:
         with open(self.secret_file, encoding="utf-8") as f:
             return f.readline().rstrip("\r\n").encode()
+
+
+class BrowserNotifications(Configurable):
+    """Browser notifications (`c.BrowserNotifications.<option>`): while a user has the GPU pool page
+    open and has allowed its notifications, the page asks the gpu-pool service for the user's new
+    events (`GET api/notifications/feed`) and shows each as a notification of the browser (the Web
+    Notifications API), even when the tab is in the background."""
+
+    enabled = Bool(True, config=True, help="""
+        Offer browser notifications on the GPU pool page.  On by default: nothing is shown until a
+        user presses the page's button and allows notifications in their browser.  Off: the page
+        offers nothing and the feed answers 404; the events' browser rows expire after `max_age`.
+        """)
+    poll_interval = Float(5.0, min=1.0, config=True, help="""
+        Seconds between an open pool page's asks for new events: a notification comes at most this
+        late after its event (a server's "ready" after the hub says it is ready).  Browsers slow the
+        timers of background tabs (Chromium: to once a minute after five minutes hidden).
+        """)
+    max_age = Float(600.0, min=1.0, config=True, help="""
+        Seconds an event waits for an open page to take it; older ones are dropped (state
+        `expired`), so a page opened tomorrow does not pop up yesterday's news.
+        """)
+    page_size = Int(10, min=1, config=True, help="""
+        The most events one answer of the feed carries; more wait for the next ask.  The page shows
+        at most three notifications at once and folds the rest into one "N more updates".
+        """)
+    polls_per_minute = Int(60, min=1, config=True, help="""
+        The most asks of the feed per user and minute (all their tabs together); beyond it the feed
+        answers 429 and the page waits a minute.
+        """)
+

@@ -596,7 +596,7 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     def _rules(self, groups: Iterable[str] = ()) -> QueueRules:
         return QueueRules(self.limit_for(groups), self.waiter_stale_after, self.backfill_window, self._owner,
                           self.queue_order, self.shares(), self._use_cache, self.budgets(), self.booking_grace,
-                          self.borrow_limits())
+                          self.borrow_limits(), self.reclaim_grace)
 
     def borrow_limits(self) -> BorrowLimits:
         """How much one user may borrow beyond their share (max_borrowed_gpus/jobs_per_user)."""

@@ -24,10 +24,12 @@ from tornado.httpserver import HTTPServer
 from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_gone
 from ..jobs.runner import JobRunner
 from ..jobs.settings import JobSettings
-from ..notify import EmailNotifications, directory
+from ..notify import EmailNotifications, booking_watch, budget_watch, directory
+from ..notify.browser import EXPIRE_EVERY_S, BrowserFeed
 from ..notify.cull_warning import CullWatch
 from ..notify.sender import Sender
-from ..notify.settings import Notifications, WebhookNotifications
+from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
+from ..notify.watch import LedgerWatch
 from ..notify.webhook import WebhookSender
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..reauth import PasswordRecheck, authenticator_from_env
@@ -143,7 +145,8 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
              limits: PoolServiceLimits | None = None, page: PoolPageSettings | None = None,
              recheck: PasswordRecheck | None = None, notify: EmailNotifications | None = None,
              notify_events: Notifications | None = None,
-             webhooks: WebhookNotifications | None = None) -> web.Application:
+             webhooks: WebhookNotifications | None = None,
+             browser: BrowserNotifications | None = None) -> web.Application:
     limits = limits if limits is not None else PoolServiceLimits()
     page = page if page is not None else PoolPageSettings()
     jinja = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(default=True))
@@ -155,6 +158,9 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
     if scheduler is not None:
         jinja.globals["schedule_rows"] = lambda viewer: schedules_api.schedule_rows(scheduler, viewer)
     api = url_path_join(prefix, "api")
+    notify_events = notify_events if notify_events is not None else Notifications()
+    feed = BrowserFeed(pool, browser if browser is not None else BrowserNotifications(), notify_events)
+    jinja.globals["browser_notifications"] = feed.settings
     return web.Application(
         [
             (prefix, PageHandler),
@@ -173,7 +179,7 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
         limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
         notify=notify if notify is not None else EmailNotifications(), notify_key=_key_of(pool),
-        notify_events=notify_events if notify_events is not None else Notifications(),
+        notify_events=notify_events, browser_feed=feed,
         webhooks=webhooks if webhooks is not None else WebhookNotifications(),
     )
 
@@ -224,12 +230,23 @@ async def serve(app: web.Application, port: int) -> None:
                                 hub=hub_api(app), events=app.settings["notify_events"],
                                 public_url=app.settings["notify"].public_url)
     hook_sender.start()
+    feed = app.settings["browser_feed"]
     watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
                       app.settings["notify_events"])
-    if app.settings["notify"].enabled or app.settings["webhooks"].enabled:  # no channel: nobody to warn
-        watch.start()
+    every = app.settings["notify_events"].cull_check_every
+    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once, "GPU-hour budget event(s) queued"),
+                      LedgerWatch(app.settings["pool"], every, booking_watch.run_once, "booking event(s) queued")]
+    expiry = LedgerWatch(app.settings["pool"], EXPIRE_EVERY_S, feed.expire, "browser notification(s) expired")
+    expiry.start()
+    if app.settings["notify"].enabled or app.settings["webhooks"].enabled or feed.settings.enabled:
+        watch.start()  # (no channel: nobody to warn)
+        for w in ledger_watches:
+            w.start()
     await stop.wait()
+    for w in ledger_watches:
+        await w.stop()
     await watch.stop()
+    await expiry.stop()
     await hook_sender.stop()
     await sender.stop()
     exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
@@ -259,7 +276,8 @@ def main() -> None:
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,
                    jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page,
                    recheck=recheck, notify=EmailNotifications(config=config),
-                   notify_events=Notifications(config=config), webhooks=WebhookNotifications(config=config))
+                   notify_events=Notifications(config=config), webhooks=WebhookNotifications(config=config),
+                   browser=BrowserNotifications(config=config))
     try:
         asyncio.run(serve(app, url.port or 80))
     finally:

@@ -13,7 +13,7 @@ from traitlets import TraitError
 
 from ..hub_service import write_when_config_loaded
 from ..notify import EmailNotifications
-from ..notify.settings import Notifications, WebhookNotifications
+from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
 from ..poolpage.limits import PoolServiceLimits
 from ..poolpage.service_config import FILE_NAME, PoolPageSettings, config_values
 from .jobs import job_settings, spawner_profiles
@@ -29,7 +29,8 @@ def service_config(c, settings) -> dict:
                 "EmailNotifications": config_values(EmailNotifications(config=c)),
                 "Notifications": config_values(Notifications(config=c)),
                 # the allow-list and where the secret is; the secret itself stays in its own file
-                "WebhookNotifications": config_values(WebhookNotifications(config=c))}
+                "WebhookNotifications": config_values(WebhookNotifications(config=c)),
+                "BrowserNotifications": config_values(BrowserNotifications(config=c))}
     if settings.jobs:
         sections["JobSettings"] = job_settings(c, settings).as_dict()
     if "SwarmInventory" in c:  # the nodes the service's jobs may lease from, as the hub's servers

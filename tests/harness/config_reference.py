@@ -45,6 +45,7 @@ CLASSES = [
     ("spawner.notify", "EmailNotifications"),
     ("spawner.notify.settings", "Notifications"),
     ("spawner.notify.settings", "WebhookNotifications"),
+    ("spawner.notify.settings", "BrowserNotifications"),
     ("spawner.ssh.settings", "SSHGateway"),
     ("spawner.ssh.spawner_access", "SSHAccess"),
     ("gpuhub_activity", "BusyKernelActivity"),

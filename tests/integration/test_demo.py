@@ -47,8 +47,9 @@ def demo_ports() -> dict[str, int]:
     them only after its image builds, minutes later, and a port in that range may be taken by
     then (a run's demo failed so: its SSH key page's port was in use).  The hub, its proxy's API,
     the pool page and the SSH key page must be in a row (the demo's --port and the next three)."""
-    base = free_port_run(8)
-    return {"port": base, "ssh": base + 4, "ldap": base + 5, "ldaps": base + 6, "hub_api": base + 7}
+    base = free_port_run(10)
+    return {"port": base, "ssh": base + 4, "ldap": base + 5, "ldaps": base + 6, "hub_api": base + 7,
+            "smtp": base + 8, "mail": base + 9}
 
 
 class Banner:
@@ -120,7 +121,8 @@ def demo(tmp_path_factory, docker_client, hub_network) -> Iterator[Demo]:
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "devservices" / "demo.py"), "--dir", str(tmp_path / "demo"),
          "--port", str(port), "--ssh-port", str(ssh_port), "--config", str(mine),
-         "--ldap-port", str(ports["ldap"]), "--ldaps-port", str(ports["ldaps"])],
+         "--ldap-port", str(ports["ldap"]), "--ldaps-port", str(ports["ldaps"]),
+         "--smtp-port", str(ports["smtp"]), "--mail-port", str(ports["mail"])],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         text=True, start_new_session=True)
     banner = Banner(proc)
@@ -426,7 +428,7 @@ def test_each_line_of_the_demos_banner_works(demo, tmp_path):
     lines, prefix, ssh_port, hub = demo.lines, demo.prefix, demo.ssh_port, demo.url
     text = "\n".join(lines)
     assert f"your setting: GPUHUB_CONTAINER_PREFIX={prefix}" in text
-    for feature in ("Start a server:", "Pool page:", "Bookings:", "Jobs:", "Action scripts:", "SSH:"):
+    for feature in ("Start a server:", "Pool page:", "Bookings:", "Jobs:", "Action scripts:", "SSH:", "Mail:"):
         assert any(feature in line for line in lines), f"no {feature} line in the banner:\n{text}"
 
     # Every URL of the banner answers (a page, or the hub's login page it sends you to).
@@ -452,6 +454,9 @@ def test_each_line_of_the_demos_banner_works(demo, tmp_path):
     carol = seed.users_for("openldap")["carol"]
     assert "log in as carol" in next(line for line in lines if "Action scripts:" in line)
     auth = user_token(hub, carol.name, carol.password)
+    # The hub mails (through the demo's sink: its page answered above).
+    mine = requests.get(f"{hub}/services/gpu-pool/api/notifications", headers=auth, timeout=30).json()
+    assert mine["channels"]["email"]["enabled"] and mine["channels"]["browser"]["enabled"], mine
     r = requests.post(f"{hub}/services/gpu-pool/api/exec", headers=auth, timeout=120,
                       json={"script": "echo ran-by-carol", "timeout": 30, "users": [user]})
     assert r.status_code == 200, r.text

@@ -43,8 +43,9 @@ def mail_config(port: int, **extra) -> str:
 
 
 def rows(hub, user: str = "gus", event: str | None = None) -> list[dict]:
+    """The rows of the mails and webhooks (each event also has a browser row)."""
     found = hub.ledger()._store.read(lambda conn: outbox.entries(conn, user))
-    return [r for r in found if event is None or r["event"] == event]
+    return [r for r in found if (event is None or r["event"] == event) and r["channel"] != outbox.BROWSER]
 
 
 def on_hub(hub, link: str) -> str:

@@ -113,8 +113,9 @@ def sender(pool, port: int, owner: str | None = None, hub=None, **kwargs) -> Sen
                   hub=hub or ReadyHub(pool))
 
 
-def rows(pool, user: str | None = None) -> list[dict]:
-    return pool._store.read(lambda conn: outbox.entries(conn, user))
+def rows(pool, user: str | None = None, channels: tuple[str, ...] = (outbox.EMAIL, outbox.WEBHOOK)) -> list[dict]:
+    """The outbox's rows of these channels (each event also has a browser row: test_notify_browser.py)."""
+    return [r for r in pool._store.read(lambda conn: outbox.entries(conn, user)) if r["channel"] in channels]
 
 
 def always(pool, user: str = "bob") -> None:
@@ -398,8 +399,13 @@ def test_bad_preferences_are_refused_saying_what_is_wrong(body, says):
 
 def test_preferences_left_out_keep_their_default():
     assert preferences.parse(b'{"events": {"granted": {"email": "never"}}}') == {
-        "granted": {"email": "never", "webhook": "auto"}, "job-ended": {"email": "auto", "webhook": "auto"},
-        "cull-warning": {"email": "auto", "webhook": "auto"}}
+        "granted": {"email": "never", "webhook": "auto", "browser": "auto"},
+        "job-ended": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "cull-warning": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "reclaimed": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "budget": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "booking": {"email": "auto", "webhook": "auto", "browser": "auto"},
+        "booked-out": {"email": "auto", "webhook": "auto", "browser": "auto"}}
 
 
 def test_unsubscribe_tokens_are_per_user_and_event():
@@ -517,10 +523,12 @@ def test_choices_are_read_and_set_and_bad_ones_change_nothing(service):
     assert r.status_code == 200
     assert r.json()["events"] == preferences.defaults()
     assert r.json()["address"] is None and r.json()["channels"] == {
-        "email": {"enabled": False}, "webhook": {"enabled": False, "allowed": []}}
+        "email": {"enabled": False}, "webhook": {"enabled": False, "allowed": []},
+        "browser": {"enabled": True, "poll_interval_s": 5.0}}
     assert requests.get(api, timeout=10).status_code == 403
     r = requests.put(api, data='{"events": {"granted": {"email": "always"}}}', headers={"X-User": "bob"}, timeout=10)
-    assert r.status_code == 200 and r.json()["events"]["granted"] == {"email": "always", "webhook": "auto"}
+    assert r.status_code == 200 and r.json()["events"]["granted"] == {"email": "always", "webhook": "auto",
+                                                                      "browser": "auto"}
     for body, status, says in [('{"events": {"granted": {"email": "loud"}}}', 400, "must be one of auto"),
                                ("{", 400, "must be JSON"), ("x" * 5000, 413, "over 4096 bytes")]:
         r = requests.put(api, data=body, headers={"X-User": "bob"}, timeout=10)
@@ -569,5 +577,6 @@ def test_the_mails_unsubscribe_link_stops_that_event_only(service, smtp_server):
     assert done.status_code == 200 and "no more mails about" in done.text
     events = requests.get(url + "api/notifications", headers={"X-User": "bob"}, timeout=10).json()["events"]
     assert {e: c["email"] for e, c in events.items()} == {"granted": "always", "job-ended": "never",
-                                                          "cull-warning": "auto"}
+                                                          "cull-warning": "auto", "reclaimed": "auto",
+                                                          "budget": "auto", "booking": "auto", "booked-out": "auto"}
     assert requests.get(link.split("&token")[0], timeout=10).status_code == 403

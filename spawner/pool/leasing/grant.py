@@ -71,6 +71,7 @@ class QueueRules:
     budgets: budget.Budgets | None = None
     booking_grace: float = 900.0
     borrow: BorrowLimits = BorrowLimits()
+    reclaim_grace: float = 120.0  # GPUPool.reclaim_grace: told to the holders of reclaimed leases
 
 
 class Ordered(NamedTuple):
@@ -251,6 +252,7 @@ def attempt(
         marked = reclaim.mark(conn, free_for, req.hosts, req.count, req.workers, booked, now,
                               holders_standing(store, conn, now, rules))
         if marked:
+            events.reclaimed(store, conn, marked, now, rules.reclaim_grace)
             log.info("Reclaiming %d borrowed lease(s) (%s) for %s/%s within its share", len(marked),
                      ", ".join(str(m.id) for m in marked), req.user, req.server_name)
     if picks is None:

@@ -6,6 +6,16 @@ in the transaction that records it.
 - `job_ended`: a batch job reached an end state (its exit code, GPU-hours, how long it ran).
 - `cull_warning`: a server will be culled soon if it stays idle (written by the gpu-pool
   service's cull watch, spawner/notify/cull_warning.py, once per idle spell).
+- `reclaimed`: borrowed GPUs are asked back for a request within its share (leasing/reclaim.py):
+  the job (or server) holding them is stopped at `stops_at`, `GPUPool.reclaim_grace` after the
+  mark; one event per job (a cluster's workers together).
+- `budget`: a GPU-hour budget of the user's (their own, or a group's) reached 80 % or 100 %
+  (written by the gpu-pool service's budget watch, spawner/notify/budget_watch.py), once per
+  budget and threshold in a budget period.
+- `booking`: for the booker, a booking starts within 15 minutes (`kind` "soon"), then its GPUs
+  are free for them (`kind` "ready"), once each; `booked-out`: for a holder of a GPU booked by
+  someone else, their server or job is stopped when the booking starts, once per lease and
+  booking (both written by the gpu-pool service's booking watch, spawner/notify/booking_watch.py).
 
 The notify senders tell `granted` once the server is ready (they ask the hub), so the mail's link
 opens a running server.
@@ -14,7 +24,7 @@ opens a running server.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -23,7 +33,8 @@ from . import outbox
 from .schema import outbox_table, waiters_table
 
 GRANTED, JOB_ENDED, CULL_WARNING = "granted", "job-ended", "cull-warning"
-EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING)
+RECLAIMED, BUDGET, BOOKING, BOOKED_OUT = "reclaimed", "budget", "booking", "booked-out"
+EVENTS = (GRANTED, JOB_ENDED, CULL_WARNING, RECLAIMED, BUDGET, BOOKING, BOOKED_OUT)
 SPELLS_LOOKED_AT = 50  # a user's newest cull warnings compared with a new one (one per idle spell)
 
 
@@ -48,16 +59,50 @@ def job_ended(store, conn, job) -> None:
         "ended_at": job.ended_at.isoformat() if job.ended_at else None})
 
 
+def reclaimed(store, conn, marked, now: datetime, grace_s: float) -> None:
+    """Tell the holders of the borrowed leases just marked for reclaiming (reclaim.Borrowed), one
+    event per unit (a cluster job's workers are one), in the marking transaction."""
+    units: dict[tuple[str, str], list] = {}
+    for lease in marked:
+        units.setdefault((lease.user, lease.unit), []).append(lease)
+    for (user, _), leases in sorted(units.items()):
+        name = leases[0].server_name.split("/worker-", 1)[0]
+        job = name.split("/", 1)[1] if name.startswith("job/") else None
+        outbox.enqueue(store, conn, user, RECLAIMED, {
+            "server_name": name, "job_id": int(job) if job and job.isdigit() else None,
+            "hosts": sorted({lease.host for lease in leases}), "gpus": sum(len(lease.uuids) for lease in leases),
+            "asked_at": now.isoformat(), "grace_s": round(grace_s, 1),
+            "stops_at": (now + timedelta(seconds=grace_s)).isoformat()})
+
+
+def budget_reached(store, conn, user: str, who: str, percent: int, period_s: float,
+                   payload: dict[str, Any]) -> bool:
+    """Queue the news that `user`'s budget `who` ("you", "group 'x'") reached `percent` of its
+    GPU-hours, unless it was told within the last `period_s` (one budget period).  True when queued."""
+    since = store.now(conn) - timedelta(seconds=period_s)
+    return once(store, conn, user, BUDGET, {"who": who, "percent": percent}, {**payload, "period_s": period_s},
+                since=since)
+
+
+def once(store, conn, user: str, event: str, key: dict[str, Any], payload: dict[str, Any],
+         since: datetime | None = None) -> bool:
+    """Queue `event` for `user` unless one of their newest ones (written since `since`, when given)
+    already has these `key` values in its payload (an idle spell's cull warning, a booking's
+    "soon", a lease's "booked-out": told once).  True when queued."""
+    t = outbox_table.c
+    stmt = select(t.payload).where(t.user_name == user, t.event == event, t.channel == outbox.CHANNELS[0])
+    if since is not None:
+        stmt = stmt.where(t.created_at >= since)
+    seen = conn.execute(stmt.order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
+    for raw in seen:
+        p = json.loads(raw)
+        if all(p.get(k) == v for k, v in key.items()):
+            return False
+    outbox.enqueue(store, conn, user, event, {**payload, **key})
+    return True
+
+
 def cull_warning(store, conn, user: str, server_name: str, spell: str, payload: dict[str, Any]) -> bool:
     """Queue the warning that `user`'s server `server_name` is culled soon, unless this idle spell
     (`spell`: the last activity it began at) was warned about already.  True when queued."""
-    t = outbox_table.c
-    seen = conn.execute(select(t.payload).where(t.user_name == user, t.event == CULL_WARNING,
-                                                t.channel == outbox.CHANNELS[0])
-                        .order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
-    for raw in seen:
-        p = json.loads(raw)
-        if p.get("server_name") == server_name and p.get("spell") == spell:
-            return False
-    outbox.enqueue(store, conn, user, CULL_WARNING, {**payload, "server_name": server_name, "spell": spell})
-    return True
+    return once(store, conn, user, CULL_WARNING, {"server_name": server_name, "spell": spell}, payload)

@@ -21,10 +21,12 @@ from sqlalchemy import func, insert, select, update
 
 from .schema import notify_users_table, outbox_table
 
-EMAIL, WEBHOOK = "email", "webhook"
+EMAIL, WEBHOOK, BROWSER = "email", "webhook", "browser"
 # Each event gets one row per channel: an e-mail row always (the sender skips a user without an
-# address), a webhook row only for a user who set a webhook URL (spawner/notify/preferences.py).
-CHANNELS = (EMAIL, WEBHOOK)
+# address), a webhook row only for a user who set a webhook URL (spawner/notify/preferences.py),
+# a browser row always (the user's open pool page takes it from its feed, notify/browser.py, or it
+# expires after BrowserNotifications.max_age).
+CHANNELS = (EMAIL, WEBHOOK, BROWSER)
 PENDING, CLAIMED, SENDING, SENT = "pending", "claimed", "sending", "sent"
 FAILED, EXPIRED, SKIPPED, UNKNOWN = "failed", "expired", "skipped", "unknown"
 DONE_STATES = (SENT, FAILED, EXPIRED, SKIPPED, UNKNOWN)
@@ -48,7 +50,8 @@ def channels_of(conn, user: str) -> tuple[str, ...]:
         doc = json.loads(raw) if raw else {}
     except ValueError:
         doc = {}
-    return CHANNELS if isinstance(doc, dict) and doc.get("webhook") else (EMAIL,)
+    hook = isinstance(doc, dict) and bool(doc.get("webhook"))
+    return tuple(c for c in CHANNELS if c != WEBHOOK or hook)
 
 
 def enqueue(store, conn, user: str, event: str, payload: dict[str, Any]) -> list[int]:
@@ -63,13 +66,16 @@ def enqueue(store, conn, user: str, event: str, payload: dict[str, Any]) -> list
         attempts=0, next_at=now)).inserted_primary_key[0] for channel in channels_of(conn, user)]
 
 
-def claim(store, conn, owner: str, channel: str, limit: int) -> list[Entry]:
-    """Take up to `limit` due pending rows of `channel` for `owner` (oldest first)."""
+def claim(store, conn, owner: str, channel: str, limit: int, user: str | None = None) -> list[Entry]:
+    """Take up to `limit` due pending rows of `channel` (of `user` only, when given) for `owner`
+    (oldest first)."""
     now = store.now(conn)
     t = outbox_table.c
-    rows = conn.execute(select(t.id, t.user_name, t.event, t.channel, t.payload, t.created_at, t.attempts)
-                        .where(t.state == PENDING, t.channel == channel, t.next_at <= now)
-                        .order_by(t.id).limit(limit)).all()
+    stmt = (select(t.id, t.user_name, t.event, t.channel, t.payload, t.created_at, t.attempts)
+            .where(t.state == PENDING, t.channel == channel, t.next_at <= now))
+    if user is not None:
+        stmt = stmt.where(t.user_name == user)
+    rows = conn.execute(stmt.order_by(t.id).limit(limit)).all()
     if not rows:
         return []
     conn.execute(update(outbox_table).where(t.id.in_([r.id for r in rows]), t.state == PENDING)

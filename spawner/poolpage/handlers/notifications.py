@@ -10,7 +10,10 @@ or a mail client's RFC 8058 one-click) sets that event's mails to "never".  A we
 PUT must be on the admin's allow-list (notify/webhook.py), else a 400 says so.  A keep link needs
 no login either: its signature names one user's one server and its expiry; a GET shows a button,
 the POST counts as that server's activity through the hub's API, unless the server is no longer
-running or has reached its profile's maximum age (409, saying which).
+running or has reached its profile's maximum age (409, saying which).  The feed
+(`api/notifications/feed`) is what an open pool page asks for the user's new browser
+notifications (notify/browser.py): their own only, at most `BrowserNotifications.page_size` an
+answer and `polls_per_minute` asks a minute (429 with Retry-After).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from tornado import web
 
 from ...culling.deadline import deadline
 from ...notify import directory, preferences, signing, webhook
-from ...notify.settings import Notifications, WebhookNotifications
+from ...notify.settings import BrowserNotifications, Notifications, WebhookNotifications
 from ...pool.ledger.events import EVENTS
 from ...pool.ledger.outbox import EMAIL
 from ...pool.ledger.schema import NAME_MAX
@@ -38,6 +41,7 @@ PUTS_PER_MINUTE = 20
 KEEPS_PER_MINUTE = 6  # a keep link's POSTs per user (each one is a call to the hub's API)
 _recent_puts: dict[str, deque] = defaultdict(deque)
 _recent_keeps: dict[str, deque] = defaultdict(deque)
+_recent_polls: dict[str, deque] = defaultdict(deque)
 
 
 def _limit(user: str, recent: dict[str, deque] = _recent_puts, most: int = PUTS_PER_MINUTE,
@@ -60,9 +64,12 @@ class NotificationsAPI(APIHandler):
         mail = self.settings.get("notify")
         hooks = self.settings.get("webhooks") or WebhookNotifications()
         told = self.settings.get("notify_events") or Notifications()
+        feed = self.settings.get("browser_feed")
+        browser = feed.settings if feed is not None else BrowserNotifications(enabled=False)
         return {"events": preferences.stored(raw), "address": address, "webhook": preferences.stored_webhook(raw),
                 "channels": {"email": {"enabled": bool(mail is not None and mail.enabled)},
-                             "webhook": {"enabled": hooks.enabled, "allowed": list(hooks.allowed_urls)}},
+                             "webhook": {"enabled": hooks.enabled, "allowed": list(hooks.allowed_urls)},
+                             "browser": {"enabled": browser.enabled, "poll_interval_s": browser.poll_interval}},
                 "auto_after_s": preferences.AUTO_AFTER_S, "ready_after_s": told.ready_after}
 
     async def get(self):
@@ -92,6 +99,28 @@ class NotificationsAPI(APIHandler):
         await self.call(store)
         log.info("%s set their notification choices", viewer.name)
         self.write_json(await self.document(viewer.name))
+
+
+class FeedAPI(APIHandler):
+    """The caller's new browser notifications, each given once (notify/browser.py)."""
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        if status_code == 429:
+            self.set_header("Retry-After", "60")
+        super().write_error(status_code, **kwargs)
+
+    async def get(self):
+        viewer = self.require_viewer()
+        feed = self.settings.get("browser_feed")
+        if feed is None or not feed.settings.enabled:
+            raise web.HTTPError(404, "Browser notifications are off on this hub (BrowserNotifications.enabled)")
+        _limit(viewer.name, _recent_polls, feed.settings.polls_per_minute, "asks for new notifications")
+        key = await ledger_call(self.settings["notify_key"], timeout=LEDGER_TIMEOUT)
+        origin = f"{self.request.protocol}://{self.request.host}"
+        shown = await feed.take(viewer.name, hub_api(self), key, origin, self.settings["base_url"],
+                                self.settings["prefix"])
+        self.set_header("Cache-Control", "no-store")
+        self.write_json({"events": shown, "poll_after_s": feed.settings.poll_interval})
 
 
 PAGE = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>GPU hub mails</title></head>
@@ -228,5 +257,6 @@ class Keep(Unframed, web.RequestHandler):
 
 def routes(prefix: str) -> list[tuple]:
     return [(url_path_join(prefix, "api", "notifications"), NotificationsAPI),
+            (url_path_join(prefix, "api", "notifications", "feed"), FeedAPI),
             (url_path_join(prefix, signing.UNSUBSCRIBE_PATH), Unsubscribe),
             (url_path_join(prefix, signing.KEEP_PATH), Keep)]
