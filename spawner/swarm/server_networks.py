@@ -45,6 +45,13 @@ def network_name(service_name: str) -> str:
     return f"{service_name}-server-net"
 
 
+def overlay_options(servers_overlay: Mapping) -> dict[str, str]:
+    """The driver options of an overlay of one server or job: encrypted (IPsec between nodes)
+    when the servers' overlay (`docker network inspect`) is."""
+    options = servers_overlay.get("Options") or {}
+    return {"encrypted": ""} if "encrypted" in options else {}
+
+
 def container_in_mountinfo(text: str) -> str | None:
     """The id of the container whose files /proc/self/mountinfo (`text`) shows, if any: pure."""
     for line in text.splitlines():

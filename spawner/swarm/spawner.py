@@ -45,7 +45,6 @@ from ..settings.parsing import is_address
 from . import server_networks
 from .generic_guard import GUARD
 from .homes import make_home_directory
-from .jobs import overlay_options
 from .lockdown import SPEC_API, refused_nodes, version_tuple
 from .stopping import ask_server_to_exit
 from .tasks import DOWN_NODES, LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
@@ -321,7 +320,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         name = self.own_network_name
         labels = server_networks.labels_for(self.service_name, self.user.name, pool_identity(self.pool))
         await asyncio.to_thread(server_networks.ensure_network, self.client, name, labels,
-                                overlay_options(servers))
+                                server_networks.overlay_options(servers))
         await asyncio.to_thread(server_networks.connect, self.client, name, hubs, self._hub_alias())
         self._hub_joined = True
         return name

@@ -255,3 +255,19 @@ def test_a_hub_lends_only_from_the_nodes_that_carry_its_labels(tmp_path):
     assert "SwarmInventory" not in unset
     with pytest.raises(SettingsError, match="GPUHUB_SWARM_NODE_LABELS"):
         load_settings({**env, "GPUHUB_SWARM_NODE_LABELS": "gpuhub.pool"})
+
+
+def test_a_servers_own_network_and_the_hubs_container_from_its_mountinfo():
+    from spawner.swarm.server_networks import container_in_mountinfo, network_name
+
+    # Never a job's network name (those end in -<id>-net or -isolated), whatever the user is called.
+    assert network_name("gpuhub-job-5") == "gpuhub-job-5-server-net"
+    cid = "0123456789abcdef" * 4
+    inside = (f"1201 1190 0:52 / / rw,relatime - overlay overlay rw\n"
+              f"1290 1201 8:1 /var/lib/docker/containers/{cid}/resolv.conf /etc/resolv.conf rw - ext4 /dev/sda1 rw\n"
+              f"1291 1201 8:1 /var/lib/docker/containers/{cid}/hostname /etc/hostname rw - ext4 /dev/sda1 rw\n")
+    assert container_in_mountinfo(inside) == cid
+    # On the host, other containers' mounts show too, but none is this process's /etc/hostname.
+    host = (f"29 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+            f"700 29 0:60 / /var/lib/docker/containers/{cid}/mounts/shm rw - tmpfs shm rw\n")
+    assert container_in_mountinfo(host) is None
