@@ -167,7 +167,7 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
             raise SettingsError("GPUHUB_SPAWNER=swarm lends the GPUs of several hosts from one ledger, "
                                 "which must be PostgreSQL: set GPUHUB_POOL_DB_URL=postgresql+psycopg://... "
                                 "(an SQLite ledger lives on one machine)")
-        if not values["hub_connect_ip"] or is_address(values["hub_connect_ip"]):
+        if not values["hub_connect_ip"] or is_address(str(values["hub_connect_ip"])):
             raise SettingsError("GPUHUB_SPAWNER=swarm needs GPUHUB_HUB_CONNECT_IP: the name servers on "
                                 "every node reach the hub by (the hub container's alias on the overlay, "
                                 "e.g. gpuhub-hub).  A name, not an address: each server is on a network "
