@@ -297,7 +297,8 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         """The name servers reach the hub by (GPUHUB_HUB_CONNECT_IP), as an alias on their network."""
         from urllib.parse import urlparse
 
-        host = (urlparse(self.hub.api_url).hostname or "") if self.hub else ""
+        url = self.hub_connect_url or (self.hub.api_url if self.hub else "")
+        host = urlparse(url).hostname or ""
         return "" if is_address(host) else host
 
     async def _own_network(self) -> str:
