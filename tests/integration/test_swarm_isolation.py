@@ -3,9 +3,9 @@
 Two users' servers on the harness's real Swarm, one on each worker node: bea's server
 listens (its Jupyter server on 8888, and a listener of her own on 9999 that answers a
 known line); amy's server tries to reach them by bea's service name and by every address
-bea's task has, and must get no answer, while it still reaches the hub's API by the hub's
-name.  Connects alone prove nothing here (a connection to any 10.x address completes in
-some sandboxes): the probe reads what answers.
+bea's task has, and must get no answer of hers, while it still reaches the hub's API by the
+hub's name.  Connects alone prove nothing here (a connection to any 10.x address completes in
+some sandboxes, and an HTTP proxy may answer it): the probe reads what answers.
 
 In the "swarm" work unit (tests/conftest.py): one worker runs it with the other Swarm
 modules; by hand, under `flock /tmp/gpuhub-exclusive.lock`.
@@ -40,7 +40,7 @@ while True:
 """
 
 # Run in a task: for each argument host:port[/path], what a GET of the path answered (its
-# first 300 characters), or why nothing did.
+# first 3000 characters), or why nothing did.
 PROBE = r"""
 import json, socket, sys
 out = {}
@@ -65,7 +65,7 @@ for target in sys.argv[1:]:
         got += ("<" + type(e).__name__ + ">").encode()
     finally:
         s.close()
-    out[target] = got.decode(errors="replace")[:300]
+    out[target] = got.decode(errors="replace")[:3000]
 print(json.dumps(out))
 """
 
@@ -100,19 +100,21 @@ def test_a_users_server_cannot_reach_another_users_server_on_swarm(make_swarm_hu
     node.docker("exec", "-d", cid, "python3", "-c", LISTENER)
     wait_for(lambda: SECRET in probe(swarm_cluster, hub, "bea", "127.0.0.1:9999")["127.0.0.1:9999"],
              what="bea's listener answering in her own server", hub=hub)
-    assert "HTTP/" in probe(swarm_cluster, hub, "bea", "127.0.0.1:8888/")["127.0.0.1:8888/"]  # bea's Jupyter
+    # Bea's Jupyter server answers its API (a JSON "version") to her.
+    jupyter_api = "8888/user/bea/api"
+    assert '"version"' in probe(swarm_cluster, hub, "bea", f"127.0.0.1:{jupyter_api}")[f"127.0.0.1:{jupyter_api}"]
 
     bea_name = service_name(hub, "bea")
     bea_hosts = [bea_name, *task_addresses(hub, "bea")]
     hub_api = f"{hub.env['GPUHUB_HUB_CONNECT_IP']}:{hub.env['GPUHUB_HUB_PORT']}/hub/api/"
-    targets = [f"{h}:{port}" for h in bea_hosts for port in (8888, 9999)] + [hub_api]
+    targets = [f"{h}:{port}" for h in bea_hosts for port in (jupyter_api, 9999)] + [hub_api]
     seen = probe(swarm_cluster, hub, "amy", *targets)
 
     # Amy still reaches the hub's API, by the hub's name...
     assert '"version"' in seen[hub_api], seen
     # ...and nothing of bea's, by name or by any of her addresses.
     for target in targets[:-1]:
-        assert SECRET not in seen[target] and "HTTP/" not in seen[target], f"amy reached bea at {target}: {seen}"
+        assert SECRET not in seen[target] and '"version"' not in seen[target], f"amy reached bea at {target}: {seen}"
 
     # Both servers still work through the hub's proxy.
     for name in ("amy", "bea"):
