@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 
@@ -61,32 +62,38 @@ def container_in_mountinfo(text: str) -> str | None:
     return None
 
 
-_found: list[str] = []  # the hub's containers, found once per process
+_found: list[str] = []  # the hub's containers, found once per process (spawns look at once)
+_finding = threading.Lock()
 
 
 def hub_containers(api, configured: Iterable[str], servers_network: str) -> list[str]:
     """The containers to join to each server's network (see the module docstring); [] if none found."""
     if configured:
-        return list(configured)
-    if _found:
+        return list(dict.fromkeys(configured))
+    with _finding:
+        if not _found:
+            _found.extend(_find_own_container(api, servers_network))
         return list(_found)
+
+
+def _find_own_container(api, servers_network: str) -> list[str]:
     with contextlib.suppress(OSError):
         with open("/proc/self/mountinfo") as f:
             own = container_in_mountinfo(f.read())
         if own:
-            _found.append(own)
             return [own]
     try:
         mine = os.stat("/proc/self/ns/net").st_ino
     except OSError:
         return []
     filters = {"network": servers_network} if servers_network else {}
+    found = []
     for summary in api.containers(filters=filters):
         pid = (api.inspect_container(summary["Id"]).get("State") or {}).get("Pid") or 0
         with contextlib.suppress(OSError):
             if pid and os.stat(f"/proc/{pid}/ns/net").st_ino == mine:
-                _found.append(summary["Id"])
-    return list(_found)
+                found.append(summary["Id"])
+    return found
 
 
 def ensure_network(api, name: str, labels: Mapping[str, str], options: Mapping[str, str]) -> None:
@@ -110,7 +117,9 @@ def connect(api, name: str, containers: Iterable[str], alias: str) -> None:
         except docker.errors.APIError as exc:
             if exc.status_code == 404:
                 raise
-            if "already exists" not in str(exc):
+            # Already there (another spawn of this server's joined it first): Docker says so
+            # as "already exists" or "already attached", by version.
+            if "already" not in str(exc):
                 raise
 
 
