@@ -91,7 +91,9 @@ def configure_pool_page(c, settings) -> None:
                                          "server's own user) from the GPU pool page and `gpu-pool exec`"}
     section.custom_scopes = custom
     bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
-    set_page_settings(c, settings, bridge_ip)
+    # On Swarm every address of the hub's container: each server reaches it on its own network
+    # (swarm/server_networks.py), by the hub's name.
+    set_page_settings(c, settings, "0.0.0.0" if settings.spawner == "swarm" else bridge_ip)
     # Its settings in one file the hub writes from its final config; the ledger's URL (a secret)
     # in its environment, as the CLI reads it.
     from ..pool import ENV_DB_URL
