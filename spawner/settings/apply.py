@@ -153,23 +153,25 @@ def apply_settings(c, settings: Settings) -> None:
         from .culler import configure_culler
 
         configure_culler(c, settings)
-
     if settings.pool_page:
         from .pool_service import configure_pool_page
+        from .service_file import write_when_the_hub_starts
 
         configure_pool_page(c, settings)
+        write_when_the_hub_starts(settings)
     if settings.jobs:
         from .jobs import configure_jobs
 
         configure_jobs(c, settings)
-    if settings.pool_page:
-        from .service_file import write_when_the_hub_starts
-
-        write_when_the_hub_starts(settings)  # after the jobs' part: the file holds theirs too
     if settings.ssh:
         from .ssh_service import configure_ssh
 
         configure_ssh(c, settings)
+    # The services, roles and custom scopes of every part above, and the servers' environment
+    # and token scopes: built by one function, each set once.
+    from .services import set_hub_services
+
+    set_hub_services(c, settings)
 
     if _inside_the_hub():
         start_with_the_hub(settings)
