@@ -12,7 +12,7 @@ from ..culling.culler import BUSY_SWITCH_ENV, QUIET_ENV, SERVICE_NAME
 from ..culling.deadline import CullRules
 from ..profiles import load_profiles
 from .hub import default_profiles
-from .services import Part
+from .part import Part
 
 
 def rules_from_settings(settings) -> CullRules:
@@ -74,7 +74,8 @@ def culler_command(settings, python: str | None = None) -> list[str]:
     if settings.gpu_idle_percent > 0:
         cmd.append(f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}")
         if settings.inventory == "simulated":
-            cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
+            if settings.simulated_gpus is not None:  # else the culler's default, SimulatedInventory's
+                cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
             if settings.simulated_utilization_file:
                 cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
     rules = rules_from_settings(settings)

@@ -16,9 +16,9 @@ from ..jobs.schedules import ScheduleLimits
 from ..jobs.settings import JobSettings, reconciler_default
 from ..poolpage import SERVICE_NAME
 from ..profiles import DEFAULT_PROFILES
+from .part import Part
 from .pool_service import SERVER_TOKEN_SCOPES as POOL_SERVER_TOKEN_SCOPES
 from .pool_service import SERVICE_ROLE, service_url
-from .services import Part
 
 # What the service's own token needs besides the pool page's: users' groups and directory identity.
 JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
@@ -73,7 +73,11 @@ def spawner_profiles(c) -> list:
 
 
 def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
+    # GPUHUB_JOB_MAX_SECONDS and GPUHUB_JOB_LOG_MAX_BYTES where set; else JobSettings's own defaults.
+    given = {name: value for name, value in (("max_seconds", settings.job_max_seconds),
+                                             ("log_max_bytes", settings.job_log_max_bytes)) if value is not None}
     return JobSettings(
+        **given,
         profiles=spawner_profiles(c),
         host=host,
         network=spawner.get("network_name", settings.docker_network),
@@ -86,8 +90,6 @@ def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
         fallback_uid=spawner_option(c, settings, "fallback_uid"),
         fallback_gid=spawner_option(c, settings, "fallback_gid"),
         shm_size=spawner_option(c, settings, "shm_size"),
-        max_seconds=settings.job_max_seconds,
-        log_max_bytes=settings.job_log_max_bytes,
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
         limits=job_limits(c),

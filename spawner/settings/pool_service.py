@@ -12,11 +12,12 @@ from pathlib import Path
 from jupyterhub.utils import url_path_join
 
 from ..hub_service import write_when_config_loaded
+from ..inventory.machine import SimulatedInventory
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from ..poolpage.hubapi import SERVICE_SCOPES
 from ..poolpage.service_config import CONFIG_FILE_ENV, FILE_NAME
 from .culler import activity_interval, rules_from_settings
-from .services import Part
+from .part import Part
 
 HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
 ADMIN_ROLE = "gpu-pool-admin"
@@ -57,7 +58,7 @@ def set_page_settings(c, settings, bridge_ip: str) -> None:
     page.idle_after = 2 * activity_interval(settings)
     # GPU utilisation, read as the culler reads it.
     page.inventory = settings.inventory
-    page.simulated_gpus = settings.simulated_gpus
+    page.simulated_gpus = SimulatedInventory(config=c).count
     page.utilization_file = settings.simulated_utilization_file or ""
     # The hub's proxy on this machine (action scripts go through it): its bind address, a
     # wildcard read as loopback; a self-signed certificate of the hub's own proxy is the usual case.

@@ -10,50 +10,30 @@ which they are listed does not matter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from traitlets.config import LazyConfigValue
 
+from .culler import culler_part
+from .jobs import jobs_part
+from .part import Part
+from .pool_service import pool_part
+from .ssh_service import ssh_part
+
 USER_ROLE = "user"
-
-
-@dataclass(frozen=True)
-class Part:
-    """What one part adds to the hub's config: whole services and roles, scopes it adds to
-    others' roles and services (by name), custom scopes, and the servers' environment and
-    token scopes."""
-
-    services: tuple[dict, ...] = ()
-    roles: tuple[dict, ...] = ()
-    # {role name: scopes}: added to a role of this or another part, or of the config (`user`).
-    role_scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # {service name: scopes}: added to that service's `oauth_client_allowed_scopes`.
-    oauth_scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    custom_scopes: dict[str, dict] = field(default_factory=dict)
-    environment: dict[str, str] = field(default_factory=dict)  # c.GPUDockerSpawner.environment
-    server_token_scopes: tuple[str, ...] = ()  # c.GPUDockerSpawner.server_token_scopes
 
 
 def parts(c, settings) -> list[Part]:
     """The parts the settings turn on."""
     found = []
     if settings.cull:
-        from .culler import culler_part
-
         found.append(culler_part(settings))
     if settings.pool_page:
-        from .pool_service import pool_part
-
         bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
         found.append(pool_part(settings, bridge_ip))
         if settings.jobs:
-            from .jobs import jobs_part
-
             found.append(jobs_part(settings, bridge_ip))
     if settings.ssh:
-        from .ssh_service import ssh_part
-
         found.append(ssh_part(settings))
     return found
 

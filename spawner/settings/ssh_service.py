@@ -13,7 +13,7 @@ from ..hub_service import write_when_config_loaded
 from ..ssh import SERVICE_NAME
 from ..ssh.hub_client import SERVICE_SCOPES
 from ..ssh.settings import FILE_ENV_NAME, INLINE_SECRET_ENV, render_hand_over
-from .services import Part
+from .part import Part
 
 SERVICE_ROLE = "gpu-ssh-service"
 ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"

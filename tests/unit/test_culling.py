@@ -19,7 +19,7 @@ from spawner.culling.culler import (
 )
 from spawner.inventory import SimulatedInventory
 from spawner.settings import SettingsError, load_settings
-from spawner.settings.culler import CULLER_SCOPES, activity_interval
+from spawner.settings.culler import CULLER_SCOPES, activity_interval, culler_command
 from spawner.settings.culler import configure_culler as configure_hub_side
 from spawner.settings.services import set_hub_services
 
@@ -293,7 +293,12 @@ def test_gpu_rule_options_reach_the_culler_in_seconds():
                                  GPUHUB_SIMULATED_UTILIZATION_FILE="/tmp/u.json"))
     cmd = c.JupyterHub.services[0]["command"]
     assert {"--gpu-idle-percent=5", "--gpu-idle-seconds=6", "--inventory=simulated",
-            "--utilization-file=/tmp/u.json", "--simulated-gpus=4"} <= set(cmd)
+            "--utilization-file=/tmp/u.json"} <= set(cmd)
+    # GPUHUB_SIMULATED_GPUS unset: nothing on the command line, the culler counts as the inventory
+    assert not any(a.startswith("--simulated-gpus") for a in cmd)
+    assert GPUIdleCuller().simulated_gpus == SimulatedInventory().count
+    cmd = culler_command(settings(GPUHUB_INVENTORY="simulated", GPUHUB_GPU_IDLE_PERCENT="5", GPUHUB_SIMULATED_GPUS="2"))
+    assert "--simulated-gpus=2" in cmd
 
 
 def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():

@@ -4,9 +4,8 @@ scope and the directory's DN decision."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import asyncio
+import dataclasses
 
 import pytest
 from traitlets.config import Config
