@@ -154,7 +154,7 @@ class GPUIdleCuller(IdleCuller):
     ).tag(config=True)
 
     simulated_gpus = Int(
-        SimulatedInventory.count.default_value,  # type: ignore[attr-defined]
+        SimulatedInventory.count.default_value,
         help="Number of simulated GPUs (as SimulatedInventory.count in the hub).",
     ).tag(config=True)
 
