@@ -21,3 +21,6 @@ class Part:
     custom_scopes: dict[str, dict] = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)  # c.GPUDockerSpawner.environment
     server_token_scopes: tuple[str, ...] = ()  # c.GPUDockerSpawner.server_token_scopes
+    template_paths: tuple[str, ...] = ()  # c.JupyterHub.template_paths, before the config's own
+    template_vars: dict[str, str] = field(default_factory=dict)  # c.JupyterHub.template_vars
+    role_groups: dict[str, list[str]] = field(default_factory=dict)  # c.DirectoryAuthenticator.role_groups

@@ -72,7 +72,7 @@ def set_page_settings(c, settings, bridge_ip: str) -> None:
     page.bridge_ip = bridge_ip
 
 
-def pool_part(settings, bridge_ip: str) -> Part:
+def pool_part(settings, bridge_ip: str, base_url: str = "/") -> Part:
     """The gpu-pool service, its admin and exec scopes, its roles, and what the servers need
     to ask it (services.py sets them).
 
@@ -133,7 +133,12 @@ def pool_part(settings, bridge_ip: str) -> Part:
     # Without a bridge address (`gpu-pool --config` outside the hub) the servers get no URL.
     servers = {"GPUHUB_POOL_URL": service_url(settings, bridge_ip)} if bridge_ip else {}
     return Part(services=(service,), roles=roles, role_scopes={"user": (ACCESS_SCOPE,)},
-                custom_scopes=custom, environment=servers, server_token_scopes=tuple(SERVER_TOKEN_SCOPES))
+                custom_scopes=custom, environment=servers, server_token_scopes=tuple(SERVER_TOKEN_SCOPES),
+                # A "GPU pool" link in the hub's navigation bar (hub_templates/page.html).
+                template_paths=(HUB_TEMPLATES,),
+                template_vars={"gpu_pool_url": url_path_join(base_url, "services", SERVICE_NAME) + "/"},
+                # The directory's admin and exec groups, for the hub groups the roles name.
+                role_groups=role_groups(settings))
 
 
 def service_url(settings, bridge_ip: str) -> str:
@@ -142,26 +147,12 @@ def service_url(settings, bridge_ip: str) -> str:
 
 
 def configure_pool_page(c, settings) -> None:
-    """The gpu-pool service's options besides its service and roles (its `pool_part`): the page's
-    settings, the directory groups of its roles, the hub's navigation link, and the files the
-    hub writes for it at its start."""
-    section = c.JupyterHub
-    bridge_ip = section.hub_connect_ip if "hub_connect_ip" in section else ""
+    """The gpu-pool service's options besides its `pool_part` (services, roles, the hub's
+    navigation link, the directory's role groups): the page's settings and the authenticator's
+    file the hub writes for it at its start."""
+    bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
     set_page_settings(c, settings, bridge_ip)
     hand_authenticator_over(settings)
-    by_directory = role_groups(settings)
-    if by_directory:
-        auth = c.DirectoryAuthenticator
-        existing = dict(auth.role_groups) if "role_groups" in auth else {}
-        auth.role_groups = {**existing, **by_directory}
-    # A "GPU pool" link in the hub's navigation bar (hub_templates/page.html).
-    paths = list(section.template_paths) if "template_paths" in section else []
-    if HUB_TEMPLATES not in paths:
-        section.template_paths = [HUB_TEMPLATES] + paths
-    template_vars = dict(section.template_vars) if "template_vars" in section else {}
-    base_url = section.base_url if "base_url" in section else "/"
-    template_vars["gpu_pool_url"] = url_path_join(base_url, "services", SERVICE_NAME) + "/"
-    section.template_vars = template_vars
 
 
 def _authenticator_file(settings):

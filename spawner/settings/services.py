@@ -1,4 +1,5 @@
-"""The hub's services, roles and custom scopes, and what its servers get: built by one function, set once.
+"""The hub's services, roles and custom scopes, its pages' templates, the directory's role groups,
+and what its servers get: built by one function, set once.
 
 "Config should never append or mutate, only set" (the Littlest JupyterHub's configurer): each
 part (the idle culler, the gpu-pool service and its jobs, the SSH gateway) says what it adds as
@@ -30,7 +31,8 @@ def parts(c, settings) -> list[Part]:
         found.append(culler_part(settings))
     if settings.pool_page:
         bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
-        found.append(pool_part(settings, bridge_ip))
+        base_url = c.JupyterHub.base_url if "base_url" in c.JupyterHub else "/"
+        found.append(pool_part(settings, bridge_ip, base_url))
         if settings.jobs:
             found.append(jobs_part(settings, bridge_ip))
     if settings.ssh:
@@ -75,7 +77,13 @@ def hub_services(c, settings) -> dict[tuple[str, str], Any]:
     custom = dict(_given(c.JupyterHub, "custom_scopes", {}))
     environment = dict(_given(c.GPUDockerSpawner, "environment", {}))
     token_scopes: list[str] = []
+    paths = list(_given(c.JupyterHub, "template_paths", []))
+    template_vars = dict(_given(c.JupyterHub, "template_vars", {}))
+    role_groups = dict(_given(c.DirectoryAuthenticator, "role_groups", {}))
     for part in found:
+        paths = [*(p for p in part.template_paths if p not in paths), *paths]
+        template_vars.update(part.template_vars)
+        role_groups.update(part.role_groups)
         for name, scopes in part.role_scopes.items():
             role_scopes[name] = _with(role_scopes.get(name, []), scopes)
         for name, scopes in part.oauth_scopes.items():
@@ -99,6 +107,12 @@ def hub_services(c, settings) -> dict[tuple[str, str], Any]:
         values["GPUDockerSpawner", "environment"] = environment
     if token_scopes:
         values["GPUDockerSpawner", "server_token_scopes"] = token_scopes
+    if any(p.template_paths for p in found):
+        values["JupyterHub", "template_paths"] = paths
+    if any(p.template_vars for p in found):
+        values["JupyterHub", "template_vars"] = template_vars
+    if any(p.role_groups for p in found):
+        values["DirectoryAuthenticator", "role_groups"] = role_groups
     return values
 
 
