@@ -69,7 +69,11 @@ from spawner.culling.deadline import CullRules  # noqa: E402
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings, LedgerBudgets, LedgerContention  # noqa: E402
 from spawner.inventory.machine import StaticInventory  # noqa: E402
 from spawner.jobs.settings import JobSettings  # noqa: E402
-from spawner.pool import GPUPool, PoolError  # noqa: E402
+from spawner.lending import GPULendingSpawner  # noqa: E402
+from spawner.pool import (  # noqa: E402
+    GPUPool,
+    PoolError,  # noqa: E402
+)
 from spawner.settings.culler import activity_interval, quiet_after, rules_from_settings  # noqa: E402
 from spawner.settings.hub import Settings  # noqa: E402
 
@@ -95,7 +99,7 @@ class Policy:
     contention: bool = False  # the contended timeout reads the ledger's queue
     bookings: bool = False
     budgets: bool = False
-    lease_wait_timeout: float = Settings.lease_wait_timeout
+    lease_wait_timeout: float = GPULendingSpawner.class_traits()["lease_wait_timeout"].default_value
     queue_timeout: float = JobSettings.queue_timeout
     # Borrowing (issue 38): jobs may go beyond their user's share (the pool's max_gpus_per_user);
     # a reclaimed job heeds the notice `heed_after` s after it (then saves and exits), else is

@@ -43,9 +43,11 @@ from traitlets import CaselessStrEnum, Float, Int, Unicode, default
 
 # The policy and the culler's utilisation reader live in policy.py (no culler, no tornado);
 # the deadline rule the pages share with it in deadline.py.
+from ..inventory.machine import SimulatedInventory
 from .deadline import CullRules
 from .policy import (  # noqa: F401
     DEFAULT_GPU_IDLE_PERCENT,
+    DEFAULT_GPU_IDLE_SECONDS,
     CullerUtilization,
     GPUCullPolicy,
     LedgerBookings,
@@ -119,7 +121,7 @@ class GPUIdleCuller(IdleCuller):
     ).tag(config=True)
 
     gpu_idle_percent = Float(
-        5.0,
+        DEFAULT_GPU_IDLE_PERCENT,
         help="Cull a GPU server whose leased GPUs all read under this utilization (percent) for "
         "`gpu_idle_seconds`, even when it shows activity (an open browser tab, a kernel blocked on "
         "a prompt).  0 turns the rule off.  Default: 5 with the `nvml` and `swarm` inventories (real "
@@ -131,7 +133,7 @@ class GPUIdleCuller(IdleCuller):
         return DEFAULT_GPU_IDLE_PERCENT if self.inventory in ("nvml", "swarm") else 0.0
 
     gpu_idle_seconds = Float(
-        1800.0,
+        DEFAULT_GPU_IDLE_SECONDS,
         help="How long the GPUs must stay under `gpu_idle_percent` before the server is culled.  "
         "Utilization is sampled once per `cull_every`, which bounds the precision.",
     ).tag(config=True)
@@ -151,8 +153,10 @@ class GPUIdleCuller(IdleCuller):
         "SwarmInventory.reading_max_age in the hub); older readings are unknown and never cull.",
     ).tag(config=True)
 
-    simulated_gpus = Int(4, help="Number of simulated GPUs (as SimulatedInventory.count in the hub).").tag(
-        config=True)
+    simulated_gpus = Int(
+        SimulatedInventory.count.default_value,
+        help="Number of simulated GPUs (as SimulatedInventory.count in the hub).",
+    ).tag(config=True)
 
     utilization_file = Unicode(
         "",

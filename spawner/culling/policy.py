@@ -22,6 +22,8 @@ from .deadline import CullRules, idle_rule
 # The culler's GPU-idle threshold (percent) with the inventories that read real GPUs
 # (`nvml`, `swarm`): GPUIdleCuller.gpu_idle_percent's default there.
 DEFAULT_GPU_IDLE_PERCENT = 5.0
+# How long the GPUs must stay under it: GPUIdleCuller.gpu_idle_seconds's default.
+DEFAULT_GPU_IDLE_SECONDS = 1800.0
 
 
 @dataclass
@@ -82,7 +84,7 @@ class GPUCullPolicy:
         cpu_timeout: float,
         gpu_timeout: float,
         gpu_idle_percent: float = 0.0,
-        gpu_idle_seconds: float = 1800.0,
+        gpu_idle_seconds: float = DEFAULT_GPU_IDLE_SECONDS,
         utilization: Callable[[str, str], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         log=None,

@@ -207,8 +207,10 @@ def config_ports(config) -> list[int]:
     (its `url`), the proxy's public port (`bind_url`)."""
     from urllib.parse import urlparse
 
+    from jupyterhub.app import JupyterHub
+
     hub = config.JupyterHub
-    hub_port = int(hub.get("hub_port", 8081))
+    hub_port = int(hub.get("hub_port", JupyterHub.hub_port.default_value))
     service = next((s for s in (hub.get("services", None) or []) if s.get("name") == "gpu-pool"), None)
     pool = urlparse(service["url"]).port if service and service.get("url") else None
     bound = urlparse(str(hub.get("bind_url", "http://:8000")))

@@ -267,7 +267,7 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     )
 
     fairshare_half_life = Float(
-        7 * 86400.0,
+        rollup.DEFAULT_HALF_LIFE,
         config=True,
         help="""Seconds after which a GPU-hour counts half in fair-share (the decay of recent use).
 
@@ -325,25 +325,25 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     )
 
     budget_period = Float(
-        7 * 86400.0,
+        budget.Budgets.period_s,
         config=True,
         help="Seconds of the budgets' rolling window (default 7 days).",
     )
 
     booking_max_hours = Float(
-        8.0,
+        bookings.Limits.max_hours,
         config=True,
         help="The longest window one booking may hold GPUs for, in hours.",
     )
 
     booking_max_days_ahead = Float(
-        14.0,
+        bookings.Limits.max_days_ahead,
         config=True,
         help="How far ahead a booking may start, in days.",
     )
 
     booking_max_gpu_hours_per_week = Float(
-        40.0,
+        bookings.Limits.max_gpu_hours_per_week,
         config=True,
         help="""GPU-hours one user may book within any 7 days (counted around each booking's start).
 
@@ -356,13 +356,13 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     )
 
     booking_max_per_user = Int(
-        10,
+        bookings.Limits.max_per_user,
         config=True,
         help="Bookings not yet over that one user may hold at once.",
     )
 
     booking_grace = Float(
-        900.0,
+        bookings.Limits.grace_s,
         config=True,
         help="""Seconds after its start when each GPU of a booking that nobody has used is released back to the pool.
 
@@ -373,7 +373,7 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
     )
 
     booking_notice = Float(
-        3600.0,
+        bookings.Limits.notice_s,
         config=True,
         help="""Seconds of notice a plain user's booking gives the people using its GPUs now.
 

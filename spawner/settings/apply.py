@@ -10,7 +10,7 @@ import sys
 
 from ..docker.firewall import ICC_OPTION
 from .directory import DirectorySettings
-from .hub import Settings, default_profiles
+from .hub import Settings, default_profiles, hub_port
 from .parsing import SettingsError
 
 
@@ -46,7 +46,7 @@ def servers_ports(settings: Settings) -> list[int]:
 
     bound = urlparse(settings.bind_url)
     public = bound.port or (443 if bound.scheme == "https" else 80)
-    return hub_ports(settings.hub_port, settings.pool_page_port if settings.pool_page else None, public)
+    return hub_ports(hub_port(settings), settings.pool_page_port if settings.pool_page else None, public)
 
 
 def configure_directory(c, directory: DirectorySettings) -> None:
@@ -87,7 +87,8 @@ def apply_settings(c, settings: Settings) -> None:
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
 
-    c.JupyterHub.hub_port = settings.hub_port
+    if settings.hub_port is not None:
+        c.JupyterHub.hub_port = settings.hub_port
     if settings.spawner == "swarm":
         # The hub runs in a container on the overlay: it listens there, servers on any node reach it.
         c.JupyterHub.hub_ip = "0.0.0.0"
@@ -120,10 +121,13 @@ def apply_settings(c, settings: Settings) -> None:
     if settings.gpu_host:
         c.Inventory.host = settings.gpu_host
     c.GPUDockerSpawner.profiles = settings.profiles or default_profiles(settings)
-    c.GPUDockerSpawner.lease_wait_timeout = settings.lease_wait_timeout
+    if settings.lease_wait_timeout is not None:
+        c.GPUDockerSpawner.lease_wait_timeout = settings.lease_wait_timeout
     c.GPUDockerSpawner.http_timeout = 120
-    c.SimulatedInventory.count = settings.simulated_gpus
-    c.SimulatedInventory.cuda_version = settings.simulated_cuda_version
+    if settings.simulated_gpus is not None:
+        c.SimulatedInventory.count = settings.simulated_gpus
+    if settings.simulated_cuda_version is not None:
+        c.SimulatedInventory.cuda_version = settings.simulated_cuda_version
     if settings.simulated_utilization_file:
         c.SimulatedInventory.utilization_file = settings.simulated_utilization_file
     c.GPUPool.db_url = settings.pool_db_url
@@ -153,23 +157,25 @@ def apply_settings(c, settings: Settings) -> None:
         from .culler import configure_culler
 
         configure_culler(c, settings)
-
     if settings.pool_page:
         from .pool_service import configure_pool_page
+        from .service_file import write_when_the_hub_starts
 
         configure_pool_page(c, settings)
+        write_when_the_hub_starts(settings)
     if settings.jobs:
         from .jobs import configure_jobs
 
         configure_jobs(c, settings)
-    if settings.pool_page:
-        from .service_file import write_when_the_hub_starts
-
-        write_when_the_hub_starts(settings)  # after the jobs' part: the file holds theirs too
     if settings.ssh:
         from .ssh_service import configure_ssh
 
         configure_ssh(c, settings)
+    # The services, roles and custom scopes of every part above, and the servers' environment
+    # and token scopes: built by one function, each set once.
+    from .services import set_hub_services
+
+    set_hub_services(c, settings)
 
     if _inside_the_hub():
         start_with_the_hub(settings)

@@ -10,9 +10,9 @@ import sys
 
 from ..culling.culler import BUSY_SWITCH_ENV, QUIET_ENV, SERVICE_NAME
 from ..culling.deadline import CullRules
-from ..hub_service import without_named
 from ..profiles import load_profiles
 from .hub import default_profiles
+from .part import Part
 
 
 def rules_from_settings(settings) -> CullRules:
@@ -74,7 +74,8 @@ def culler_command(settings, python: str | None = None) -> list[str]:
     if settings.gpu_idle_percent > 0:
         cmd.append(f"--gpu-idle-seconds={settings.gpu_idle_minutes * 60:g}")
         if settings.inventory == "simulated":
-            cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
+            if settings.simulated_gpus is not None:  # else the culler's default, SimulatedInventory's
+                cmd.append(f"--simulated-gpus={settings.simulated_gpus}")
             if settings.simulated_utilization_file:
                 cmd.append(f"--utilization-file={settings.simulated_utilization_file}")
     rules = rules_from_settings(settings)
@@ -83,41 +84,36 @@ def culler_command(settings, python: str | None = None) -> list[str]:
     return cmd
 
 
-def configure_culler(c, settings) -> None:
-    """Add the GPU-aware idle culler to a hub config `c` (called by apply_settings).
-
-    Safe to call twice: it replaces its own service and role, and keeps any
-    others already configured.
-    """
-    section = c.JupyterHub
-    services = section.services if "services" in section else []
-    roles = section.load_roles if "load_roles" in section else []
+def culler_part(settings) -> Part:
+    """The culler's service and its role, of only the scopes it uses, and what the servers report."""
     from ..pool import ENV_DB_URL
-
-    # The culler records its intent in the ledger before each cull, and on Swarm reads the
-    # agents' readings there, and who waits (the contended timeout), the budgets and the
-    # bookings; the URL in the environment, not argv (ps shows argv).
-    service = {"name": SERVICE_NAME, "command": culler_command(settings),
-               "environment": {ENV_DB_URL: settings.pool_db_url}}
-    section.services = without_named(services, SERVICE_NAME) + [service]
-    section.load_roles = without_named(roles, SERVICE_NAME) + [{
-        "name": SERVICE_NAME,
-        "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
-        "scopes": list(CULLER_SCOPES),
-        "services": [SERVICE_NAME],
-    }]
 
     interval = activity_interval(settings)
     quiet = quiet_after(settings)
+    keep_busy = getattr(settings, "cull_keep_busy", "extension")
+    # The culler records its intent in the ledger before each cull, and on Swarm reads the
+    # agents' readings there, and who waits (the contended timeout), the budgets and the
+    # bookings; the URL in the environment, not argv (ps shows argv).
+    return Part(
+        services=({"name": SERVICE_NAME, "command": culler_command(settings),
+                   "environment": {ENV_DB_URL: settings.pool_db_url}},),
+        roles=({"name": SERVICE_NAME,
+                "description": "Stop idle servers (GPU servers sooner) and give their GPUs back",
+                "scopes": list(CULLER_SCOPES),
+                "services": [SERVICE_NAME]},),
+        environment={"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
+                     # Read by the images' gpuhub_activity extension: work after a quiet spell this
+                     # long reaches the hub at once.
+                     QUIET_ENV: str(quiet),
+                     # Read by the images' gpuhub_activity extension.
+                     BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"},
+    )
+
+
+def configure_culler(c, settings) -> None:
+    """The culler's options of the hub itself (called by apply_settings); its service, role and
+    the servers' environment are its `culler_part` (services.py sets them)."""
     # The hub drops activity reports closer than activity_resolution to the
     # last one; keep it finer than the reports, or busy kernels stop counting,
     # and than the quiet spell, or the post that ends one is dropped.
-    section.activity_resolution = max(1, min(30, interval, quiet))
-    keep_busy = getattr(settings, "cull_keep_busy", "extension")
-    env = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(interval),
-           # Read by the images' gpuhub_activity extension: work after a quiet spell this
-           # long reaches the hub at once.
-           QUIET_ENV: str(quiet),
-           # Read by the images' gpuhub_activity extension.
-           BUSY_SWITCH_ENV: "0" if keep_busy == "off" else "1"}
-    c.GPUDockerSpawner.environment.update(env)
+    c.JupyterHub.activity_resolution = max(1, min(30, activity_interval(settings), quiet_after(settings)))

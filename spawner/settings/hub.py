@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..culling.policy import DEFAULT_GPU_IDLE_PERCENT
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
 from ..ssh.settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
@@ -22,10 +23,13 @@ from .secret_files import private_file, secret_setting, with_secret_files
 
 DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
 DEFAULT_GPU_IMAGE = "gpuhub/notebook-cuda:latest"
-# With NVML (real GPUs), a GPU server whose GPUs all stay under this
-# utilisation for GPUHUB_GPU_IDLE_MINUTES (30) is culled even if it shows
-# activity: a kernel blocked on a prompt, a tab left open.
-DEFAULT_GPU_IDLE_PERCENT = 5.0
+
+
+def culler_default(name: str):
+    """The default of GPUIdleCuller's option `name`, read from its trait (written there once)."""
+    from ..culling.culler import GPUIdleCuller
+
+    return GPUIdleCuller.class_traits()[name].default_value
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,8 @@ class Settings:
     bind_url: str = "http://127.0.0.1:8000"
     ssl_cert: str = ""
     ssl_key: str = ""
-    hub_port: int = 8081
+    # GPUHUB_HUB_PORT: c.JupyterHub.hub_port; None (unset): JupyterHub's own default stands.
+    hub_port: int | None = None
     proxy_api_port: int = 8001
     data_dir: Path = Path(".")
     docker_network: str = "gpuhub"
@@ -47,8 +52,10 @@ class Settings:
     swarm_cpu_constraints: tuple[str, ...] = ()  # GPUHUB_SWARM_CPU_CONSTRAINTS (comma-separated)
     swarm_node_labels: dict = field(default_factory=dict)  # GPUHUB_SWARM_NODE_LABELS (key=value,...)
     gpu_host: str = ""
-    simulated_gpus: int = 4
-    simulated_cuda_version: str = "12.4"
+    # GPUHUB_SIMULATED_GPUS, GPUHUB_SIMULATED_CUDA_VERSION: c.SimulatedInventory.count and
+    # .cuda_version; None (unset): the inventory's own defaults stand.
+    simulated_gpus: int | None = None
+    simulated_cuda_version: str | None = None
     simulated_utilization_file: str = ""
     pool_db_url: str = ""
     cpu_image: str = DEFAULT_CPU_IMAGE
@@ -58,7 +65,7 @@ class Settings:
     dummy_password: str = ""
     admin_users: tuple[str, ...] = ()
     pool_exec_users: tuple[str, ...] = ()  # GPUHUB_POOL_EXEC_USERS: may run action scripts
-    lease_wait_timeout: float = 300.0
+    lease_wait_timeout: float | None = None  # GPUHUB_LEASE_WAIT_TIMEOUT: c.GPUDockerSpawner.lease_wait_timeout
     max_gpus_per_user: int | None = None
     gpu_hour_budget: float | None = None  # GPUHUB_GPU_HOUR_BUDGET: GPU-hours per user per 7 days
     cleanup_servers: bool = True
@@ -66,21 +73,23 @@ class Settings:
     # From JUPYTERHUB_CRYPT_KEY_FILE only (JupyterHub reads JUPYTERHUB_CRYPT_KEY itself): c.CryptKeeper.keys.
     crypt_keys: tuple[str, ...] = field(default=(), repr=False)
     cull: bool = True
-    cull_timeout_cpu: int = 3600
-    cull_timeout_gpu: int = 900
+    # GPUHUB_CULL_TIMEOUT_CPU, GPUHUB_CULL_TIMEOUT_GPU: the culler's (GPUIdleCuller's defaults when unset).
+    cull_timeout_cpu: int = culler_default("cpu_timeout")
+    cull_timeout_gpu: int = culler_default("gpu_timeout")
     # While a request waits for GPUs, idle GPU servers get this much instead (0: off).
     cull_timeout_gpu_contended: int = 300
     cull_every: int = 60
     gpu_idle_percent: float = 0.0
-    gpu_idle_minutes: float = 30.0
+    gpu_idle_minutes: float = culler_default("gpu_idle_seconds") / 60
     cull_keep_busy: str = "extension"
     activity_interval: int = 0
     pool_page: bool = True
     pool_page_port: int = 8091
     pool_page_show_holders: bool = False
     jobs: bool = True
-    job_max_seconds: int = 86400
-    job_log_max_bytes: int = 1024 * 1024
+    # GPUHUB_JOB_MAX_SECONDS, GPUHUB_JOB_LOG_MAX_BYTES; None (unset): JobSettings's own defaults.
+    job_max_seconds: int | None = None
+    job_log_max_bytes: int | None = None
     ssh: bool = False  # GPUHUB_SSH: the SSH gateway (gpu-ssh service); it opens a port, so off by default
     ssh_page_port: int = 8092  # GPUHUB_SSH_PAGE_PORT: the service's web page (keys), behind the proxy
     ssh_port: int = SSHGateway.port.default_value  # GPUHUB_SSH_PORT: c.SSHGateway.port (its default, read there)
@@ -249,7 +258,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if gpu_idle_percent > 100:
         raise SettingsError(f"GPUHUB_GPU_IDLE_PERCENT={gpu_idle_percent} must be between 0 and 100")
 
-    hub_port = env_int(env, "GPUHUB_HUB_PORT", Settings.hub_port, minimum=1)
+    given_hub_port = env_int(env, "GPUHUB_HUB_PORT", None, minimum=1)  # type: ignore[arg-type]
+    hub_port = given_hub_port or standing_default("hub_port")
     proxy_api_port = env_int(env, "GPUHUB_PROXY_API_PORT", Settings.proxy_api_port, minimum=1)
     public_port = urlparse(bind_url).port or (443 if bind_url.startswith("https") else 80)
     if len({hub_port, proxy_api_port, public_port}) < 3:
@@ -276,7 +286,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         bind_url=bind_url,
         ssl_cert=ssl_cert,
         ssl_key=ssl_key,
-        hub_port=hub_port,
+        hub_port=given_hub_port,
         proxy_api_port=proxy_api_port,
         data_dir=data_dir,
         docker_network=env.get("GPUHUB_DOCKER_NETWORK", "").strip() or Settings.docker_network,
@@ -286,8 +296,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         spawner=spawner,
         **swarm,
         gpu_host=gpu_host,
-        simulated_gpus=env_int(env, "GPUHUB_SIMULATED_GPUS", Settings.simulated_gpus, minimum=0),
-        simulated_cuda_version=env.get("GPUHUB_SIMULATED_CUDA_VERSION", "").strip() or Settings.simulated_cuda_version,
+        simulated_gpus=env_int(env, "GPUHUB_SIMULATED_GPUS", None, minimum=0),  # type: ignore[arg-type]
+        simulated_cuda_version=env.get("GPUHUB_SIMULATED_CUDA_VERSION", "").strip() or None,
         simulated_utilization_file=env.get("GPUHUB_SIMULATED_UTILIZATION_FILE", "").strip(),
         pool_db_url=ledger_url(env),
         cpu_image=env.get("GPUHUB_CPU_IMAGE", "").strip() or DEFAULT_CPU_IMAGE,
@@ -297,7 +307,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         dummy_password=dummy_password,
         admin_users=tuple(u.strip() for u in env.get("GPUHUB_ADMIN_USERS", "").split(",") if u.strip()),
         pool_exec_users=tuple(u.strip() for u in env.get("GPUHUB_POOL_EXEC_USERS", "").split(",") if u.strip()),
-        lease_wait_timeout=env_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", Settings.lease_wait_timeout),
+        lease_wait_timeout=env_float(env, "GPUHUB_LEASE_WAIT_TIMEOUT", None),  # type: ignore[arg-type]
         max_gpus_per_user=(env_int(env, "GPUHUB_MAX_GPUS_PER_USER", 0, minimum=0)
                            if env.get("GPUHUB_MAX_GPUS_PER_USER", "").strip() else None),
         gpu_hour_budget=(env_float(env, "GPUHUB_GPU_HOUR_BUDGET", 0.0, minimum=0.0)
@@ -320,14 +330,45 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         pool_page_show_holders=env_bool(env, "GPUHUB_POOL_PAGE_SHOW_HOLDERS", False),
         # Batch jobs run in the gpu-pool service: without it there are none.
         jobs=pool_page and _jobs_wanted(env, spawner),
-        job_max_seconds=env_int(env, "GPUHUB_JOB_MAX_SECONDS", Settings.job_max_seconds, minimum=1),
-        job_log_max_bytes=env_int(env, "GPUHUB_JOB_LOG_MAX_BYTES", Settings.job_log_max_bytes, minimum=1024),
+        job_max_seconds=env_int(env, "GPUHUB_JOB_MAX_SECONDS", None, minimum=1),  # type: ignore[arg-type]
+        job_log_max_bytes=env_int(env, "GPUHUB_JOB_LOG_MAX_BYTES", None, minimum=1024),  # type: ignore[arg-type]
         ssh=ssh,
         ssh_page_port=ssh_page_port,
         ssh_port=ssh_port,
         ssh_address=env.get("GPUHUB_SSH_ADDRESS", "").strip(),
         directory=directory,
     )
+
+
+# The Settings fields whose None (their variable unset) writes nothing: (module, class, option)
+# whose own default then stands.
+STANDING_DEFAULTS = {
+    "hub_port": ("jupyterhub.app", "JupyterHub", "hub_port"),
+    "lease_wait_timeout": ("spawner.lending", "GPULendingSpawner", "lease_wait_timeout"),
+    "simulated_gpus": ("spawner.inventory.machine", "SimulatedInventory", "count"),
+    "simulated_cuda_version": ("spawner.inventory.machine", "SimulatedInventory", "cuda_version"),
+    "job_max_seconds": ("spawner.jobs.settings", "JobSettings", "max_seconds"),
+    "job_log_max_bytes": ("spawner.jobs.settings", "JobSettings", "log_max_bytes"),
+}
+
+
+def standing_default(name: str):
+    """What Settings field `name` amounts to when its variable is unset: its own default, or,
+    for a field that then writes nothing, the default of the option it would set."""
+    import importlib
+    from dataclasses import fields
+
+    if name not in STANDING_DEFAULTS:
+        return next(f.default for f in fields(Settings) if f.name == name)
+    module, cls, option = STANDING_DEFAULTS[name]
+    owner = getattr(importlib.import_module(module), cls)
+    traits = owner.class_traits() if hasattr(owner, "class_traits") else None
+    return traits[option].default_value if traits is not None else getattr(owner, option)
+
+
+def hub_port(settings: Settings) -> int:
+    """The port the hub's API listens on: GPUHUB_HUB_PORT, else JupyterHub's default."""
+    return settings.hub_port or standing_default("hub_port")
 
 
 def default_profiles(settings: Settings) -> list[dict]:

@@ -1,25 +1,24 @@
 """Batch jobs in the hub's config: the `custom:gpu-jobs` scope, who holds it, and what the
 gpu-pool service (which runs the jobs) and the notebook servers (which submit them) need.
 
-Called by apply_settings after the pool page's own configuration (GPUHUB_JOBS).
+Called by apply_settings with GPUHUB_JOBS; its part of the service and roles is `jobs_part`.
 """
 
 from __future__ import annotations
 
 import socket
 from dataclasses import asdict
-from typing import Any
 
 from ..containers import ContainerLimits
-from ..hub_service import without_named
 from ..jobs import JOBS_SCOPE
 from ..jobs.limits import JobLimits
 from ..jobs.schedules import ScheduleLimits
 from ..jobs.settings import JobSettings, reconciler_default
 from ..poolpage import SERVICE_NAME
 from ..profiles import DEFAULT_PROFILES
+from .part import Part
 from .pool_service import SERVER_TOKEN_SCOPES as POOL_SERVER_TOKEN_SCOPES
-from .pool_service import SERVICE_ROLE
+from .pool_service import SERVICE_ROLE, service_url
 
 # What the service's own token needs besides the pool page's: users' groups and directory identity.
 JOB_SERVICE_SCOPES = ["read:users", "admin:auth_state"]
@@ -74,7 +73,11 @@ def spawner_profiles(c) -> list:
 
 
 def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
+    # GPUHUB_JOB_MAX_SECONDS and GPUHUB_JOB_LOG_MAX_BYTES where set; else JobSettings's own defaults.
+    given = {name: value for name, value in (("max_seconds", settings.job_max_seconds),
+                                             ("log_max_bytes", settings.job_log_max_bytes)) if value is not None}
     return JobSettings(
+        **given,
         profiles=spawner_profiles(c),
         host=host,
         network=spawner.get("network_name", settings.docker_network),
@@ -87,8 +90,6 @@ def _settings(c, settings, spawner, hub_ip: str, host: str) -> JobSettings:
         fallback_uid=spawner_option(c, settings, "fallback_uid"),
         fallback_gid=spawner_option(c, settings, "fallback_gid"),
         shm_size=spawner_option(c, settings, "shm_size"),
-        max_seconds=settings.job_max_seconds,
-        log_max_bytes=settings.job_log_max_bytes,
         bridge_ip=hub_ip,
         pool={k: v for k, v in c.GPUPool.items() if k != "db_url"},
         limits=job_limits(c),
@@ -118,41 +119,22 @@ def home_name_escape(c) -> str:
                      "or turn jobs off (GPUHUB_JOBS=false)")
 
 
+def jobs_part(settings, bridge_ip: str) -> Part:
+    """What batch jobs add to the gpu-pool service's part (services.py sets them): the
+    `custom:gpu-jobs` scope for every user, what the service's own token needs to run their
+    jobs, and the notebook servers' way to submit (their token's scope, the service's URL)."""
+    return Part(
+        custom_scopes={JOBS_SCOPE: {"description": "Submit, read and cancel your own GPU batch jobs"}},
+        role_scopes={"user": (JOBS_SCOPE,), SERVICE_ROLE: tuple(JOB_SERVICE_SCOPES)},
+        oauth_scopes={SERVICE_NAME: (JOBS_SCOPE,)},
+        # Notebook servers submit jobs with their own token, to the service's bridge address.
+        environment={"GPUHUB_JOBS_URL": service_url(settings, bridge_ip)} if bridge_ip else {},
+        server_token_scopes=tuple(SERVER_TOKEN_SCOPES),
+    )
+
+
 def configure_jobs(c, settings) -> None:
-    """Add jobs to a hub config `c` whose gpu-pool service is configured (safe to call twice)."""
-    section = c.JupyterHub
-    custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
-    custom[JOBS_SCOPE] = {"description": "Submit, read and cancel your own GPU batch jobs"}
-    section.custom_scopes = custom
-
-    roles = list(section.load_roles) if "load_roles" in section else []
-    for role in roles:
-        if role.get("name") == "user" and JOBS_SCOPE not in role["scopes"]:
-            role["scopes"] = [*role["scopes"], JOBS_SCOPE]
-    service_role: dict[str, Any] = next((r for r in roles if r.get("name") == SERVICE_ROLE),
-                        {"name": SERVICE_ROLE, "scopes": [], "services": [SERVICE_NAME]})
-    service_role = {**service_role, "scopes": [*service_role["scopes"],
-                                               *(s for s in JOB_SERVICE_SCOPES if s not in service_role["scopes"])]}
-    why = "; it reads users' groups and directory identity to run their jobs"
-    if why not in service_role.get("description", ""):
-        service_role["description"] = service_role.get("description", "The gpu-pool service") + why
-    section.load_roles = without_named(roles, SERVICE_ROLE) + [service_role]
-
-    # Checked now, so that a mistake stops the hub at start; the service gets the settings from the
-    # hub's final config, as the JobSettings section of its file (pool_service.service_config).
-    js = job_settings(c, settings)
-    services = []
-    for spec in section.services:
-        if spec.get("name") == SERVICE_NAME:
-            allowed = [s for s in spec.get("oauth_client_allowed_scopes", []) if s != JOBS_SCOPE]
-            spec = {**spec, "oauth_client_allowed_scopes": [*allowed, JOBS_SCOPE]}
-        services.append(spec)
-    section.services = services
-
-    # Notebook servers submit jobs with their own token, to the service's bridge address, where
-    # the pool page's configuration has it listen for them (pool_service.configure_servers).
-    c.GPUDockerSpawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
-    if js.bridge_ip:
-        url = f"http://{js.bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"
-        # update(): merges with what others add (the culler's), whether set or lazy.
-        c.GPUDockerSpawner.environment.update({"GPUHUB_JOBS_URL": url})
+    """Check the jobs' settings in the hub's config `c` now, so that a mistake stops the hub at
+    start; the service gets them from the hub's final config, as the JobSettings section of its
+    file (service_file.py)."""
+    job_settings(c, settings)

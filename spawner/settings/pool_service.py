@@ -11,11 +11,13 @@ from pathlib import Path
 
 from jupyterhub.utils import url_path_join
 
-from ..hub_service import without_named, write_when_config_loaded
+from ..hub_service import write_when_config_loaded
+from ..inventory.machine import SimulatedInventory
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from ..poolpage.hubapi import SERVICE_SCOPES
 from ..poolpage.service_config import CONFIG_FILE_ENV, FILE_NAME
 from .culler import activity_interval, rules_from_settings
+from .part import Part
 
 HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
 ADMIN_ROLE = "gpu-pool-admin"
@@ -56,7 +58,7 @@ def set_page_settings(c, settings, bridge_ip: str) -> None:
     page.idle_after = 2 * activity_interval(settings)
     # GPU utilisation, read as the culler reads it.
     page.inventory = settings.inventory
-    page.simulated_gpus = settings.simulated_gpus
+    page.simulated_gpus = SimulatedInventory(config=c).count
     page.utilization_file = settings.simulated_utilization_file or ""
     # The hub's proxy on this machine (action scripts go through it): its bind address, a
     # wildcard read as loopback; a self-signed certificate of the hub's own proxy is the usual case.
@@ -70,8 +72,9 @@ def set_page_settings(c, settings, bridge_ip: str) -> None:
     page.bridge_ip = bridge_ip
 
 
-def configure_pool_page(c, settings) -> None:
-    """Add the gpu-pool service, its admin scope and its roles to a hub config `c`.
+def pool_part(settings, bridge_ip: str, base_url: str = "/") -> Part:
+    """The gpu-pool service, its admin and exec scopes, its roles, and what the servers need
+    to ask it (services.py sets them).
 
     Every user may open the page (the `user` role gains the service's access
     scope); GPUHUB_ADMIN_USERS and the members of the directory's admin groups
@@ -79,31 +82,18 @@ def configure_pool_page(c, settings) -> None:
     GPUHUB_POOL_EXEC_USERS and the members of the directory's exec groups get
     `custom:gpu-pool:exec` (action scripts in other people's servers).  Directory
     members get them through the hub groups the directory login fills by DN
-    (ADMIN_GROUP, EXEC_GROUP).  Safe to call twice.
+    (ADMIN_GROUP, EXEC_GROUP).
     """
-    section = c.JupyterHub
-    services = section.services if "services" in section else []
-    roles = section.load_roles if "load_roles" in section else []
-    custom = dict(section.custom_scopes) if "custom_scopes" in section else {}
-    custom[ADMIN_SCOPE] = {"description": "Drain and undrain GPUs, end leases, see every user's GPU usage "
-                                          "on the GPU pool page"}
-    custom[EXEC_SCOPE] = {"description": "Run action scripts in other people's running servers (as each "
-                                         "server's own user) from the GPU pool page and `gpu-pool exec`"}
-    section.custom_scopes = custom
-    bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
-    # On Swarm every address of the hub's container: each server reaches it on its own network
-    # (swarm/server_networks.py), by the hub's name.
-    set_page_settings(c, settings, "0.0.0.0" if settings.spawner == "swarm" else bridge_ip)
     # Its settings in one file the hub writes from its final config; the ledger's URL (a secret)
     # in its environment, as the CLI reads it.
     from ..pool import ENV_DB_URL
 
     path = settings.data_dir / FILE_NAME  # written at the hub's start (service_file.py)
-    environment = {ENV_DB_URL: settings.pool_db_url, CONFIG_FILE_ENV: str(path)}
+    environment = {ENV_DB_URL: settings.pool_db_url, CONFIG_FILE_ENV: str(path),
+                   **authenticator_environment(settings)}
     if os.environ.get("DOCKER_HOST"):  # the jobs reach the hub's Docker as the spawner does
         environment["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
-    hand_authenticator_over(settings, environment)
-    section.services = without_named(services, SERVICE_NAME) + [{
+    service = {
         "name": SERVICE_NAME,
         "display": True,
         "oauth_no_confirm": True,
@@ -112,69 +102,91 @@ def configure_pool_page(c, settings) -> None:
         "environment": environment,
         # OAuth tokens the page gets carry the admin scope when the user holds it.
         "oauth_client_allowed_scopes": [ADMIN_SCOPE, EXEC_SCOPE],
-    }]
-    roles = without_named(without_named(without_named(roles, ADMIN_ROLE), EXEC_ROLE), "user")
-    user_role = next((r for r in (section.load_roles if "load_roles" in section else [])
-                      if r.get("name") == "user"), None)
-    user_scopes = list(user_role["scopes"]) if user_role else ["self"]
-    if ACCESS_SCOPE not in user_scopes:
-        user_scopes.append(ACCESS_SCOPE)
-    roles.append({**(user_role or {"name": "user"}), "scopes": user_scopes})
-    by_directory = role_groups(settings)
-    roles.append({
-        "name": ADMIN_ROLE,
-        "description": "Administer the GPU pool from its page and API",
-        "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
-        "users": list(settings.admin_users),
-        "groups": [ADMIN_GROUP],
-    })
-    roles.append({
-        "name": EXEC_ROLE,
-        "description": "Run action scripts in other people's running servers",
-        "scopes": [EXEC_SCOPE],
-        "users": list(settings.pool_exec_users),
-        "groups": [EXEC_GROUP],
-    })
-    if by_directory:
-        auth = c.DirectoryAuthenticator
-        existing = dict(auth.role_groups) if "role_groups" in auth else {}
-        auth.role_groups = {**existing, **by_directory}
-    # The service's own token: find running servers, see their activity and
-    # profile, stop one (an admin ending a lease).
-    roles = without_named(roles, SERVICE_ROLE) + [{
-        "name": SERVICE_ROLE,
-        "description": "The GPU pool page: list running servers and stop one when a pool admin ends its lease",
-        "scopes": list(SERVICE_SCOPES),
-        "services": [SERVICE_NAME],
-    }]
-    section.load_roles = roles
-    # A "GPU pool" link in the hub's navigation bar (hub_templates/page.html).
-    paths = list(section.template_paths) if "template_paths" in section else []
-    if HUB_TEMPLATES not in paths:
-        section.template_paths = [HUB_TEMPLATES] + paths
-    template_vars = dict(section.template_vars) if "template_vars" in section else {}
-    base_url = section.base_url if "base_url" in section else "/"
-    template_vars["gpu_pool_url"] = url_path_join(base_url, "services", SERVICE_NAME) + "/"
-    section.template_vars = template_vars
-    configure_servers(c, settings, bridge_ip)
+    }
+    roles = (
+        {"name": ADMIN_ROLE,
+         "description": "Administer the GPU pool from its page and API",
+         "scopes": [ADMIN_SCOPE, ACCESS_SCOPE],
+         "users": list(settings.admin_users),
+         "groups": [ADMIN_GROUP]},
+        {"name": EXEC_ROLE,
+         "description": "Run action scripts in other people's running servers",
+         "scopes": [EXEC_SCOPE],
+         "users": list(settings.pool_exec_users),
+         "groups": [EXEC_GROUP]},
+        # The service's own token: find running servers, see their activity and
+        # profile, stop one (an admin ending a lease).
+        {"name": SERVICE_ROLE,
+         "description": "The GPU pool page: list running servers and stop one when a pool admin ends its lease"
+                        + ("; it reads users' groups and directory identity to run their jobs" if settings.jobs else ""),
+         "scopes": list(SERVICE_SCOPES),
+         "services": [SERVICE_NAME]},
+    )
+    custom = {
+        ADMIN_SCOPE: {"description": "Drain and undrain GPUs, end leases, see every user's GPU usage "
+                                     "on the GPU pool page"},
+        EXEC_SCOPE: {"description": "Run action scripts in other people's running servers (as each "
+                                    "server's own user) from the GPU pool page and `gpu-pool exec`"},
+    }
+    # What the notebook servers need to ask the service (their JupyterLab's GPU status): a token
+    # that may, and where it listens for them (the hub's bridge address; on Swarm, the overlay's).
+    # Without a bridge address (`gpu-pool --config` outside the hub) the servers get no URL.
+    servers = {"GPUHUB_POOL_URL": service_url(settings, bridge_ip)} if bridge_ip else {}
+    return Part(services=(service,), roles=roles, role_scopes={"user": (ACCESS_SCOPE,)},
+                custom_scopes=custom, environment=servers, server_token_scopes=tuple(SERVER_TOKEN_SCOPES),
+                # A "GPU pool" link in the hub's navigation bar (hub_templates/page.html).
+                template_paths=(HUB_TEMPLATES,),
+                template_vars={"gpu_pool_url": url_path_join(base_url, "services", SERVICE_NAME) + "/"},
+                # The directory's admin and exec groups, for the hub groups the roles name.
+                role_groups=role_groups(settings))
 
 
-def hand_authenticator_over(settings, environment: dict) -> None:
+def service_url(settings, bridge_ip: str) -> str:
+    """Where the notebook servers reach the gpu-pool service."""
+    return f"http://{bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"
+
+
+def configure_pool_page(c, settings) -> None:
+    """The gpu-pool service's options besides its `pool_part` (services, roles, the hub's
+    navigation link, the directory's role groups): the page's settings and the authenticator's
+    file the hub writes for it at its start."""
+    bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
+    # On Swarm every address of the hub's container: each server reaches it on its own network
+    # (swarm/server_networks.py), by the hub's name.
+    set_page_settings(c, settings, "0.0.0.0" if settings.spawner == "swarm" else bridge_ip)
+    hand_authenticator_over(settings)
+
+
+def _authenticator_file(settings):
+    return settings.data_dir / "gpu-pool-auth" / "authenticator.json"
+
+
+def authenticator_environment(settings) -> dict[str, str]:
+    """The service's variables for the hub's authenticator: the path of the file
+    `hand_authenticator_over` writes, and the directory's lookup password when it was given
+    inline (never in the file)."""
+    from ..reauth import AUTHENTICATOR_FILE_ENV
+    from ..ssh.settings import INLINE_SECRET_ENV
+
+    environment = {AUTHENTICATOR_FILE_ENV: str(_authenticator_file(settings))}
+    directory = getattr(settings, "directory", None)
+    if directory is not None and directory.bind_password and not directory.bind_password_file:
+        environment[INLINE_SECRET_ENV] = directory.bind_password
+    return environment
+
+
+def hand_authenticator_over(settings) -> None:
     """The hub's authenticator for the service, which asks an admin's password again before an
     action script runs (reauth.py): its class and settings in a file the hub writes from its
     final config, readable by the hub's user only, never the directory's lookup password (the
-    path of its file, or the variable added to `environment` that carries it)."""
+    path of its file, or the variable `authenticator_environment` gives the service)."""
     import json
 
-    from ..reauth import AUTHENTICATOR_FILE_ENV
-    from ..ssh.settings import INLINE_SECRET_ENV, _jsonable, authenticator_hand_over
+    from ..ssh.settings import _jsonable, authenticator_hand_over
 
-    state_dir = settings.data_dir / "gpu-pool-auth"
-    path = state_dir / "authenticator.json"
+    path = _authenticator_file(settings)
+    state_dir = path.parent
     directory = getattr(settings, "directory", None)
-    environment[AUTHENTICATOR_FILE_ENV] = str(path)
-    if directory is not None and directory.bind_password and not directory.bind_password_file:
-        environment[INLINE_SECRET_ENV] = directory.bind_password
 
     def render(hub) -> str:  # in the hub only (not in `gpu-pool --config`, which may not write here)
         state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -182,14 +194,3 @@ def hand_authenticator_over(settings, environment: dict) -> None:
         return json.dumps(handed, default=_jsonable)
 
     write_when_config_loaded(path, render, private=True)
-
-
-def configure_servers(c, settings, bridge_ip: str) -> None:
-    """What the notebook servers need to ask the service (their JupyterLab's GPU status): a token
-    that may, and where it listens for them (the hub's bridge address; on Swarm, the overlay's).
-    Without a bridge address (`gpu-pool --config` outside the hub) the servers get no URL."""
-    c.GPUDockerSpawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
-    if bridge_ip:
-        url = f"http://{bridge_ip}:{settings.pool_page_port}/services/{SERVICE_NAME}/"
-        # update(): merges with what others add (the culler's), whether set or lazy.
-        c.GPUDockerSpawner.environment.update({"GPUHUB_POOL_URL": url})

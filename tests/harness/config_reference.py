@@ -20,7 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 # The notebook images' own server extension (it imports only traitlets here).
 sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "images" / "jupyter"))
 
-# (module, class): the classes whose own options the reference documents.
+# (module, class): the classes whose own options the reference documents: options a hub config
+# file sets.  Not GPUIdleCuller: the idle culler is a service of the hub started with a command
+# line the hub builds from GPUHUB_CULL_* (and the profiles), so c.GPUIdleCuller in the hub's
+# config would do nothing.
 CLASSES = [
     ("spawner.lending", "GPULendingSpawner"),
     # Both engines' shared options, read from c.GPUDockerSpawner (its section_names).
@@ -39,7 +42,6 @@ CLASSES = [
     ("spawner.jobs.limits", "JobLimits"),
     ("spawner.jobs.schedules", "ScheduleLimits"),
     ("spawner.auth", "DirectoryAuthenticator"),
-    ("spawner.culling", "GPUIdleCuller"),
     ("spawner.poolpage.limits", "PoolServiceLimits"),
     ("spawner.poolpage.service_config", "PoolPageSettings"),
     ("spawner.notify", "EmailNotifications"),

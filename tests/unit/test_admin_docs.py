@@ -8,6 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from spawner.settings import Settings
+from spawner.settings.hub import standing_default
 from tests.fixtures.install import run_install
 
 ADMINS = Path(__file__).resolve().parents[2] / "docs" / "admins"
@@ -43,7 +44,7 @@ def test_the_ports_page_has_every_port_with_its_default_and_where_it_listens():
     for f in fields(Settings):
         if f.name.endswith("_port"):
             name = f"GPUHUB_{f.name.upper()}"
-            assert any(name in row and f"`{f.default}`" in row for row in rows), name
+            assert any(name in row and f"`{standing_default(f.name)}`" in row for row in rows), name
     assert any("GPUHUB_BIND_URL" in row and Settings.bind_url in row for row in rows)
     # The servers' door to the gpu-pool service (JupyterLab's GPU status, and the jobs API).
     jobs = next(row for row in rows if row.startswith("| the in-lab GPU status and the jobs API"))

@@ -218,7 +218,7 @@ def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkey
 def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
     from traitlets.config import Config
 
-    from spawner.settings.culler import configure_culler
+    from spawner.settings.services import set_hub_services
 
     app = GPUIdleCuller()
     app.parse_command_line(["--inventory=swarm", "--reading-max-age=45"])
@@ -229,8 +229,8 @@ def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
                        "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub"})
     assert s.gpu_idle_percent == 5.0
     c = Config()
-    configure_culler(c, s)
-    [service] = c.JupyterHub.services
+    set_hub_services(c, s)
+    [service] = [s for s in c.JupyterHub.services if s["name"] == "idle-culler"]
     assert service["environment"] == {"GPUHUB_POOL_DB_URL": url}
     assert "--inventory=swarm" in service["command"]
     assert not any("secret" in arg for arg in service["command"])

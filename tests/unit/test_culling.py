@@ -19,7 +19,9 @@ from spawner.culling.culler import (
 )
 from spawner.inventory import SimulatedInventory
 from spawner.settings import SettingsError, load_settings
-from spawner.settings.culler import CULLER_SCOPES, activity_interval, configure_culler
+from spawner.settings.culler import CULLER_SCOPES, activity_interval, culler_command
+from spawner.settings.culler import configure_culler as configure_hub_side
+from spawner.settings.services import set_hub_services
 
 GPU_A, GPU_B = "GPU-aaaa", "GPU-bbbb"
 
@@ -230,7 +232,13 @@ def test_culler_app_turns_the_gpu_rule_on_by_default_only_for_real_gpus(inventor
 
 
 def settings(**env):
-    return load_settings({"GPUHUB_DATA_DIR": "/nonexistent-data-dir", **env})
+    return load_settings({"GPUHUB_DATA_DIR": "/nonexistent-data-dir", "GPUHUB_POOL_PAGE": "false", **env})
+
+
+def configure_culler(c, settings):
+    """The culler's part of the hub's config, as apply_settings makes it."""
+    configure_hub_side(c, settings)
+    set_hub_services(c, settings)
 
 
 def test_configure_culler_adds_the_service_and_a_role_of_only_its_scopes():
@@ -285,13 +293,18 @@ def test_gpu_rule_options_reach_the_culler_in_seconds():
                                  GPUHUB_SIMULATED_UTILIZATION_FILE="/tmp/u.json"))
     cmd = c.JupyterHub.services[0]["command"]
     assert {"--gpu-idle-percent=5", "--gpu-idle-seconds=6", "--inventory=simulated",
-            "--utilization-file=/tmp/u.json", "--simulated-gpus=4"} <= set(cmd)
+            "--utilization-file=/tmp/u.json"} <= set(cmd)
+    # GPUHUB_SIMULATED_GPUS unset: nothing on the command line, the culler counts as the inventory
+    assert not any(a.startswith("--simulated-gpus") for a in cmd)
+    assert GPUIdleCuller().simulated_gpus == SimulatedInventory().count
+    cmd = culler_command(settings(GPUHUB_INVENTORY="simulated", GPUHUB_GPU_IDLE_PERCENT="5", GPUHUB_SIMULATED_GPUS="2"))
+    assert "--simulated-gpus=2" in cmd
 
 
 def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="900", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0"))
-    assert c.GPUDockerSpawner.environment.to_dict()["update"]["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
+    assert c.GPUDockerSpawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
     # the contended timeout (300 s by default) is the shortest: reports every 100 s
     assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="900")) == 100
     assert c.JupyterHub.activity_resolution == 30
@@ -306,14 +319,14 @@ def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
 def test_servers_post_work_after_a_third_of_the_shortest_timeout_of_quiet_and_the_hub_keeps_it():
     c = Config()
     configure_culler(c, settings())
-    env = c.GPUDockerSpawner.environment.to_dict()["update"]
+    env = c.GPUDockerSpawner.environment
     # the contended timeout (300 s by default) is the shortest
     assert env["GPUHUB_ACTIVITY_QUIET_AFTER"] == "100" == env["JUPYTERHUB_ACTIVITY_INTERVAL"]
     # Reports configured rarer than that: the hub's resolution stays finer than the quiet spell,
     # or it would drop the post that ends one.
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="45", GPUHUB_ACTIVITY_INTERVAL="120"))
-    assert c.GPUDockerSpawner.environment.to_dict()["update"]["GPUHUB_ACTIVITY_QUIET_AFTER"] == "15"
+    assert c.GPUDockerSpawner.environment["GPUHUB_ACTIVITY_QUIET_AFTER"] == "15"
     assert c.JupyterHub.activity_resolution == 15
 
 
@@ -322,7 +335,7 @@ def test_busy_kernels_count_through_the_images_extension_and_the_image_keeps_its
         c = Config()
         configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY=value))
         assert "cmd" not in c.GPUDockerSpawner  # the image's own start command
-        assert c.GPUDockerSpawner.environment.to_dict()["update"][BUSY_SWITCH_ENV] == "1"
+        assert c.GPUDockerSpawner.environment[BUSY_SWITCH_ENV] == "1"
 
 
 def test_the_wrapper_is_deprecated_and_means_the_extension(capsys):
@@ -331,7 +344,7 @@ def test_the_wrapper_is_deprecated_and_means_the_extension(capsys):
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY="wrapper"))
     assert "cmd" not in c.GPUDockerSpawner
-    assert c.GPUDockerSpawner.environment.to_dict()["update"][BUSY_SWITCH_ENV] == "1"
+    assert c.GPUDockerSpawner.environment[BUSY_SWITCH_ENV] == "1"
     assert "GPUHUB_CULL_KEEP_BUSY=wrapper is deprecated" in capsys.readouterr().err
 
 
@@ -339,7 +352,7 @@ def test_busy_kernels_turned_off():
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_KEEP_BUSY="false"))
     assert "cmd" not in c.GPUDockerSpawner
-    assert c.GPUDockerSpawner.environment.to_dict()["update"][BUSY_SWITCH_ENV] == "0"
+    assert c.GPUDockerSpawner.environment[BUSY_SWITCH_ENV] == "0"
 
 
 @pytest.mark.parametrize("env, named", [

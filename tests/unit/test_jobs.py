@@ -3,6 +3,8 @@ the hub config that enables it, the kept log, and the ledger's job records."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from traitlets.config import Config
 
@@ -19,6 +21,7 @@ from spawner.profiles import DEFAULT_PROFILES, load_profiles
 from spawner.settings import load_settings
 from spawner.settings.jobs import configure_jobs
 from spawner.settings.pool_service import ACCESS_SCOPE, SERVICE_ROLE, configure_pool_page
+from spawner.settings.services import set_hub_services
 
 PROFILES = load_profiles(DEFAULT_PROFILES + [
     {"slug": "short", "display_name": "Short", "image": "img", "gpus": 1, "job_max_seconds": 60,
@@ -169,7 +172,8 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     c.GPUDockerSpawner.environment.update({"OTHER": "kept"})  # as the culler adds its own
     configure_pool_page(c, settings)
     configure_jobs(c, settings)
-    configure_jobs(c, settings)  # twice: still one of each
+    set_hub_services(c, dataclasses.replace(settings, cull=False))
+    set_hub_services(c, dataclasses.replace(settings, cull=False))  # twice: still one of each
     assert JOBS_SCOPE in c.JupyterHub.custom_scopes
     roles = {r["name"]: r for r in c.JupyterHub.load_roles}
     assert roles["user"]["scopes"].count(JOBS_SCOPE) == 1
@@ -185,7 +189,7 @@ def test_the_hub_config_gives_users_the_jobs_scope_and_the_service_what_it_needs
     assert js.max_seconds == 86400 and js.log_max_bytes == 1024 * 1024
     # notebook servers submit with their own token, to the bridge address
     assert {JOBS_SCOPE, ACCESS_SCOPE} <= set(c.GPUDockerSpawner.server_token_scopes)
-    env = c.GPUDockerSpawner.environment.get_value({})
+    env = c.GPUDockerSpawner.environment
     url = "http://192.0.2.1:9123/services/gpu-pool/"
     assert env == {"OTHER": "kept", "GPUHUB_JOBS_URL": url, "GPUHUB_POOL_URL": url}
     assert js.prefix == "gpuhub"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,7 +14,9 @@ from spawner.pool.models import GPUStatus, Lease, Waiter
 from spawner.poolpage import ADMIN_SCOPE, views
 from spawner.poolpage.app import TEMPLATES
 from spawner.settings import load_settings
-from spawner.settings.pool_service import ACCESS_SCOPE, ADMIN_ROLE, EXEC_ROLE, SERVICE_ROLE, configure_pool_page
+from spawner.settings.pool_service import ACCESS_SCOPE, ADMIN_ROLE, EXEC_ROLE, SERVICE_ROLE
+from spawner.settings.pool_service import configure_pool_page as configure_page_options
+from spawner.settings.services import set_hub_services
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -103,6 +106,12 @@ def test_the_page_escapes_names():
                                                 active=[], history=[], total_hours=0, audit=[],
                                                 base_url="/", prefix="/services/gpu-pool/")
     assert "<script>x" not in html and "&lt;script&gt;x" in html and "&lt;b&gt;me" in html
+
+
+def configure_pool_page(c, settings):
+    """The gpu-pool service's part of the hub's config, as apply_settings makes it (no culler, no jobs)."""
+    configure_page_options(c, settings)
+    set_hub_services(c, dataclasses.replace(settings, cull=False, jobs=False, ssh=False))
 
 
 def _settings(**env):
@@ -195,7 +204,7 @@ def test_the_notebook_servers_reach_the_service_on_the_bridge_with_jobs_off(tmp_
     configure_pool_page(c, settings)
     [service] = c.JupyterHub.services
     assert service_config(c, settings)["PoolPageSettings"]["bridge_ip"] == "192.0.2.1"
-    assert c.GPUDockerSpawner.environment.get_value({}) == {
+    assert c.GPUDockerSpawner.environment == {
         "OTHER": "kept", "GPUHUB_POOL_URL": "http://192.0.2.1:9123/services/gpu-pool/"}
     assert c.GPUDockerSpawner.server_token_scopes == SERVER_TOKEN_SCOPES and ACCESS_SCOPE in SERVER_TOKEN_SCOPES
     assert not any("jobs" in scope for scope in c.GPUDockerSpawner.server_token_scopes)
@@ -208,7 +217,7 @@ def test_the_notebook_servers_reach_the_service_on_the_bridge_with_jobs_off(tmp_
     configure_pool_page(c, settings)
     App.settings["page"] = PoolPageSettings(config=c)
     assert bridge_ip(App) == ""
-    assert "GPUHUB_POOL_URL" not in c.GPUDockerSpawner.environment.get_value({})
+    assert "environment" not in c.GPUDockerSpawner  # nothing for the servers: nothing written
 
 
 def test_the_page_can_be_turned_off_and_its_port_must_be_free(tmp_path):

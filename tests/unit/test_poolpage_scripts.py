@@ -5,6 +5,7 @@ scope and the directory's DN decision."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from traitlets.config import Config
@@ -13,7 +14,9 @@ from spawner.auth.entries import in_groups
 from spawner.poolpage import ADMIN_SCOPE, EXEC_SCOPE, scripts
 from spawner.poolpage.hubapi import Server
 from spawner.settings import load_settings
-from spawner.settings.pool_service import ADMIN_GROUP, ADMIN_ROLE, EXEC_GROUP, EXEC_ROLE, configure_pool_page
+from spawner.settings.pool_service import ADMIN_GROUP, ADMIN_ROLE, EXEC_GROUP, EXEC_ROLE
+from spawner.settings.pool_service import configure_pool_page as configure_page_options
+from spawner.settings.services import set_hub_services
 
 
 @pytest.mark.parametrize("raw", ["cd /tmp\r\npwd\r\nif true; then\r\n echo y\r\nfi\r\n",
@@ -157,6 +160,12 @@ def test_runs_are_kept_bounded_and_say_what_is_done():
     second = store.start("ada", "users pat", servers[:1], "true", 30)
     third = store.start("ada", "users pat", servers[:1], "true", 30)
     assert store.get(first.id) is None and store.get(second.id) is second and store.get(third.id) is third
+
+
+def configure_pool_page(c, settings):
+    """The gpu-pool service's part of the hub's config, as apply_settings makes it (no culler, no jobs)."""
+    configure_page_options(c, settings)
+    set_hub_services(c, dataclasses.replace(settings, cull=False, jobs=False, ssh=False))
 
 
 def _settings(**env):

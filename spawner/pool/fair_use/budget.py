@@ -204,4 +204,4 @@ def published(conn) -> Budgets:
     if not raw:
         return Budgets()
     d = json.loads(raw)
-    return Budgets(d.get("user"), d.get("groups") or {}, float(d.get("period_s") or 7 * 86400.0))
+    return Budgets(d.get("user"), d.get("groups") or {}, float(d.get("period_s") or Budgets.period_s))

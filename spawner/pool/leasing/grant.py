@@ -69,7 +69,7 @@ class QueueRules:
     shares: serving_order.Shares | None = None
     use_cache: dict | None = None  # rollup.decayed_use's, kept by the pool between grants
     budgets: budget.Budgets | None = None
-    booking_grace: float = 900.0
+    booking_grace: float = bookings.Limits.grace_s
     borrow: BorrowLimits = BorrowLimits()
     reclaim_grace: float = 120.0  # GPUPool.reclaim_grace: told to the holders of reclaimed leases
 
