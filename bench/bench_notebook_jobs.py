@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.bench_jobs import jobs_api, started_at, wait_job  # noqa: E402
+from bench.bench_jobs import container_started, jobs_api, wait_job  # noqa: E402
 from bench.common import environment, median  # noqa: E402
 from devservices.hub import cleanup_hub, prepare_hub, wait_for  # noqa: E402
 
@@ -38,16 +38,6 @@ NOTEBOOK = {
     "nbformat": 4, "nbformat_minor": 5,
 }
 SCRIPT = "epochs = 1\nprint('trained for', epochs, 'epochs')\n"
-
-
-def container_started(hub, client, job_id: int) -> float:
-    name = f"{hub.prefix}-job-{job_id}"
-    container = wait_for(lambda: [c for c in client.containers.list(all=True, filters={"name": name},
-                                                                    ignore_removed=True) if c.name == name],
-                         timeout=120, interval=0.05)[0]
-    wait_for(lambda: container.reload() or container.attrs["State"]["StartedAt"][:4] != "0001",
-             timeout=120, interval=0.05)
-    return started_at(container)
 
 
 def newest_job(hub, token, after: set[int]) -> int:

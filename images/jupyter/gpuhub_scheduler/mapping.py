@@ -136,6 +136,16 @@ def _stem(path: str) -> str:
     return posixpath.basename(path)[: -len(".ipynb")] if path.endswith(".ipynb") else posixpath.basename(path)
 
 
+def _described(item: dict, no_notebook: str) -> dict:
+    """The fields a job and a schedule describe alike: the input, the profile, the parameters
+    (as the form's text)."""
+    return {"input_filename": posixpath.basename(item.get("notebook") or "") or no_notebook,
+            "runtime_environment_name": item.get("profile") or "",
+            "runtime_environment_parameters": {}, "output_formats": list(OUTPUT_FORMATS),
+            "parameters": {k: v if isinstance(v, str) else json.dumps(v)
+                           for k, v in (item.get("parameters") or {}).items()}}
+
+
 def describe_job(job: dict, root_dir: str, home: str, page_url: str, exists=lambda path: False) -> dict:
     """DescribeJob's fields for a job of api/jobs.  `exists(root-relative path)` says whether
     an output is there yet (the job files the list links to); `page_url` is the job's page."""
@@ -154,14 +164,9 @@ def describe_job(job: dict, root_dir: str, home: str, page_url: str, exists=lamb
     if job.get("queue_position"):
         message = f"Position {job['queue_position']} in the queue" + (f": {message}" if message else "")
     return {
+        **_described(job, "job"),
         "job_id": job_id(job["id"]),
         "name": f"{_stem(notebook) or 'job'} (job {job['id']})",
-        "input_filename": posixpath.basename(notebook) or "job",
-        "runtime_environment_name": job.get("profile") or "",
-        "runtime_environment_parameters": {},
-        "output_formats": list(OUTPUT_FORMATS),
-        "parameters": {k: v if isinstance(v, str) else json.dumps(v)
-                       for k, v in (job.get("parameters") or {}).items()},
         "job_definition_id": schedule_id(job["schedule_id"]) if job.get("schedule_id") else None,
         "url": page_url,
         "create_time": created,
@@ -177,17 +182,11 @@ def describe_job(job: dict, root_dir: str, home: str, page_url: str, exists=lamb
 
 def describe_definition(schedule: dict, root_dir: str, home: str) -> dict:
     """DescribeJobDefinition's fields for a schedule of api/schedules."""
-    notebook = schedule.get("notebook") or ""
     created = millis(schedule.get("created_at")) or 0
     return {
+        **_described(schedule, "command"),
         "job_definition_id": schedule_id(schedule["id"]),
         "name": schedule.get("name") or f"schedule {schedule['id']}",
-        "input_filename": posixpath.basename(notebook) or "command",
-        "runtime_environment_name": schedule.get("profile") or "",
-        "runtime_environment_parameters": {},
-        "output_formats": list(OUTPUT_FORMATS),
-        "parameters": {k: v if isinstance(v, str) else json.dumps(v)
-                       for k, v in (schedule.get("parameters") or {}).items()},
         "schedule": schedule.get("cron"),
         "timezone": "UTC",
         "create_time": created,
