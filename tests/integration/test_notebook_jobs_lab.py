@@ -63,7 +63,7 @@ def test_create_a_notebook_job_in_jupyterlab_runs_it_on_the_hub(make_hub, docker
     b = browser("pat")
     log_in(b, hub, "pat", DUMMY_PASSWORD)
     b.driver.get(f"{hub.url}/user/pat/lab/tree/small.ipynb")
-    click(b, '.jp-NotebookPanel-toolbar [data-jp-item-name="create-job"] button', LAB_TIMEOUT,
+    click(b, '.jp-NotebookPanel-toolbar [data-jp-item-name="create-job"] jp-button', LAB_TIMEOUT,
           "the notebook's toolbar has no 'Create a notebook job' button (Jupyter Scheduler)")
     # The environment menu: pat's profiles, each with its GPUs and how many are free now.
     click(b, "#jp-create-job-environment", 90, "the job form has no environment menu")
