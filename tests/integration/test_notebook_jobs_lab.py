@@ -4,8 +4,8 @@ pat's JupyterLab on the MKL image has Jupyter Scheduler with the images' backend
 (images/jupyter/gpuhub_scheduler): pat opens a small notebook, presses the notebook's
 "Create a job" button, picks the GPU profile in the form's environment menu (which lists
 pat's profiles with their free GPUs), and creates the job with "Run now" and a parameter
-through the scheduler's REST API (POST scheduler/jobs, from pat's page: the form's own Create
-stays disabled here, see below).  The job is a job of the hub's gpu-pool service (api/jobs: pat's, on a leased GPU, with
+through the scheduler's REST API (POST scheduler/jobs, from pat's page, the request the form's
+Create sends; see below).  The job is a job of the hub's gpu-pool service (api/jobs: pat's, on a leased GPU, with
 the typed parameter), not a process in pat's server; the scheduler's job list shows it
 completed, and the executed notebook lands beside the input in pat's home with every cell
 run.  Screenshots go to test-artifacts/test_create_a_notebook_job_in_jupyterlab_runs_it_on_the_hub/.
@@ -82,9 +82,9 @@ def test_create_a_notebook_job_in_jupyterlab_runs_it_on_the_hub(make_hub, docker
     b.shot("1-environments")
     click_xpath(b, "//li[@role='option'][starts-with(normalize-space(), 'tf-gpu-1 (')]", 30, "no tf-gpu-1 option")
     b.shot("2-create-job-form")
-    # Create, as the form sends it, from pat's page (its cookie and XSRF token): this Jupyter
-    # Scheduler's form leaves "Input file" empty under this JupyterLab (it reads the file
-    # browser's selection; its bundle asks for JupyterLab 4.7), so its Create stays disabled.
+    # Create, as the form sends it, from pat's page (its cookie and XSRF token): pressed too
+    # early after the notebook opened, the form once came up with "Input file" empty and its
+    # Create disabled (known-limits.md), so the test sends Create's request itself.
     environment = next(s for s in shown if s.startswith("tf-gpu-1 ("))
     before = time.time()
     status, answer = scheduler_call(b, "POST", "jobs", {
