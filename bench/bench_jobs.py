@@ -50,18 +50,23 @@ def wait_job(hub, token, job_id, states, timeout=900):
                     timeout=timeout, what=f"job {job_id}", interval=0.05)
 
 
-def job_to_running(hub, client, token, command) -> float:
-    began = time.time()
-    r = jobs_api(hub, "POST", "", token, json={"profile": "tf-gpu-1", "command": command})
-    assert r.status_code == 201, r.text
-    job_id = r.json()["id"]
+def container_started(hub, client, job_id: int) -> float:
+    """When job `job_id`'s container started (Docker's own StartedAt), once it has."""
     name = f"{hub.prefix}-job-{job_id}"
     container = wait_for(lambda: [c for c in client.containers.list(all=True, filters={"name": name},
                                                                     ignore_removed=True) if c.name == name],
                          timeout=120, interval=0.05)[0]
     wait_for(lambda: container.reload() or container.attrs["State"]["StartedAt"][:4] != "0001",
              timeout=120, interval=0.05)
-    seconds = started_at(container) - began
+    return started_at(container)
+
+
+def job_to_running(hub, client, token, command) -> float:
+    began = time.time()
+    r = jobs_api(hub, "POST", "", token, json={"profile": "tf-gpu-1", "command": command})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    seconds = container_started(hub, client, job_id) - began
     wait_job(hub, token, job_id, ("succeeded", "failed"))
     return seconds
 

@@ -86,7 +86,9 @@ CONTEXT_DIRS = ["skel", "jupyter"]
 BYTECODE_MODES = ("warmup", "all", "none")
 # What a local build of the in-lab extension leaves (never committed, never an input: the
 # image builds its own from the sources and the lock file).
-BUILD_OUTPUTS = ("__pycache__", "node_modules", "lib", "build", "tsconfig.tsbuildinfo", "*.egg-info")
+BUILD_OUTPUTS = ("__pycache__", "node_modules", "lib", "build", "tsconfig.tsbuildinfo", "*.egg-info",
+                 # what linters and test runners leave beside the sources (ruff reads images/jupyter/pyproject.toml)
+                 ".ruff_cache", ".pytest_cache", ".mypy_cache")
 LABEXTENSION = HERE / "jupyter" / "labextension"
 # Installed in the builder stage's pip build environment only (the images' own package is
 # built with it), so fetched into the wheelhouse but not in requirements.txt.

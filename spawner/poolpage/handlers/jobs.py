@@ -29,9 +29,10 @@ from ...jobs.request import BadJob, check_submission
 from ...jobs.runner import JobError, JobRunner
 from ...jobs.scheduler import Scheduler
 from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, Job
-from .. import ADMIN_SCOPE
+from .. import ADMIN_SCOPE, views
 from ..limits import PoolServiceLimits
 from .base import APIHandler, BaseHandler, log, path_id
+from .lab import free_per_profile
 from .log_streams import Followers, LogFollow, MergedFollow, TooMany
 
 MAX_BODY = 64 * 1024
@@ -136,6 +137,24 @@ class JobsAPI(JobsMixin, APIHandler):
         job = await self.submit_body(name, body)
         self.set_header("Location", url_path_join(self.request.path, str(job.id)))
         self.write_json(await self.job_dict(job), status=201)
+
+
+class JobProfilesAPI(JobsMixin, APIHandler):
+    """GET api/jobs/profiles: the profiles the caller may run jobs with (their groups allow
+    them), each with the free GPUs it could be lent now, as JupyterLab's GPU panel counts them.
+    What Jupyter Scheduler's environment choice lists (images/jupyter/gpuhub_scheduler)."""
+
+    async def get(self):
+        name, _ = self.job_user()
+        groups = (await self.hub_user(name)).get("groups") or []
+        mine = [p for p in self.runner.profiles.values() if p.allows(groups)]
+        gpus = views.gpu_rows(await self.call(self.pool.gpus), views.Viewer(name=name))
+        free = {f["slug"]: f for f in free_per_profile(gpus, mine)}
+        self.write_json({"profiles": [
+            {"slug": p.slug, "display_name": p.display_name, "gpus": p.gpus,
+             "free": free[p.slug]["free"] if p.slug in free else None,
+             "available": free[p.slug]["available"] if p.slug in free else True}
+            for p in mine]})
 
 
 def form_body(get) -> dict:
@@ -390,6 +409,7 @@ def routes(prefix: str) -> list[tuple]:
     api = url_path_join(prefix, "api", "jobs")
     return [
         (api, JobsAPI),
+        (api + "/profiles", JobProfilesAPI),
         (api + r"/(\d+)", JobAPI),
         (api + r"/(\d+)/logs", JobLogsAPI),
         (url_path_join(prefix, "jobs") + r"/(\d+)", JobPage),
