@@ -91,9 +91,7 @@ class SwarmDemo(Demo):
             "GPUHUB_SPAWNER": "swarm",
             "GPUHUB_INVENTORY": "swarm",
             "GPUHUB_POOL_DB_URL": self.postgres.url,
-            # A name: each server is on a network of its own, which the helper joins (the hub finds it
-            # as the container whose network namespace it runs in).
-            "GPUHUB_HUB_CONNECT_IP": site.container,
+            "GPUHUB_HUB_CONNECT_IP": site.overlay_ip,
             "GPUHUB_BIND_URL": f"http://{site.bridge_ip}:{self.args.port}",
             "GPUHUB_DOCKER_NETWORK": self.swarm.network,
             "GPUHUB_PROFILES_FILE": str(profiles),

@@ -412,18 +412,11 @@ class HubSite:
     pid: int
     bridge_ip: str
     overlay_ip: str
-    hosts: str = ""  # an /etc/hosts that also names the container (its overlay address)
 
     @property
     def launcher(self) -> list[str]:
-        """The command prefix that runs a program in the site's network namespace, where the
-        container's name resolves as in the container itself (Docker's resolver there): in a
-        mount namespace of its own whose /etc/hosts also maps the name to the overlay address."""
-        enter = ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--"]
-        if not self.hosts:
-            return enter
-        return [*enter, "unshare", "--mount", "--propagation", "private", "--",
-                "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', self.hosts]
+        """The command prefix that runs a program in the site's network namespace."""
+        return ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--"]
 
 
 def start_hub_site(swarm: Swarm, image: str, index: int) -> HubSite:
@@ -433,11 +426,5 @@ def start_hub_site(swarm: Swarm, image: str, index: int) -> HubSite:
     docker("network", "connect", swarm.network, name)
     info = json.loads(docker("inspect", name))[0]
     networks = info["NetworkSettings"]["Networks"]
-    overlay_ip = networks[swarm.network]["IPAddress"]
-    # The hub's connect name (GPUHUB_HUB_CONNECT_IP) is this container's: its proxy and services
-    # resolve it here as they would in the container (servers resolve it on their own networks).
-    base = Path(getattr(swarm, "_base", None) or tempfile.mkdtemp(prefix=f"gpuhub-swarm-{swarm.session}-",
-                                                                  dir="/var/tmp"))
-    hosts = base / f"hub{index}.hosts"
-    hosts.write_text(Path("/etc/hosts").read_text().rstrip("\n") + f"\n{overlay_ip}\t{name}\n")
-    return HubSite(name, info["State"]["Pid"], networks["bridge"]["IPAddress"], overlay_ip, str(hosts))
+    return HubSite(name, info["State"]["Pid"], networks["bridge"]["IPAddress"],
+                   networks[swarm.network]["IPAddress"])

@@ -30,9 +30,7 @@ def prepare_swarm_hub(swarm: Swarm, postgres_server, forward_port: int, image: s
         "GPUHUB_SPAWNER": "swarm",
         "GPUHUB_INVENTORY": "swarm",
         "GPUHUB_POOL_DB_URL": db_url,
-        # A name: each server is on a network of its own, which the helper joins (the hub finds it
-        # as the container whose network namespace it runs in).
-        "GPUHUB_HUB_CONNECT_IP": site.container,
+        "GPUHUB_HUB_CONNECT_IP": site.overlay_ip,
         "GPUHUB_SWARM_CPU_CONSTRAINTS": f"node.labels.gpuhub.test-session=={swarm.session}",
         # The manager may hold other sessions' nodes (another checkout's tests): lend only this one's.
         "GPUHUB_SWARM_NODE_LABELS": f"gpuhub.test-session={swarm.session}",
@@ -50,15 +48,12 @@ def prepare_swarm_hub(swarm: Swarm, postgres_server, forward_port: int, image: s
 
 
 def cleanup_swarm_hub(hub, docker_client) -> None:
-    """Stop the hub; remove its services, containers, volumes, helper and networks."""
+    """Stop the hub; remove its services, containers, volumes and helper."""
     hub.stop()
     for service in docker("service", "ls", "-q", "--filter", f"name={hub.prefix}-", check=False).split():
         docker("service", "rm", service, check=False)
     cleanup_hub(hub, docker_client)
     docker("rm", "-f", hub.site.container, check=False)
-    # The servers' own networks a hub that did not stop cleanly left (swarm/server_networks.py).
-    for network in docker("network", "ls", "-q", "--filter", f"name={hub.prefix}-", check=False).split():
-        docker("network", "rm", network, check=False)
 
 
 def profiles_config(image: str) -> str:

@@ -212,17 +212,13 @@ async def serve(app: web.Application, port: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     watchdog = asyncio.create_task(stop_when_the_hub_is_gone("gpu-pool", log))
-    bridge, address = None, bridge_ip(app)
-    # On Swarm the servers reach it on every address of the hub's container (each server's own
-    # network gives it another): loopback connections still reach the loopback socket, the most
-    # specific one, which alone trusts the proxy's headers.
-    wildcard = address in ("0.0.0.0", "::")
     server = HTTPServer(app, xheaders=True)
-    server.listen(port, "127.0.0.1", reuse_port=wildcard)
+    server.listen(port, "127.0.0.1")
     log.info("GPU pool page on http://127.0.0.1:%s%s", port, app.settings["prefix"])
+    bridge, address = None, bridge_ip(app)
     if address:
         bridge = HTTPServer(app)  # no xheaders: containers cannot claim another address
-        bridge.listen(port, address, reuse_port=wildcard)
+        bridge.listen(port, address)
         log.info("For the notebook servers on http://%s:%s%s", address, port, app.settings["prefix"])
     stop_jobs = await jobs_api.start_jobs(app)
     sender = Sender(app.settings["pool"], app.settings["notify"], app.settings["prefix"],

@@ -65,9 +65,8 @@ class PoolPageSettings(Configurable):
         certificate is usually self-signed on this hop).
         """)
     bridge_ip = Unicode("", config=True, help="""
-        The hub's address on the containers' network (the Docker bridge), where the service also
-        listens for the notebook servers; `0.0.0.0` on Swarm (every address of the hub's
-        container: each server reaches it on a network of its own); empty: 127.0.0.1 only.
+        The hub's address on the containers' network (the Docker bridge, or the Swarm overlay),
+        where the service also listens for the notebook servers; empty: 127.0.0.1 only.
         """)
     profiles = List(Dict(), config=True, help="""
         The spawner's profiles, as configured (the hub writes `c.GPUDockerSpawner.profiles` here),

@@ -18,7 +18,7 @@ from ..culling.policy import DEFAULT_GPU_IDLE_PERCENT
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
 from ..ssh.settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
-from .parsing import SettingsError, env_bool, env_choice, env_float, env_int, env_key_values, is_address
+from .parsing import SettingsError, env_bool, env_choice, env_float, env_int, env_key_values
 from .secret_files import private_file, secret_setting, with_secret_files
 
 DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
@@ -176,11 +176,10 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
             raise SettingsError("GPUHUB_SPAWNER=swarm lends the GPUs of several hosts from one ledger, "
                                 "which must be PostgreSQL: set GPUHUB_POOL_DB_URL=postgresql+psycopg://... "
                                 "(an SQLite ledger lives on one machine)")
-        if not values["hub_connect_ip"] or is_address(str(values["hub_connect_ip"])):
-            raise SettingsError("GPUHUB_SPAWNER=swarm needs GPUHUB_HUB_CONNECT_IP: the name servers on "
-                                "every node reach the hub by (the hub container's alias on the overlay, "
-                                "e.g. gpuhub-hub).  A name, not an address: each server is on a network "
-                                "of its own, where the hub has another address")
+        if not values["hub_connect_ip"]:
+            raise SettingsError("GPUHUB_SPAWNER=swarm needs GPUHUB_HUB_CONNECT_IP: the hub container's "
+                                "address on the overlay network (GPUHUB_DOCKER_NETWORK), where servers "
+                                "on every node reach the hub")
     return values
 
 

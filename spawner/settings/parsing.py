@@ -6,7 +6,6 @@ raise: its message names the variable, so the hub stops saying what to fix.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -14,15 +13,6 @@ from collections.abc import Mapping
 
 class SettingsError(ValueError):
     """A deployment setting is missing or wrong; the message names it."""
-
-
-def is_address(value: str) -> bool:
-    """Whether `value` is an IP address (not a name)."""
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
 
 
 def _number(env: Mapping[str, str], name: str, default, minimum, convert, what: str):

@@ -151,9 +151,7 @@ def configure_pool_page(c, settings) -> None:
     navigation link, the directory's role groups): the page's settings and the authenticator's
     file the hub writes for it at its start."""
     bridge_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
-    # On Swarm every address of the hub's container: each server reaches it on its own network
-    # (swarm/server_networks.py), by the hub's name.
-    set_page_settings(c, settings, "0.0.0.0" if settings.spawner == "swarm" else bridge_ip)
+    set_page_settings(c, settings, bridge_ip)
     hand_authenticator_over(settings)
 
 

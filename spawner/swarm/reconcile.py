@@ -4,8 +4,7 @@
 service stands in for a container (its labels are the same lease labels),
 and the pass runs once per GPU node the Swarm inventory knows, with the same
 guarantees: no lease without a task, no task with GPUs without a lease, only
-this ledger's services touched, and a server's own network whose service is gone
-removed (swarm/server_networks.py).  Removing a service counts as done only once
+this ledger's services touched.  Removing a service counts as done only once
 Swarm reports none of its tasks still running; until then the lease stays.
 """
 
@@ -17,7 +16,6 @@ import time
 from ..docker.reconcile import reconcile
 from ..labels import LABEL_LEASE, LABEL_POOL, pool_identity
 from ..reconciler import ReconcileReport
-from . import server_networks
 from .tasks import lease_tasks, node_states, task_holds
 
 # How long one pass waits for a removed service's tasks to stop before it
@@ -88,9 +86,4 @@ def reconcile_swarm(pool, docker_client, tracked_lease_ids, log=None, min_age: f
         report.kept += one.kept
         report.ended += one.ended
         report.containers_stopped += one.containers_stopped
-    try:
-        server_networks.sweep(api, pool_identity(pool), log)
-    except Exception as exc:  # the next pass tries again
-        if log:
-            log.warning("Could not sweep the servers' networks: %s", exc)
     return report

@@ -41,8 +41,6 @@ from ..pool.history.queries import counts as counts_of
 from ..pool.leasing.placement import host_demand
 from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
-from ..settings.parsing import is_address
-from . import server_networks
 from .generic_guard import GUARD
 from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
@@ -118,22 +116,6 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         """,
     )
 
-    hub_containers = List(
-        Unicode(),
-        default_value=[],
-        config=True,
-        help="""
-        The containers (names or ids, on the Swarm manager the hub talks to) that
-        join each server's own overlay network: where the hub, its proxy and its
-        services (the gpu-pool service, the SSH gateway) run.  Each server is on a
-        network of its own that only these containers share, so no user's server
-        reaches another's.  Empty: the hub's own container, found by itself (the
-        container it runs in, or the one whose network namespace it was entered
-        into).  Name a container here when the proxy runs in a container of its
-        own; every container named must be on the Swarm manager the hub talks to.
-        """,
-    )
-
     @default("inventory_kind")
     def _default_inventory_kind(self):
         return "swarm"
@@ -149,8 +131,6 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
     # How long a guarded start waits for Swarm to replace a rejected task before it gives up.
     REJECTED_WAIT_SECONDS = 30.0
     _guard_warned = False  # said once per hub process that the managers cannot carry the guard
-    # Whether the hub's containers are on this server's own network (joined again after a restart).
-    _hub_joined = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -265,7 +245,6 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         # c.ContainerLimits: Swarm takes the pids limit among the task's resource limits (API 1.41).
         limits = self.container_limits
         resources.setdefault("Limits", {})["Pids"] = limits.pids_limit
-        own_network = await self._own_network()
         constraints = [f"node.hostname=={self.gpu_host}"] if self.gpu_uuids else list(self.cpu_constraints)
         # Never on a node whose tasks would run without no-new-privileges (or that was not checked).
         constraints += [f"node.id!={node}" for node in sorted(self._refused_nodes)]
@@ -276,8 +255,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
             restart_policy=(RestartPolicy(condition="on-failure", max_attempts=3)
                             if self._guarded else RestartPolicy(condition="none")),
             placement=Placement(constraints=constraints or None),
-            # Its own network, shared with the hub's container only (swarm/server_networks.py).
-            networks=[NetworkAttachmentConfig(own_network)],
+            networks=[NetworkAttachmentConfig(self.network_name)] if self.network_name else [],
             log_driver=DriverConfig(limits.log_driver, options=limits.log_options()),
         )
         # dnsrr: no virtual IP (no IPVS needed); the hub reaches the task's own address.
@@ -286,60 +264,6 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         while not await self.docker("tasks", filters={"service": self.service_name}):
             await asyncio.sleep(0.1)
         return service
-
-    # ---------------------------------------------------------- own network
-
-    @property
-    def own_network_name(self) -> str:
-        return server_networks.network_name(self.service_name)
-
-    def _hub_alias(self) -> str:
-        """The name servers reach the hub by (GPUHUB_HUB_CONNECT_IP), as an alias on their network."""
-        from urllib.parse import urlparse
-
-        url = self.hub_connect_url or (self.hub.api_url if self.hub else "")
-        host = urlparse(url).hostname or ""
-        return "" if is_address(host) else host
-
-    async def _own_network(self) -> str:
-        """This server's own overlay, made if need be, with the hub's containers on it."""
-        servers = {}
-        if self.network_name:
-            import docker.errors
-
-            try:
-                servers = await self.docker("inspect_network", self.network_name)
-            except docker.errors.NotFound:
-                servers = {}
-        hubs = await asyncio.to_thread(server_networks.hub_containers, self.client, self.hub_containers,
-                                       self.network_name)
-        if not hubs:
-            self.log.error("The hub found no container of its own to join to %s's network: set "
-                           "c.GPUSwarmSpawner.hub_containers", self.service_name)
-            raise web.HTTPError(500, "The hub cannot reach servers on their own networks (its container is "
-                                "not known). Ask an administrator: c.GPUSwarmSpawner.hub_containers.")
-        name = self.own_network_name
-        labels = server_networks.labels_for(self.service_name, self.user.name, pool_identity(self.pool))
-        await asyncio.to_thread(server_networks.ensure_network, self.client, name, labels,
-                                server_networks.overlay_options(servers))
-        await asyncio.to_thread(server_networks.connect, self.client, name, hubs, self._hub_alias())
-        self._hub_joined = True
-        return name
-
-    async def poll(self):
-        status = await super().poll()
-        if status is None and not self._hub_joined:
-            # A hub that restarted (a new container) joins its running servers' networks again.
-            try:
-                hubs = await asyncio.to_thread(server_networks.hub_containers, self.client,
-                                               self.hub_containers, self.network_name)
-                await asyncio.to_thread(server_networks.connect, self.client, self.own_network_name, hubs,
-                                        self._hub_alias())
-                self._hub_joined = bool(hubs)
-            except Exception as exc:  # a server made before networks of its own: none to join
-                self.log.warning("Could not join %s: %s", self.own_network_name, exc)
-                self._hub_joined = True
-        return status
 
     async def get_task(self):
         """The service's task.  One on a node that went quiet (down, unknown, disconnected) may
@@ -414,10 +338,9 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
 
     async def get_ip_and_port(self):
         task = await self.get_task()
-        # Its own network; a server made before servers had one: the shared overlay.
-        ip = (task_ip(task, self.own_network_name) or task_ip(task, self.network_name)) if task else None
+        ip = task_ip(task, self.network_name) if task else None
         if not ip:
-            raise RuntimeError(f"Service {self.service_name} has no address on {self.own_network_name}")
+            raise RuntimeError(f"Service {self.service_name} has no address on {self.network_name}")
         return ip, self.port
 
     async def stop(self, now=False):
@@ -436,13 +359,6 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         except Exception as exc:  # the lease then stays lent; the reconciler retries
             self.log.warning("Could not remove service %s: %s", self.service_name, exc)
         await super().run_post_stop_hook()
-        # Its network too, once Swarm lets go of it (else the reconciler removes it later).
-        self._hub_joined = False
-        try:
-            if not await asyncio.to_thread(server_networks.remove, self.client, self.own_network_name):
-                self.log.info("Network %s still in use; the reconciler removes it", self.own_network_name)
-        except Exception as exc:
-            self.log.warning("Could not remove network %s: %s", self.own_network_name, exc)
 
     async def lease_holders(self, lease_id: int) -> list[str]:
         return await asyncio.to_thread(lease_holders_in, self.client, lease_id, pool_identity(self.pool))

@@ -29,10 +29,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .tasks import LIVE_TASK_STATES
 
-# After the shutdown was accepted; then Swarm stops it as before.  A server on its own overlay
-# (server_networks.py) reads ended about a second later than one on a shared overlay (its node
-# leaves the network too): 2.1-4.0 s vs 2.0-2.2 s for one stop on a loaded 2-core test machine.
-EXIT_WAIT_SECONDS = 8.0
+EXIT_WAIT_SECONDS = 5.0  # after the shutdown was accepted; then Swarm stops it as before
 REQUEST_TIMEOUT = 3.0
 # The task is looked at this often while the server exits, not less and less often: the exit
 # comes about a second after the request (Jupyter Server's clean-up), and a backing-off look

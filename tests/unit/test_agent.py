@@ -226,7 +226,7 @@ def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
     assert app.cull_arbiter_hook.utilization.reading_max_age == 45
     url = "postgresql+psycopg://u:secret@db/gpupool"
     s = load_settings({"GPUHUB_DATA_DIR": "/nonexistent", "GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": url,
-                       "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub"})
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2"})
     assert s.gpu_idle_percent == 5.0
     c = Config()
     set_hub_services(c, s)

@@ -156,7 +156,7 @@ def test_a_node_quiet_for_less_than_the_grace_lets_the_cluster_carry_on():
 
 
 def test_a_jobs_own_overlay_is_encrypted_when_the_servers_overlay_is():
-    from spawner.swarm.server_networks import overlay_options
+    from spawner.swarm.jobs import overlay_options
 
     assert overlay_options({"Options": {"encrypted": ""}}) == {"encrypted": ""}
     assert overlay_options({"Options": {}}) == {} and overlay_options({}) == {}

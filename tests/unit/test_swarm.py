@@ -148,24 +148,20 @@ def test_task_address_on_the_overlay():
 
 def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
     with pytest.raises(SettingsError, match="PostgreSQL"):
-        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub"})
+        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_HUB_CONNECT_IP": "10.0.1.2"})
     with pytest.raises(SettingsError, match="GPUHUB_HUB_CONNECT_IP"):
         load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool"})
-    # A name, not an address: each server is on a network of its own, where the hub's address differs.
-    with pytest.raises(SettingsError, match="A name, not an address"):
-        load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2"})
     with pytest.raises(SettingsError, match="GPUHUB_SWARM_HOME_OPTIONS"):
         load_settings({"GPUHUB_SWARM_HOME_OPTIONS": "[1]"})
     s = load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-                       "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub",
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2",
                        "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker, node.labels.cpu==true"})
     assert s.inventory == "swarm"
     assert s.swarm_cpu_constraints == ("node.role==worker", "node.labels.cpu==true")
     # Batch jobs run on Swarm too: on by default, as Swarm services of any GPU node.
     assert s.jobs is True
     assert not load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-                              "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub", "GPUHUB_JOBS": "false"}).jobs
+                              "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_JOBS": "false"}).jobs
 
 
 def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_path):
@@ -177,7 +173,7 @@ def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_pa
     from spawner.swarm.jobs import SwarmJobEngine
 
     s = load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-                       "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub", "GPUHUB_DATA_DIR": str(tmp_path),
+                       "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_DATA_DIR": str(tmp_path),
                        "GPUHUB_SWARM_HOME_OPTIONS": '{"type": "nfs", "device": ":/homes/{username}"}',
                        "GPUHUB_SWARM_CPU_CONSTRAINTS": "node.role==worker"})
     c = Config()
@@ -200,11 +196,11 @@ def test_swarm_settings_choose_gpu_swarm():
     c = Config()
     apply_settings(c, load_settings({
         "GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-        "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub", "GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x",
+        "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x",
         "GPUHUB_CULL": "false", "GPUHUB_POOL_PAGE": "false",
         "GPUHUB_SWARM_HOME_OPTIONS": '{"type": "nfs", "o": "addr=10.0.0.5", "device": ":/homes/{username}"}'}))
     assert c.JupyterHub.spawner_class == "spawner.swarm.GPUSwarmSpawner"
-    assert (c.JupyterHub.hub_ip, c.JupyterHub.hub_connect_ip) == ("0.0.0.0", "gpuhub-hub")
+    assert (c.JupyterHub.hub_ip, c.JupyterHub.hub_connect_ip) == ("0.0.0.0", "10.0.1.2")
     assert c.GPUSwarmSpawner.home_volume_driver_options["device"] == ":/homes/{username}"
 
 
@@ -238,7 +234,7 @@ def test_a_hub_lends_only_from_the_nodes_that_carry_its_labels(tmp_path):
                        node("bare", ["GPU-b"])])
     assert SwarmInventory(client=manager).hosts() == {"lab-a", "other", "bare"}
     env = {"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
-           "GPUHUB_HUB_CONNECT_IP": "gpuhub-hub", "GPUHUB_DATA_DIR": str(tmp_path),
+           "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_DATA_DIR": str(tmp_path),
            "GPUHUB_SWARM_NODE_LABELS": " gpuhub.pool = lab "}
     settings = load_settings(env)
     c = Config()
@@ -255,19 +251,3 @@ def test_a_hub_lends_only_from_the_nodes_that_carry_its_labels(tmp_path):
     assert "SwarmInventory" not in unset
     with pytest.raises(SettingsError, match="GPUHUB_SWARM_NODE_LABELS"):
         load_settings({**env, "GPUHUB_SWARM_NODE_LABELS": "gpuhub.pool"})
-
-
-def test_a_servers_own_network_and_the_hubs_container_from_its_mountinfo():
-    from spawner.swarm.server_networks import container_in_mountinfo, network_name
-
-    # Never a job's network name (those end in -<id>-net or -isolated), whatever the user is called.
-    assert network_name("gpuhub-job-5") == "gpuhub-job-5-server-net"
-    cid = "0123456789abcdef" * 4
-    inside = (f"1201 1190 0:52 / / rw,relatime - overlay overlay rw\n"
-              f"1290 1201 8:1 /var/lib/docker/containers/{cid}/resolv.conf /etc/resolv.conf rw - ext4 /dev/sda1 rw\n"
-              f"1291 1201 8:1 /var/lib/docker/containers/{cid}/hostname /etc/hostname rw - ext4 /dev/sda1 rw\n")
-    assert container_in_mountinfo(inside) == cid
-    # On the host, other containers' mounts show too, but none is this process's /etc/hostname.
-    host = (f"29 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
-            f"700 29 0:60 / /var/lib/docker/containers/{cid}/mounts/shm rw - tmpfs shm rw\n")
-    assert container_in_mountinfo(host) is None
