@@ -157,7 +157,7 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15) -> None:
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
+    return Path(__file__).resolve().parents[2]  # devservices/ldap/common.py -> the repository
 
 
 class DirectoryServer:
