@@ -6,6 +6,7 @@ the proxy, GPUDockerSpawner, the pool, the authenticator, the culler).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from ..docker.firewall import ICC_OPTION
@@ -18,23 +19,35 @@ def docker_network_gateway(name: str) -> str:
     """The gateway address of the Docker bridge `name`, made here if missing.
 
     The hub listens on that address only: containers on the bridge reach it,
-    nothing outside this machine can.
+    nothing outside this machine can.  Docker lets two networks share a name, and two
+    processes that start at once (two hubs, a hub and `gpu-pool`) may both make it: every
+    process keeps the oldest of that name and removes the others while they are empty, so
+    all agree on one bridge and a name never becomes ambiguous to Docker.
     """
     import docker
 
     try:
         client = docker.from_env()
-        try:
-            network = client.networks.get(name)
-        except docker.errors.NotFound:
+        if not _named(client, name):
             # Its containers cannot reach each other (they reach the gateway, where the hub listens).
-            network = client.networks.create(name, driver="bridge", options={ICC_OPTION: "false"})
-        network.reload()
-        return network.attrs["IPAM"]["Config"][0]["Gateway"]
+            client.networks.create(name, driver="bridge", options={ICC_OPTION: "false"}, check_duplicate=True)
+        keep, *others = _named(client, name)
+        for other in others:
+            if not other.attrs.get("Containers"):
+                with contextlib.suppress(docker.errors.APIError):
+                    other.remove()
+        keep.reload()
+        return keep.attrs["IPAM"]["Config"][0]["Gateway"]
     except Exception as exc:
         raise SettingsError(
             f"GPUHUB_DOCKER_NETWORK={name!r}: cannot reach Docker to find or create the bridge ({exc})"
         ) from None
+
+
+def _named(client, name: str) -> list:
+    """The networks called exactly `name`, oldest first (Docker's name filter also matches parts)."""
+    found = [n for n in client.networks.list(names=[name]) if n.name == name]
+    return sorted(found, key=lambda n: (n.attrs.get("Created", ""), n.id))
 
 
 def servers_ports(settings: Settings) -> list[int]:
