@@ -7,7 +7,12 @@ the proxy, GPUDockerSpawner, the pool, the authenticator, the culler).
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 from ..docker.firewall import ICC_OPTION
 from .directory import DirectorySettings
@@ -28,9 +33,11 @@ def docker_network_gateway(name: str) -> str:
 
     try:
         client = docker.from_env()
-        if not _named(client, name):
-            # Its containers cannot reach each other (they reach the gateway, where the hub listens).
-            client.networks.create(name, driver="bridge", options={ICC_OPTION: "false"}, check_duplicate=True)
+        with _creating(name):
+            if not _named(client, name):
+                # Its containers cannot reach each other (they reach the gateway, where the hub listens).
+                client.networks.create(name, driver="bridge", options={ICC_OPTION: "false"},
+                                       check_duplicate=True)
         keep, *others = _named(client, name)
         for other in others:
             if not other.attrs.get("Containers"):
@@ -44,10 +51,31 @@ def docker_network_gateway(name: str) -> str:
         ) from None
 
 
+@contextlib.contextmanager
+def _creating(name: str) -> Iterator[None]:
+    """One process of this machine at a time looks for the bridge and makes it: Docker's own
+    duplicate check is not atomic, so without this a start that finished first could keep a
+    network that a slower one's was older than."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    with open(Path(tempfile.gettempdir()) / f"gpuhub-network-{safe}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _named(client, name: str) -> list:
     """The networks called exactly `name`, oldest first (Docker's name filter also matches parts)."""
     found = [n for n in client.networks.list(names=[name]) if n.name == name]
-    return sorted(found, key=lambda n: (n.attrs.get("Created", ""), n.id))
+    return sorted(found, key=lambda n: (_created(n.attrs.get("Created", "")), n.id))
+
+
+def _created(text: str) -> tuple[str, int]:
+    """Docker's creation time as a sortable key: Go's RFC 3339 trims the fraction's trailing
+    zeros, so as text ".1Z" would sort after ".12Z"."""
+    match = re.match(r"(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(.*)$", text)
+    if match is None:
+        return (text, 0)
+    whole, fraction, zone = match.groups()
+    return (whole + zone, int((fraction or "0")[:9].ljust(9, "0")))
 
 
 def servers_ports(settings: Settings) -> list[int]:
