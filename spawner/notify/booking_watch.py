@@ -56,9 +56,11 @@ def news(store, conn) -> list[tuple[str, str, dict, dict]]:
 
 
 def run_once(store) -> int:
-    """One look (a read; a write only when there may be news); the number of events queued, each
-    once (events.once), in the write (blocking: call it on the ledger's threads)."""
-    found = store.read(lambda conn: news(store, conn))
+    """One look (a read, leaving out what was told already; a write only when news is left); the
+    number of events queued, each once (events.once checks again under the write lock)
+    (blocking: call it on the ledger's threads)."""
+    found = store.read(lambda conn: [(user, event, key, payload) for user, event, key, payload in news(store, conn)
+                                      if not events.told(conn, user, event, key)])
     if not found:
         return 0
     return store.write(lambda conn: sum(events.once(store, conn, user, event, key, payload)

@@ -45,9 +45,9 @@ def look(store, conn, now=None) -> list[tuple[str, str, int, float, dict]]:
 
 
 def run_once(store) -> int:
-    """One look (a read; a write only for what is at a threshold); the number of events queued
-    (blocking: call it on the ledger's threads)."""
-    found = store.read(lambda conn: look(store, conn))
+    """One look (a read, leaving out what was told this period; a write only when news is left);
+    the number of events queued (blocking: call it on the ledger's threads)."""
+    found = store.read(lambda conn: [f for f in look(store, conn) if not events.budget_told(store, conn, *f[:4])])
     if not found:
         return 0
     return store.write(lambda conn: sum(events.budget_reached(store, conn, user, who, percent, period_s, payload)

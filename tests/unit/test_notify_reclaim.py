@@ -74,7 +74,12 @@ def test_a_gpu_hour_budget_at_80_and_100_percent_is_told_once_each_per_period(tm
     assert budget_watch.run_once(store) == 0
     clock.advance(2 * 60)  # 0.83
     assert budget_watch.run_once(store) == 1
+    writes = []
+    write = store.write
+    store.write = lambda fn: writes.append(fn) or write(fn)
     assert budget_watch.run_once(store) == 0  # once per threshold
+    assert writes == []  # what was told already takes no write lock at each round
+    store.write = write
     [event] = rows(pool, "bob")
     assert (event["event"], event["payload"]["percent"], event["payload"]["who"]) == ("budget", 80, "you")
     assert event["payload"]["used"] == 0.833 and event["payload"]["limit"] == 1.0

@@ -84,20 +84,29 @@ def budget_reached(store, conn, user: str, who: str, percent: int, period_s: flo
                 since=since)
 
 
-def once(store, conn, user: str, event: str, key: dict[str, Any], payload: dict[str, Any],
-         since: datetime | None = None) -> bool:
-    """Queue `event` for `user` unless one of their newest ones (written since `since`, when given)
-    already has these `key` values in its payload (an idle spell's cull warning, a booking's
-    "soon", a lease's "booked-out": told once).  True when queued."""
+def budget_told(store, conn, user: str, who: str, percent: int, period_s: float) -> bool:
+    """Whether budget_reached would find this news told already (a read: watches look first)."""
+    since = store.now(conn) - timedelta(seconds=period_s)
+    return told(conn, user, BUDGET, {"who": who, "percent": percent}, since=since)
+
+
+def told(conn, user: str, event: str, key: dict[str, Any], since: datetime | None = None) -> bool:
+    """Whether one of `user`'s newest `event`s (written since `since`, when given) already has
+    these `key` values in its payload."""
     t = outbox_table.c
     stmt = select(t.payload).where(t.user_name == user, t.event == event, t.channel == outbox.CHANNELS[0])
     if since is not None:
         stmt = stmt.where(t.created_at >= since)
     seen = conn.execute(stmt.order_by(t.id.desc()).limit(SPELLS_LOOKED_AT)).scalars()
-    for raw in seen:
-        p = json.loads(raw)
-        if all(p.get(k) == v for k, v in key.items()):
-            return False
+    return any(all(json.loads(raw).get(k) == v for k, v in key.items()) for raw in seen)
+
+
+def once(store, conn, user: str, event: str, key: dict[str, Any], payload: dict[str, Any],
+         since: datetime | None = None) -> bool:
+    """Queue `event` for `user` unless it was told already (`told`: an idle spell's cull warning,
+    a booking's "soon", a lease's "booked-out": told once).  True when queued."""
+    if told(conn, user, event, key, since):
+        return False
     outbox.enqueue(store, conn, user, event, {**payload, **key})
     return True
 
