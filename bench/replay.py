@@ -74,7 +74,13 @@ from spawner.pool import (  # noqa: E402
     GPUPool,
     PoolError,  # noqa: E402
 )
-from spawner.settings.culler import activity_interval, quiet_after, rules_from_settings  # noqa: E402
+from spawner.settings.culler import (  # noqa: E402
+    activity_interval,
+    culler_config,
+    culler_options,
+    quiet_after,
+    rules_from_config,
+)
 from spawner.settings.hub import Settings  # noqa: E402
 
 # What the ledger records as each run's end.
@@ -115,11 +121,14 @@ def policies(product_pool: dict | None = None, product_hub: dict | None = None) 
     (spawner/settings/hub.py) that replace the product's defaults."""
     vanilla = {"queue_order": "fifo", "backfill_window": 0.0}
     product = replace(Settings(), **(product_hub or {}))  # the hub's defaults; the pool's are GPUPool's own
+    culler = culler_config(product)  # the culler's options as the hub would set them
     return [
         Policy("fifo", vanilla, None),
         Policy("fifo+cull1h", vanilla, CullRules(3600, 3600), cull_every=600, activity_interval=300),
-        Policy("product", dict(product_pool or {}), rules_from_settings(product), cull_every=product.cull_every,
-               activity_interval=activity_interval(product), quiet_after=quiet_after(product), contention=True, bookings=True, budgets=True),
+        Policy("product", dict(product_pool or {}), rules_from_config(culler),
+               cull_every=culler_options(culler).cull_every,
+               activity_interval=activity_interval(culler, product.activity_interval), quiet_after=quiet_after(culler),
+               contention=True, bookings=True, budgets=True),
     ]
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from traitlets import CaselessStrEnum, Float, Int, Unicode, default
@@ -108,10 +109,11 @@ class GPUIdleCuller(IdleCuller):
     ).tag(config=True)
 
     gpu_contended_timeout = Int(
-        0,
+        300,
         help="Seconds a GPU server may stay inactive while a request waits for GPUs on its host (read "
-        "from the ledger named by GPUHUB_POOL_DB_URL).  Shorter than `gpu_timeout`: an idle GPU then keeps "
-        "someone waiting.  0 turns it off; when nobody waits, `gpu_timeout` holds.",
+        "from the ledger named by GPUHUB_POOL_DB_URL; without a ledger nobody is known to wait and it "
+        "never applies).  Shorter than `gpu_timeout`: an idle GPU then keeps someone waiting.  0 turns "
+        "it off; when nobody waits, `gpu_timeout` holds.",
     ).tag(config=True)
 
     profile_limits = Unicode(
@@ -178,6 +180,12 @@ class GPUIdleCuller(IdleCuller):
         "reading-max-age": "GPUIdleCuller.reading_max_age",
     }
 
+    @default("cull_every")
+    def _default_cull_every(self):
+        # Upstream's default is half the timeout; a GPU server's deadline and the contended limit
+        # want a round every minute (a round is one page of the hub's users API).
+        return 60
+
     @default("timeout")
     def _default_timeout(self):
         # The arbiter decides with the rules (culling/deadline.py); this is the shortest of them.
@@ -208,7 +216,7 @@ class GPUIdleCuller(IdleCuller):
                 contention = LedgerContention(self._ledger.queue, self.log)
             over_budget = LedgerBudgets(self._ledger, self.log)
             booked_out = LedgerBookings(self._ledger, self.log)
-        elif self.gpu_contended_timeout > 0:
+        elif "gpu_contended_timeout" in self.config.get("GPUIdleCuller", {}) and self.gpu_contended_timeout > 0:
             self.log.warning("gpu_contended_timeout is set but %s is not: the usual idle limits hold", ENV_DB_URL)
         return GPUCullPolicy(
             rules=self.rules(),
@@ -250,6 +258,14 @@ class GPUIdleCuller(IdleCuller):
 
 
     def start(self):
+        # The hub hands the culler its options as a file of config sections (settings/culler.py);
+        # upstream skips a file it cannot find, and a culler on defaults would cull by the wrong rules.
+        given = any("config_file" in self.config.get(section, {}) for section in ("IdleCuller", "GPUIdleCuller"))
+        if given and self.config_file:
+            path = Path(self.config_file)
+            if not path.is_file():
+                self.log.critical("The culler's settings file %s is missing: the hub writes it at its start", path)
+                self.exit(1)
         self._stop_on_signals()
         super().start()
 

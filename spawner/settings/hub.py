@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..culling.policy import DEFAULT_GPU_IDLE_PERCENT
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
 from ..ssh.settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
@@ -23,13 +22,6 @@ from .secret_files import private_file, secret_setting, with_secret_files
 
 DEFAULT_CPU_IMAGE = "gpuhub/notebook-mkl:latest"
 DEFAULT_GPU_IMAGE = "gpuhub/notebook-cuda:latest"
-
-
-def culler_default(name: str):
-    """The default of GPUIdleCuller's option `name`, read from its trait (written there once)."""
-    from ..culling.culler import GPUIdleCuller
-
-    return GPUIdleCuller.class_traits()[name].default_value
 
 
 @dataclass(frozen=True)
@@ -73,14 +65,15 @@ class Settings:
     # From JUPYTERHUB_CRYPT_KEY_FILE only (JupyterHub reads JUPYTERHUB_CRYPT_KEY itself): c.CryptKeeper.keys.
     crypt_keys: tuple[str, ...] = field(default=(), repr=False)
     cull: bool = True
-    # GPUHUB_CULL_TIMEOUT_CPU, GPUHUB_CULL_TIMEOUT_GPU: the culler's (GPUIdleCuller's defaults when unset).
-    cull_timeout_cpu: int = culler_default("cpu_timeout")
-    cull_timeout_gpu: int = culler_default("gpu_timeout")
-    # While a request waits for GPUs, idle GPU servers get this much instead (0: off).
-    cull_timeout_gpu_contended: int = 300
-    cull_every: int = 60
-    gpu_idle_percent: float = 0.0
-    gpu_idle_minutes: float = culler_default("gpu_idle_seconds") / 60
+    # GPUHUB_CULL_TIMEOUT_CPU, _GPU, _GPU_CONTENDED, GPUHUB_CULL_EVERY, GPUHUB_GPU_IDLE_PERCENT and
+    # GPUHUB_GPU_IDLE_MINUTES: each sets one c.GPUIdleCuller option (settings/culler.py OPTIONS);
+    # None (unset): the culler's own default stands.
+    cull_timeout_cpu: int | None = None
+    cull_timeout_gpu: int | None = None
+    cull_timeout_gpu_contended: int | None = None
+    cull_every: int | None = None
+    gpu_idle_percent: float | None = None
+    gpu_idle_minutes: float | None = None
     cull_keep_busy: str = "extension"
     activity_interval: int = 0
     pool_page: bool = True
@@ -249,12 +242,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         if not isinstance(profiles, list):
             raise SettingsError("GPUHUB_PROFILES_FILE must hold a JSON list of profiles")
 
-    cull_cpu = env_int(env, "GPUHUB_CULL_TIMEOUT_CPU", Settings.cull_timeout_cpu, minimum=1)
-    cull_gpu = env_int(env, "GPUHUB_CULL_TIMEOUT_GPU", Settings.cull_timeout_gpu, minimum=1)
-    # The GPU-utilisation rule is on by default where NVML can read it.
-    gpu_idle_percent = env_float(env, "GPUHUB_GPU_IDLE_PERCENT",
-                                 DEFAULT_GPU_IDLE_PERCENT if inventory in ("nvml", "swarm") else 0.0)
-    if gpu_idle_percent > 100:
+    cull_cpu = env_int(env, "GPUHUB_CULL_TIMEOUT_CPU", None, minimum=1)  # type: ignore[arg-type]
+    cull_gpu = env_int(env, "GPUHUB_CULL_TIMEOUT_GPU", None, minimum=1)  # type: ignore[arg-type]
+    # Unset: the culler's own default (on where NVML can read utilisation, GPUIdleCuller's rule).
+    gpu_idle_percent = env_float(env, "GPUHUB_GPU_IDLE_PERCENT", None)  # type: ignore[arg-type]
+    if gpu_idle_percent is not None and not 0 <= gpu_idle_percent <= 100:
         raise SettingsError(f"GPUHUB_GPU_IDLE_PERCENT={gpu_idle_percent} must be between 0 and 100")
 
     given_hub_port = env_int(env, "GPUHUB_HUB_PORT", None, minimum=1)  # type: ignore[arg-type]
@@ -318,10 +310,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         cull_timeout_cpu=cull_cpu,
         cull_timeout_gpu=cull_gpu,
         cull_timeout_gpu_contended=env_int(env, "GPUHUB_CULL_TIMEOUT_GPU_CONTENDED",
-                                           Settings.cull_timeout_gpu_contended, minimum=0),
-        cull_every=env_int(env, "GPUHUB_CULL_EVERY", Settings.cull_every, minimum=1),
+                                           None, minimum=0),  # type: ignore[arg-type]
+        cull_every=env_int(env, "GPUHUB_CULL_EVERY", None, minimum=1),  # type: ignore[arg-type]
         gpu_idle_percent=gpu_idle_percent,
-        gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", Settings.gpu_idle_minutes),
+        gpu_idle_minutes=env_float(env, "GPUHUB_GPU_IDLE_MINUTES", None),  # type: ignore[arg-type]
         cull_keep_busy=_keep_busy(env),
         activity_interval=env_int(env, "GPUHUB_ACTIVITY_INTERVAL", 0, minimum=0),
         pool_page=pool_page,

@@ -4,6 +4,7 @@ adds to the hub's services, roles and scopes and to its servers: a value, combin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class Part:
     # {service name: scopes}: added to that service's `oauth_client_allowed_scopes`.
     oauth_scopes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     custom_scopes: dict[str, dict] = field(default_factory=dict)
-    environment: dict[str, str] = field(default_factory=dict)  # c.GPUDockerSpawner.environment
+    # c.GPUDockerSpawner.environment: a value, or a callable JupyterHub calls with the spawner
+    environment: dict[str, Any] = field(default_factory=dict)
     server_token_scopes: tuple[str, ...] = ()  # c.GPUDockerSpawner.server_token_scopes
     template_paths: tuple[str, ...] = ()  # c.JupyterHub.template_paths, before the config's own
     template_vars: dict[str, str] = field(default_factory=dict)  # c.JupyterHub.template_vars

@@ -16,7 +16,6 @@ from ..inventory.machine import SimulatedInventory
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
 from ..poolpage.hubapi import SERVICE_SCOPES
 from ..poolpage.service_config import CONFIG_FILE_ENV, FILE_NAME
-from .culler import activity_interval, rules_from_settings
 from .part import Part
 
 HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
@@ -48,14 +47,8 @@ def set_page_settings(c, settings, bridge_ip: str) -> None:
 
     page = c.PoolPageSettings
     page.show_holders = settings.pool_page_show_holders
-    # For the culling deadlines and wait estimates (0: the hub does not cull), by the culler's rules.
-    page.cull_timeout_gpu = settings.cull_timeout_gpu if settings.cull else 0
-    page.cull_rules = rules_from_settings(settings).to_json() if settings.cull else ""
-    page.cull_timeout_cpu = settings.cull_timeout_cpu if settings.cull else 0
-    page.cull_every = settings.cull_every if settings.cull else 0
-    page.gpu_idle_percent = float(settings.gpu_idle_percent if settings.cull else 0)
-    page.gpu_idle_seconds = float(settings.gpu_idle_minutes * 60)
-    page.idle_after = 2 * activity_interval(settings)
+    # The culler's deadlines and the servers' activity reports come from the hub's final config
+    # (service_file.py), as the culler's own file does.
     # GPU utilisation, read as the culler reads it.
     page.inventory = settings.inventory
     page.simulated_gpus = SimulatedInventory(config=c).count

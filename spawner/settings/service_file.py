@@ -16,12 +16,21 @@ from ..notify import EmailNotifications
 from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
 from ..poolpage.limits import PoolServiceLimits
 from ..poolpage.service_config import FILE_NAME, PoolPageSettings, config_values
+from .culler import activity_interval, page_cull_values
 from .jobs import job_settings, spawner_profiles
 
 
 def service_config(c, settings) -> dict:
     """The sections the service reads (poolpage/service_config.py), from hub config `c`."""
     page = config_values(PoolPageSettings(config=c))
+    # The deadlines and wait estimates by the culler's rules (0: the hub does not cull), and when a
+    # server counts as idle (two missed activity reports), from the same final config as the culler's.
+    # An option set in c.PoolPageSettings itself stands.
+    derived = (page_cull_values(c) if settings.cull else
+               {"cull_timeout_gpu": 0, "cull_timeout_cpu": 0, "cull_every": 0, "cull_rules": "",
+                "gpu_idle_percent": 0.0})
+    derived["idle_after"] = 2 * activity_interval(c, settings.activity_interval)
+    page.update({name: value for name, value in derived.items() if name not in c.PoolPageSettings})
     if "profiles" not in c.PoolPageSettings:  # the spawner's own, from the final config
         page["profiles"] = spawner_profiles(c)
     sections = {"PoolPageSettings": page, "PoolServiceLimits": config_values(PoolServiceLimits(config=c)),

@@ -21,9 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "images" / "jupyter"))
 
 # (module, class): the classes whose own options the reference documents: options a hub config
-# file sets.  Not GPUIdleCuller: the idle culler is a service of the hub started with a command
-# line the hub builds from GPUHUB_CULL_* (and the profiles), so c.GPUIdleCuller in the hub's
-# config would do nothing.
+# file sets (GPUIdleCuller's reach the culler through the file the hub writes, settings/culler.py).
 CLASSES = [
     ("spawner.lending", "GPULendingSpawner"),
     # Both engines' shared options, read from c.GPUDockerSpawner (its section_names).
@@ -37,6 +35,7 @@ CLASSES = [
     ("spawner.inventory", "SimulatedInventory"),
     ("spawner.inventory.swarm", "SwarmInventory"),
     ("spawner.reconciler", "Reconciler"),
+    ("spawner.culling.culler", "GPUIdleCuller"),
     ("spawner.containers", "ContainerLimits"),
     ("spawner.docker.firewall", "HostFirewall"),
     ("spawner.jobs.limits", "JobLimits"),

@@ -23,16 +23,17 @@ from ..fixtures.hub import wait_for
 from ..fixtures.kernels import Kernel
 
 
-def culling_hub(make_hub, start: bool = True, **env):
+def culling_hub(make_hub, start: bool = True, extra_config: str = "", **env):
     settings = {
         "GPUHUB_CULL": "true",
         "GPUHUB_CULL_EVERY": "1",
         "GPUHUB_CULL_TIMEOUT_GPU": "10",  # spawns here can take 10 s under load
         "GPUHUB_CULL_TIMEOUT_CPU": "600",
     }
-    settings.update({k: str(v) for k, v in env.items()})
+    settings.update({k: str(v) for k, v in env.items() if v is not None})
+    settings = {k: v for k, v in settings.items() if env.get(k, "") is not None}  # None: left unset
     # GPUHUB_CULL=true: hub_config adds the culler service exactly as in production.
-    return make_hub(env=settings, start=start)
+    return make_hub(extra_config, env=settings, start=start)
 
 
 def leases_of(hub, user: str):
@@ -75,7 +76,10 @@ def gpu_uuids(hub, user: str) -> list[str]:
 
 def test_idle_gpu_server_is_culled_its_gpu_goes_to_the_waiting_user_and_files_survive(
         make_hub, docker_client):
-    hub = culling_hub(make_hub, GPUHUB_SIMULATED_GPUS=1)
+    # The GPU servers' idle limit from the hub's own config file, not GPUHUB_CULL_TIMEOUT_GPU: the
+    # culler takes its options from the file the hub writes from its final config.
+    hub = culling_hub(make_hub, GPUHUB_SIMULATED_GPUS=1, GPUHUB_CULL_TIMEOUT_GPU=None,
+                      extra_config="c.GPUIdleCuller.gpu_timeout = 10\n")
     for user in ("alice", "bob"):
         hub.create_user(user)
     alice_token = hub.user_token("alice")

@@ -218,6 +218,7 @@ def test_the_culler_reads_swarm_utilization_from_the_ledger(pool, node_a, monkey
 def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
     from traitlets.config import Config
 
+    from spawner.settings.culler import configure_culler, render_hand_over
     from spawner.settings.services import set_hub_services
 
     app = GPUIdleCuller()
@@ -227,13 +228,16 @@ def test_the_culler_turns_the_gpu_rule_on_with_swarm_and_gets_the_ledger_url():
     url = "postgresql+psycopg://u:secret@db/gpupool"
     s = load_settings({"GPUHUB_DATA_DIR": "/nonexistent", "GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": url,
                        "GPUHUB_HUB_CONNECT_IP": "10.0.1.2"})
-    assert s.gpu_idle_percent == 5.0
+    assert s.gpu_idle_percent is None  # unset: the culler's own default, on with swarm
     c = Config()
+    configure_culler(c, s)
     set_hub_services(c, s)
     [service] = [s for s in c.JupyterHub.services if s["name"] == "idle-culler"]
     assert service["environment"] == {"GPUHUB_POOL_DB_URL": url}
-    assert "--inventory=swarm" in service["command"]
-    assert not any("secret" in arg for arg in service["command"])
+    hand_over = render_hand_over(c)
+    assert json.loads(hand_over) == {"GPUIdleCuller": {"inventory": "swarm"}}
+    assert GPUIdleCuller(config=Config(json.loads(hand_over))).gpu_idle_percent == 5.0
+    assert not any("secret" in arg for arg in service["command"]) and "secret" not in hand_over
 
 
 def test_a_version_5_ledger_gains_the_readings_table_in_place(tmp_path):

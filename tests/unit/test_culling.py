@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from traitlets.config import Config
@@ -19,7 +20,13 @@ from spawner.culling.culler import (
 )
 from spawner.inventory import SimulatedInventory
 from spawner.settings import SettingsError, load_settings
-from spawner.settings.culler import CULLER_SCOPES, activity_interval, culler_command
+from spawner.settings.culler import (
+    CULLER_SCOPES,
+    HAND_OVER,
+    activity_interval,
+    culler_config,
+    render_hand_over,
+)
 from spawner.settings.culler import configure_culler as configure_hub_side
 from spawner.settings.services import set_hub_services
 
@@ -241,16 +248,38 @@ def configure_culler(c, settings):
     set_hub_services(c, settings)
 
 
-def test_configure_culler_adds_the_service_and_a_role_of_only_its_scopes():
+def culler_reading(c, tmp_path) -> GPUIdleCuller:
+    """The culler process as the hub starts it: its command line, and the file the hub writes
+    from its final config `c` (render_hand_over), loaded as the culler's start() loads it."""
+    (service,) = [s for s in c.JupyterHub.services if s["name"] == SERVICE_NAME]
+    path = tmp_path / HAND_OVER
+    path.write_text(render_hand_over(c))
+    argv = [a.replace("/nonexistent-data-dir", str(tmp_path)) for a in service["command"][3:]]
+    app = GPUIdleCuller()
+    app.parse_command_line(argv)
+    app.load_config_file(app.config_file)
+    return app
+
+
+def servers_environment(c) -> dict:
+    """The servers' environment as a spawn computes it (callables get the spawner: its config is `c`)."""
+    spawner = SimpleNamespace(config=c)
+    return {k: v(spawner) if callable(v) else v for k, v in c.GPUDockerSpawner.environment.items()}
+
+
+def test_configure_culler_adds_the_service_and_a_role_of_only_its_scopes(tmp_path):
     c = Config()
     c.JupyterHub.services = [{"name": "other", "api_token": "x"}]
     configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="120", GPUHUB_CULL_TIMEOUT_CPU="900",
                                  GPUHUB_CULL_EVERY="30"))
     services = {s["name"]: s for s in c.JupyterHub.services}
     assert set(services) == {"other", SERVICE_NAME}
-    cmd = services[SERVICE_NAME]["command"]
-    assert cmd[1:3] == ["-m", "spawner.culling"]
-    assert {"--timeout=120", "--gpu-timeout=120", "--cpu-timeout=900", "--cull-every=30"} <= set(cmd)
+    # Its settings come in the hub's file, none on the command line (one hand-over format, as the
+    # pool service's and the SSH gateway's).
+    assert services[SERVICE_NAME]["command"][1:] == ["-m", "spawner.culling",
+                                                     f"--config=/nonexistent-data-dir/{HAND_OVER}"]
+    culler = culler_reading(c, tmp_path)
+    assert (culler.timeout, culler.gpu_timeout, culler.cpu_timeout, culler.cull_every) == (120, 120, 900, 30)
     (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == SERVICE_NAME]
     assert role["services"] == [SERVICE_NAME]
     assert sorted(role["scopes"]) == sorted(CULLER_SCOPES) == sorted([
@@ -265,52 +294,88 @@ def test_configure_culler_twice_keeps_one_service_and_one_role():
     assert [r["name"] for r in c.JupyterHub.load_roles] == [SERVICE_NAME]
 
 
+def test_unset_cull_variables_write_nothing_and_the_culler_keeps_its_own_defaults(tmp_path):
+    c = Config()
+    configure_culler(c, settings())
+    assert dict(c.GPUIdleCuller) == {"inventory": "nvml"}  # the hub's inventory, nothing else
+    assert json.loads(render_hand_over(c)) == {"GPUIdleCuller": {"inventory": "nvml"}}
+    culler = culler_reading(c, tmp_path)
+    traits = GPUIdleCuller.class_traits()
+    assert (culler.cpu_timeout, culler.gpu_timeout, culler.gpu_contended_timeout) == tuple(
+        traits[name].default_value for name in ("cpu_timeout", "gpu_timeout", "gpu_contended_timeout"))
+    assert culler.cull_every == 60 and culler.timeout == culler.gpu_contended_timeout
+
+
+def test_the_culler_options_of_a_later_config_file_reach_the_culler_the_servers_and_the_page(tmp_path):
+    from spawner.settings.service_file import service_config
+
+    s = settings()
+    c = Config()
+    configure_culler(c, s)
+    # An admin's config file loaded after the GPUHUB_* settings: the hub's final config.
+    c.GPUIdleCuller.gpu_timeout = 120
+    c.GPUIdleCuller.gpu_contended_timeout = 0
+    culler = culler_reading(c, tmp_path)
+    assert (culler.gpu_timeout, culler.timeout) == (120, 120)
+    assert servers_environment(c)["JUPYTERHUB_ACTIVITY_INTERVAL"] == "40"
+    page = service_config(c, s)["PoolPageSettings"]
+    assert (page["cull_timeout_gpu"], json.loads(page["cull_rules"])["gpu"], page["idle_after"]) == (120, 120, 80)
+
+
+def test_the_culler_does_not_run_on_defaults_when_its_file_is_missing(tmp_path):
+    app = GPUIdleCuller()
+    app.parse_command_line([f"--config={tmp_path}/{HAND_OVER}"])
+    with pytest.raises(SystemExit):
+        app.start()
+
+
 @pytest.mark.parametrize("env, expected", [
     # Real GPUs (NVML, the default inventory): on, under 5 % for 30 minutes.
-    ({}, {"--inventory=nvml", "--gpu-idle-percent=5", "--gpu-idle-seconds=1800"}),
-    ({"GPUHUB_GPU_IDLE_MINUTES": "60"}, {"--gpu-idle-percent=5", "--gpu-idle-seconds=3600"}),
+    ({}, {"inventory": "nvml", "gpu_idle_percent": 5, "gpu_idle_seconds": 1800}),
+    ({"GPUHUB_GPU_IDLE_MINUTES": "60"}, {"gpu_idle_percent": 5, "gpu_idle_seconds": 3600}),
     # Turned off by hand, or GPUs whose utilisation nobody measures: off.
-    ({"GPUHUB_GPU_IDLE_PERCENT": "0"}, {"--inventory=nvml", "--gpu-idle-percent=0"}),
-    ({"GPUHUB_INVENTORY": "simulated"}, {"--inventory=simulated", "--gpu-idle-percent=0"}),
+    ({"GPUHUB_GPU_IDLE_PERCENT": "0"}, {"inventory": "nvml", "gpu_idle_percent": 0}),
+    ({"GPUHUB_INVENTORY": "simulated"}, {"inventory": "simulated", "gpu_idle_percent": 0}),
 ])
-def test_gpu_utilisation_rule_is_on_by_default_where_nvml_reads_it(env, expected):
+def test_gpu_utilisation_rule_is_on_by_default_where_nvml_reads_it(env, expected, tmp_path):
     c = Config()
     configure_culler(c, settings(**env))
-    cmd = c.JupyterHub.services[0]["command"]
-    assert expected <= set(cmd)
-    if "--gpu-idle-percent=0" in expected:
-        assert not any(a.startswith("--gpu-idle-seconds") for a in cmd)
-    # What the culler process makes of that command line.
-    app = GPUIdleCuller()
-    app.parse_command_line(cmd[3:])
-    assert app.cull_arbiter_hook.gpu_rule_enabled is ("--gpu-idle-percent=5" in expected)
+    culler = culler_reading(c, tmp_path)
+    assert {name: getattr(culler, name) for name in expected} == expected
+    assert culler.cull_arbiter_hook.gpu_rule_enabled is (expected["gpu_idle_percent"] == 5)
 
 
-def test_gpu_rule_options_reach_the_culler_in_seconds():
+def test_gpu_rule_options_reach_the_culler_in_seconds(tmp_path):
     c = Config()
     configure_culler(c, settings(GPUHUB_GPU_IDLE_PERCENT="5", GPUHUB_GPU_IDLE_MINUTES="0.1",
                                  GPUHUB_INVENTORY="simulated",
                                  GPUHUB_SIMULATED_UTILIZATION_FILE="/tmp/u.json"))
-    cmd = c.JupyterHub.services[0]["command"]
-    assert {"--gpu-idle-percent=5", "--gpu-idle-seconds=6", "--inventory=simulated",
-            "--utilization-file=/tmp/u.json"} <= set(cmd)
-    # GPUHUB_SIMULATED_GPUS unset: nothing on the command line, the culler counts as the inventory
-    assert not any(a.startswith("--simulated-gpus") for a in cmd)
-    assert GPUIdleCuller().simulated_gpus == SimulatedInventory().count
-    cmd = culler_command(settings(GPUHUB_INVENTORY="simulated", GPUHUB_GPU_IDLE_PERCENT="5", GPUHUB_SIMULATED_GPUS="2"))
-    assert "--simulated-gpus=2" in cmd
+    culler = culler_reading(c, tmp_path)
+    assert (culler.gpu_idle_percent, culler.gpu_idle_seconds, culler.inventory, culler.utilization_file) == (
+        5, 6, "simulated", "/tmp/u.json")
+    # GPUHUB_SIMULATED_GPUS unset: not in the file, the culler counts as the inventory
+    assert "simulated_gpus" not in c.GPUIdleCuller
+    assert culler.simulated_gpus == SimulatedInventory().count
+    c = Config()
+    configure_culler(c, settings(GPUHUB_INVENTORY="simulated", GPUHUB_GPU_IDLE_PERCENT="5", GPUHUB_SIMULATED_GPUS="2"))
+    assert culler_reading(c, tmp_path).simulated_gpus == 2
+
+
+def interval(**env) -> int:
+    s = settings(**env)
+    return activity_interval(culler_config(s), s.activity_interval)
 
 
 def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="900", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0"))
-    assert c.GPUDockerSpawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
+    assert servers_environment(c)["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
     # the contended timeout (300 s by default) is the shortest: reports every 100 s
-    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="900")) == 100
+    assert interval(GPUHUB_CULL_TIMEOUT_GPU="900") == 100
     assert c.JupyterHub.activity_resolution == 30
-    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="6", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0")) == 2
-    assert activity_interval(settings(GPUHUB_CULL_TIMEOUT_GPU="1")) == 1
-    assert activity_interval(settings(GPUHUB_ACTIVITY_INTERVAL="45")) == 45
+    assert interval(GPUHUB_CULL_TIMEOUT_GPU="6", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0") == 2
+    assert interval(GPUHUB_CULL_TIMEOUT_GPU="1") == 1
+    assert interval(GPUHUB_ACTIVITY_INTERVAL="45") == 45
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="6", GPUHUB_CULL_TIMEOUT_GPU_CONTENDED="0"))
     assert c.JupyterHub.activity_resolution == 2
@@ -319,14 +384,14 @@ def test_single_user_servers_report_activity_well_inside_the_shortest_timeout():
 def test_servers_post_work_after_a_third_of_the_shortest_timeout_of_quiet_and_the_hub_keeps_it():
     c = Config()
     configure_culler(c, settings())
-    env = c.GPUDockerSpawner.environment
+    env = servers_environment(c)
     # the contended timeout (300 s by default) is the shortest
     assert env["GPUHUB_ACTIVITY_QUIET_AFTER"] == "100" == env["JUPYTERHUB_ACTIVITY_INTERVAL"]
     # Reports configured rarer than that: the hub's resolution stays finer than the quiet spell,
     # or it would drop the post that ends one.
     c = Config()
     configure_culler(c, settings(GPUHUB_CULL_TIMEOUT_GPU="45", GPUHUB_ACTIVITY_INTERVAL="120"))
-    assert c.GPUDockerSpawner.environment["GPUHUB_ACTIVITY_QUIET_AFTER"] == "15"
+    assert servers_environment(c)["GPUHUB_ACTIVITY_QUIET_AFTER"] == "15"
     assert c.JupyterHub.activity_resolution == 15
 
 

@@ -93,6 +93,8 @@ def test_the_hub_tells_the_service_its_spawners_profiles_for_the_lab_panel():
 
     class _Settings:
         jobs = False
+        cull = True
+        activity_interval = 0
 
     written = json.loads(render_service_config(c, _Settings()))
     page = PoolPageSettings(config=Config(written))

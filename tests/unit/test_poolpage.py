@@ -14,6 +14,7 @@ from spawner.pool.models import GPUStatus, Lease, Waiter
 from spawner.poolpage import ADMIN_SCOPE, views
 from spawner.poolpage.app import TEMPLATES
 from spawner.settings import load_settings
+from spawner.settings.culler import configure_culler
 from spawner.settings.pool_service import ACCESS_SCOPE, ADMIN_ROLE, EXEC_ROLE, SERVICE_ROLE
 from spawner.settings.pool_service import configure_pool_page as configure_page_options
 from spawner.settings.services import set_hub_services
@@ -159,8 +160,9 @@ def test_the_service_reads_the_hubs_settings_from_the_one_file_the_hub_writes(tm
                          GPUHUB_BIND_URL="https://0.0.0.0:8443", GPUHUB_SSL_CERT=str(tmp_path / "c.pem"),
                          GPUHUB_SSL_KEY=str(tmp_path / "k.pem"), GPUHUB_JOBS="false")
     c = Config()
+    configure_culler(c, settings)  # as apply_settings does first: the culler's options
     configure_pool_page(c, settings)
-    [service] = c.JupyterHub.services
+    [service] = [s for s in c.JupyterHub.services if s["name"] == "gpu-pool"]
     env = service["environment"]
     # Nothing else travels by environment (the authenticator's file: the password re-check, reauth.py).
     assert set(env) == {"GPUHUB_POOL_DB_URL", CONFIG_FILE_ENV, "GPUHUB_POOL_AUTHENTICATOR_FILE"}
