@@ -124,7 +124,8 @@ def apply_settings(c, settings: Settings) -> None:
     if settings.crypt_keys:
         # JUPYTERHUB_CRYPT_KEY_FILE (a Docker secret): JupyterHub reads only the variable itself.
         c.CryptKeeper.keys = list(settings.crypt_keys)
-    c.JupyterHub.cleanup_servers = settings.cleanup_servers
+    if settings.cleanup_servers is not None:
+        c.JupyterHub.cleanup_servers = settings.cleanup_servers
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{settings.proxy_api_port}"
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
 

@@ -60,7 +60,7 @@ class Settings:
     lease_wait_timeout: float | None = None  # GPUHUB_LEASE_WAIT_TIMEOUT: c.GPUDockerSpawner.lease_wait_timeout
     max_gpus_per_user: int | None = None
     gpu_hour_budget: float | None = None  # GPUHUB_GPU_HOUR_BUDGET: GPU-hours per user per 7 days
-    cleanup_servers: bool = True
+    cleanup_servers: bool | None = None  # GPUHUB_CLEANUP_SERVERS: c.JupyterHub.cleanup_servers; unset: its default
     cookie_secret_file: str = ""  # GPUHUB_COOKIE_SECRET_FILE: c.JupyterHub.cookie_secret_file (a Docker secret)
     # From JUPYTERHUB_CRYPT_KEY_FILE only (JupyterHub reads JUPYTERHUB_CRYPT_KEY itself): c.CryptKeeper.keys.
     crypt_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -303,7 +303,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                            if env.get("GPUHUB_MAX_GPUS_PER_USER", "").strip() else None),
         gpu_hour_budget=(env_float(env, "GPUHUB_GPU_HOUR_BUDGET", 0.0, minimum=0.0)
                          if env.get("GPUHUB_GPU_HOUR_BUDGET", "").strip() else None),
-        cleanup_servers=env_bool(env, "GPUHUB_CLEANUP_SERVERS", True),
+        cleanup_servers=(env_bool(env, "GPUHUB_CLEANUP_SERVERS", True)
+                         if env.get("GPUHUB_CLEANUP_SERVERS", "").strip() else None),
         cookie_secret_file=private_file(env, "GPUHUB_COOKIE_SECRET_FILE"),
         crypt_keys=crypt_keys,
         cull=env_bool(env, "GPUHUB_CULL", True),

@@ -29,6 +29,14 @@ ONE_OPTION_EACH = {
     "GPUHUB_GPU_HOUR_BUDGET": ("GPUPool", "gpu_hour_budget", "40", 40.0),
     "GPUHUB_GPU_HOST": ("Inventory", "host", "gpu-a", "gpu-a"),
     "GPUHUB_HOME_VOLUME": ("GPUDockerSpawner", "home_volume_name", "homes-{username}", "homes-{username}"),
+    "GPUHUB_CLEANUP_SERVERS": ("JupyterHub", "cleanup_servers", "false", False),
+    # The culler's (settings/culler.py): its file is written from c.GPUIdleCuller.
+    "GPUHUB_CULL_TIMEOUT_CPU": ("GPUIdleCuller", "cpu_timeout", "1200", 1200),
+    "GPUHUB_CULL_TIMEOUT_GPU": ("GPUIdleCuller", "gpu_timeout", "600", 600),
+    "GPUHUB_CULL_TIMEOUT_GPU_CONTENDED": ("GPUIdleCuller", "gpu_contended_timeout", "0", 0),
+    "GPUHUB_CULL_EVERY": ("GPUIdleCuller", "cull_every", "30", 30),
+    "GPUHUB_GPU_IDLE_PERCENT": ("GPUIdleCuller", "gpu_idle_percent", "10", 10.0),
+    "GPUHUB_GPU_IDLE_MINUTES": ("GPUIdleCuller", "gpu_idle_seconds", "5", 300.0),
 }
 
 
