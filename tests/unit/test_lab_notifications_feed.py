@@ -11,10 +11,8 @@ import logging
 import socket
 from pathlib import Path
 
-import pytest
 from tornado import web
 from tornado.httpserver import HTTPServer
-
 
 
 def _module():
