@@ -1,7 +1,7 @@
 """The notification choices page and a user-set address, in real Chromium through the hub's login
 (OAuth into the gpu-pool service) with a real SMTP server on loopback (issue 39).
 
-ana opens the pool page, follows its "Notifications" button, sets "ready" to always by e-mail and
+ana opens the pool page, follows its "Notification choices" button, sets "ready" to always by e-mail and
 saves: the service's API (with ana's token) says so.  The page's requests carry the hub's XSRF
 token: the same PUT from the page without it is refused (403) and changes nothing.  Then ana sets
 her own address on the page: a confirmation mail reaches the SMTP server at that address; mail

@@ -29,7 +29,7 @@ class Feed(web.RequestHandler):
 
     async def get(self):
         self.seen.append((self.request.path, self.request.headers.get("Authorization")))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a slow feed: the tabs asking meanwhile must not ask again
         status, body, headers = self.answer
         self.set_status(status)
         for k, v in headers.items():
