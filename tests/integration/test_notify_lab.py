@@ -34,7 +34,7 @@ def asks(driver) -> int:
 
 
 def test_jupyterlab_shows_the_ready_notification_from_one_tab_per_browser(make_hub, browser):
-    hub = make_hub(env={"GPUHUB_JOBS": "false"})
+    hub = make_hub("c.JupyterHub.allow_named_servers = True\n", env={"GPUHUB_JOBS": "false"})
     for user in ("eve", "fay", "pat"):
         hub.create_user(user)
     wait_for_page(hub, hub.user_token("pat"))
