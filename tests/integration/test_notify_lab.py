@@ -2,8 +2,8 @@
 CPU server, in two tabs, with notifications allowed; queued for a GPU server behind a full pool,
 pat is shown "Your GPU is ready" by the browser (and as a JupyterLab toast) once the hub says that
 server is ready.  One poller per browser, not one per tab: only the tab holding the Web Lock asks
-the feed (through its server, GET gpuhub/notifications), and when that tab closes the other one
-takes over.
+the feed (through its server, GET gpuhub/notifications), a pool page opened beside them (same
+lock) does not ask either, and when the asking tab closes another one takes over.
 
 Chromium's permission is granted through CDP (`Browser.grantPermissions`); each notification the
 page makes is recorded by a wrapper put before any of its scripts (test_notify_browser.py)."""
