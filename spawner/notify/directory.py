@@ -3,7 +3,8 @@
 The address is the directory's `mail` attribute, which reaches auth_state when the
 authenticator lists it in `auth_state_attributes` (the directory login keeps it under
 `user_attributes`); the spawner records it at each spawn, the job service at each submission.
-A user without one gets no mail.
+A user without one gets no mail.  A user may set another address, confirmed by a link
+(own_address.py): once confirmed it is where mail goes (`record`), the directory's stays the default.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 
 from ..pool.ledger.schema import NAME_MAX, meta_table, notify_users_table
+from . import own_address
 
 # One address, as a directory holds it: no spaces, no CR/LF, one @, a dotted or plain domain.
 _ADDRESS = re.compile(r"^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$")
@@ -49,18 +51,43 @@ def record_address(pool, user: str, auth_state: dict | None) -> str | None:
 
 
 def set_preferences(pool, user: str, raw: str) -> None:
-    pool._store.write(lambda conn: _upsert(pool._store, conn, user, preferences=raw))
+    """Store `user`'s choices (their confirmed or pending own address stays as it is)."""
+    def write(conn):
+        old, _ = stored_record(pool._store, conn, user)
+        _upsert(pool._store, conn, user, preferences=own_address.carried(old, raw))
+    pool._store.write(write)
 
 
-def record(store, conn, user: str) -> tuple[str | None, str | None]:
-    """(preferences JSON or None, address or None)."""
+def stored_record(store, conn, user: str) -> tuple[str | None, str | None]:
+    """(preferences JSON or None, the directory's address or None), as kept."""
     t = notify_users_table.c
     row = conn.execute(select(t.preferences, t.address).where(t.user_name == user)).first()
     return (row.preferences, row.address) if row else (None, None)
 
 
+def record(store, conn, user: str) -> tuple[str | None, str | None]:
+    """(preferences JSON or None, the address mail goes to or None: a confirmed own address,
+    else the directory's)."""
+    raw, address = stored_record(store, conn, user)
+    return raw, own_address.effective(raw, address)
+
+
 def read(pool, user: str) -> tuple[str | None, str | None]:
     return pool._store.read(lambda conn: record(pool._store, conn, user))
+
+
+def read_stored(pool, user: str) -> tuple[str | None, str | None]:
+    return pool._store.read(lambda conn: stored_record(pool._store, conn, user))
+
+
+def update_own_address(pool, user: str, change) -> str:
+    """Apply `change(raw) -> new raw` to `user`'s record under the write lock; returns the new raw."""
+    def write(conn):
+        old, _ = stored_record(pool._store, conn, user)
+        new = change(old)
+        _upsert(pool._store, conn, user, preferences=new)
+        return new
+    return pool._store.write(write)
 
 
 def secret(pool) -> bytes:

@@ -76,19 +76,29 @@ class EmailNotifications(Configurable):
         (each event is sent at most once).
         """)
 
+    confirm_max_age = Float(24 * 3600.0, config=True, help="""
+        Seconds a confirmation link for a user-set address stays valid (the address a user sets
+        on the notification choices page gets a mail with a signed link; mail goes to it only
+        once the link is opened).  The directory's `mail` attribute needs no confirmation.
+        """)
+    confirmations_per_hour = Int(3, config=True, help="""
+        The most confirmation mails one user may ask for in any hour (each to an address of
+        their choosing): more are refused with a 429, so the hub cannot be made to mail strangers.
+        """)
+
     @validate("smtp_port")
     def _check_port(self, proposal):
         if not 0 < proposal["value"] < 65536:
             raise TraitError(f"smtp_port must be a TCP port (1-65535), not {proposal['value']}")
         return proposal["value"]
 
-    @validate("timeout", "retry_delay", "max_age", "poll_interval", "stuck_after")
+    @validate("timeout", "retry_delay", "max_age", "poll_interval", "stuck_after", "confirm_max_age")
     def _check_seconds(self, proposal):
         if not proposal["value"] > 0:
             raise TraitError(f"{proposal['trait'].name} must be a number of seconds > 0, not {proposal['value']}")
         return proposal["value"]
 
-    @validate("max_attempts", "mails_per_hour")
+    @validate("max_attempts", "mails_per_hour", "confirmations_per_hour")
     def _check_count(self, proposal):
         if proposal["value"] < 1:
             raise TraitError(f"{proposal['trait'].name} must be at least 1, not {proposal['value']}")

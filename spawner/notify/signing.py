@@ -1,7 +1,8 @@
 """Signed links in the notifications: one-click unsubscribe, a signature over (user, event), so a
 link stops that one event for that one user and cannot be altered into another's; and a cull
 warning's "keep it", a signature over (user, server, expiry), so a link keeps only that user's
-server, only until it expires."""
+server, only until it expires; and the confirmation of a user-set address, a signature over
+(user, address, expiry), so a link confirms only that address for that user, only until it expires."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from jupyterhub.utils import url_path_join
 
 UNSUBSCRIBE_PATH = "notifications/unsubscribe"
 KEEP_PATH = "notifications/keep"
+CONFIRM_PATH = "notifications/confirm"
 
 
 def _mac(key: bytes, *parts: str) -> str:
@@ -47,3 +49,18 @@ def keep_url(key: bytes, public_url: str, prefix: str, user: str, server: str, e
     query = urlencode({"user": user, "server": server, "expires": int(expires),
                        "token": keep_token(key, user, server, expires)})
     return url_path_join(public_url.rstrip("/") + prefix, KEEP_PATH) + "?" + query
+
+
+def confirm_token(key: bytes, user: str, address: str, expires: int) -> str:
+    return _mac(key, "confirm", user, address, str(int(expires)))
+
+
+def confirm_valid(key: bytes, user: str, address: str, expires: int, given: str) -> bool:
+    return hmac.compare_digest(confirm_token(key, user, address, expires), given or "")
+
+
+def confirm_url(key: bytes, public_url: str, prefix: str, user: str, address: str, expires: int) -> str:
+    """The link in the mail to a user-set address: valid until `expires` (Unix seconds)."""
+    query = urlencode({"user": user, "address": address, "expires": int(expires),
+                       "token": confirm_token(key, user, address, expires)})
+    return url_path_join(public_url.rstrip("/") + prefix, CONFIRM_PATH) + "?" + query

@@ -40,6 +40,7 @@ from .handlers import history as history_api
 from .handlers import jobs as jobs_api
 from .handlers import lab as lab_api
 from .handlers import notifications as notifications_api
+from .handlers import notify_page
 from .handlers import schedules as schedules_api
 from .handlers import wait as insight
 from .handlers.actions import hub_api
@@ -138,7 +139,8 @@ class PageHandler(BaseHandler):
 def _more_routes(prefix: str) -> list:
     """The handlers of the modules beside this one."""
     return (history_api.routes(prefix) + actions_api.routes(prefix) + insight.routes(prefix)
-            + bookings_api.routes(prefix) + lab_api.routes(prefix) + notifications_api.routes(prefix))
+            + bookings_api.routes(prefix) + lab_api.routes(prefix) + notifications_api.routes(prefix)
+            + notify_page.routes(prefix))
 
 
 def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs=None,

@@ -101,16 +101,18 @@ def notebook_server() -> set[str]:
                  "jupyter_server.utils": types.ModuleType("jupyter_server.utils")}
     stand_ins["jupyter_server.base.handlers"].APIHandler = web.RequestHandler  # type: ignore[attr-defined]
     stand_ins["jupyter_server.utils"].url_path_join = url_path_join  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in [*stand_ins, "gpuhub_activity", "gpuhub_activity.lab", "gpuhub_scripts"]}
+    saved = {k: sys.modules.get(k) for k in [*stand_ins, "gpuhub_activity", "gpuhub_activity.lab",
+                                                  "gpuhub_activity.notify", "gpuhub_scripts"]}
     sys.modules.update(stand_ins)
     try:
         serverapp = Application()
         serverapp.web_app = _WebApp()  # type: ignore[attr-defined]
         _load("gpuhub_scripts")._load_jupyter_server_extension(serverapp)
         _load("gpuhub_activity")
-        from gpuhub_activity import lab  # type: ignore[import-not-found]
+        from gpuhub_activity import lab, notify  # type: ignore[import-not-found]
 
         lab.load(serverapp)
+        notify.load(serverapp)
         return _rules(serverapp.web_app.added)  # type: ignore[attr-defined]
     finally:
         for key, module in saved.items():

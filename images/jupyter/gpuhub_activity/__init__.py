@@ -334,10 +334,11 @@ class QuietSpellReport(LoggingConfigurable):
 
 
 def _load_jupyter_server_extension(serverapp):
-    from . import hub_dns, lab
+    from . import hub_dns, lab, notify
 
     hub_dns.use_system_resolver(serverapp.log)  # the hub found at its current address (hub_dns.py)
     lab.load(serverapp)  # the in-lab status, whether busy kernels count or not
+    notify.load(serverapp)  # the in-lab notifications (issue 39)
     quiet = QuietSpellReport(serverapp)  # whether busy kernels count or not
     if quiet.enabled:
         quiet.start()

@@ -27,7 +27,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ...culling.deadline import deadline
-from ...notify import directory, preferences, signing, webhook
+from ...notify import directory, own_address, preferences, signing, webhook
 from ...notify.settings import BrowserNotifications, Notifications, WebhookNotifications
 from ...pool.ledger.events import EVENTS
 from ...pool.ledger.outbox import EMAIL
@@ -60,13 +60,16 @@ def _limit(user: str, recent: dict[str, deque] = _recent_puts, most: int = PUTS_
 
 class NotificationsAPI(APIHandler):
     async def document(self, user: str) -> dict:
-        raw, address = await self.call(directory.read, self.pool, user)
+        raw, listed = await self.call(directory.read_stored, self.pool, user)
+        own = own_address.view(raw, listed, time.time())
+        address = own.pop("address")
         mail = self.settings.get("notify")
         hooks = self.settings.get("webhooks") or WebhookNotifications()
         told = self.settings.get("notify_events") or Notifications()
         feed = self.settings.get("browser_feed")
         browser = feed.settings if feed is not None else BrowserNotifications(enabled=False)
-        return {"events": preferences.stored(raw), "address": address, "webhook": preferences.stored_webhook(raw),
+        return {"events": preferences.stored(raw), "address": address, "own_address": own,
+                "webhook": preferences.stored_webhook(raw),
                 "channels": {"email": {"enabled": bool(mail is not None and mail.enabled)},
                              "webhook": {"enabled": hooks.enabled, "allowed": list(hooks.allowed_urls)},
                              "browser": {"enabled": browser.enabled, "poll_interval_s": browser.poll_interval}},

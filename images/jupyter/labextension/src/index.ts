@@ -18,6 +18,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
+import { startNotifications } from './notify';
 
 interface IGPU {
   index: number;
@@ -406,6 +407,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
     void app.restored.then(tick);
+    // Notifications outside the tab (notify.ts): one poller per browser, where allowed.
+    void app.restored.then(() => startNotifications(() => model.status.pool_url ?? null));
   }
 };
 
