@@ -119,21 +119,24 @@ def press_create(b) -> None:
                 30, "the form's Create button is missing or disabled")
 
 
-def row_with(b, label: str, status: str, what: str, timeout: float = 600):
-    """The scheduler's list row that names `label`, once it shows `status`; the list's own
-    Reload button is pressed every few seconds meanwhile (as a person would)."""
+ENDED = ("Completed", "Failed", "Stopped")
+
+
+def row_with(b, label: str, what: str, timeout: float = 600):
+    """The scheduler's list row that names `label`, once it shows an ended status; the list's
+    own Reload button is pressed every few seconds meanwhile (as a person would)."""
     last = [0.0]
 
     def shown(d):
         rows = [r for r in d.find_elements(*by_xpath(f"//tr[.//*[contains(normalize-space(), '{label}')]]"))]
-        if rows and status in rows[0].text:
+        if rows and any(status in rows[0].text for status in ENDED):
             return rows[0]
         if time.monotonic() - last[0] > 5:
             last[0] = time.monotonic()
             for button in d.find_elements(*by_xpath("//button[normalize-space()='Reload']")):
                 button.click()
         return None
-    return b.wait(shown, timeout, f"{what}: no row '{label}' showing '{status}' in the scheduler's list")
+    return b.wait(shown, timeout, f"{what}: no row '{label}' showing an end {ENDED} in the scheduler's list")
 
 
 def unsatisfied(b) -> list[str]:
@@ -173,7 +176,7 @@ def test_create_a_notebook_job_in_jupyterlab_runs_it_on_the_hub(make_hub, docker
 
     # The scheduler's job list is the hub's: the job, its status from api/jobs, until it completes.
     label = f"starter (job {job['id']})"
-    row = row_with(b, label, "Completed", "the job in JupyterLab's list", timeout=600)
+    row = row_with(b, label, "the job in JupyterLab's list", timeout=600)
     done = wait_state(hub, pat, job["id"], ("succeeded", "failed"), timeout=30)
     logs = jobs_api(hub, "GET", f"/{job['id']}/logs", pat).text
     assert done["state"] == "succeeded" and len(done["gpus"]) == 1, (done, logs[-3000:])
@@ -251,7 +254,8 @@ def test_a_schedule_made_in_jupyterlab_fires_with_the_server_stopped_and_is_paus
     assert code == 0 and all(c["execution_count"] for c in json.loads(out)["cells"] if c["cell_type"] == "code"), out
     open_notebook_and_create_a_job(b, hub, "work/small.ipynb")
     click_xpath(b, "//button[normalize-space()='Cancel']", 30, "the form has no Cancel")  # to the list
-    row_with(b, f"small (job {first['id']})", "Completed", "the schedule's job in JupyterLab's list", timeout=60)
+    row = row_with(b, f"small (job {first['id']})", "the schedule's job in JupyterLab's list", timeout=60)
+    assert "Completed" in row.text, row.text
     click_xpath(b, "//button[@role='tab'][normalize-space()='Job Definitions']", 30, "no Job Definitions tab")
     click_xpath(b, f"//tr//*[starts-with(@title, 'Open detail view for')][normalize-space()='{made['name']}']", 60,
                 "the schedule is not in the Job Definitions list")
