@@ -156,10 +156,14 @@ def test_create_a_notebook_job_in_jupyterlab_runs_it_on_the_hub(make_hub, docker
     # JupyterLab gave Jupyter Scheduler's extension every shared package it was built against.
     assert not unsatisfied(b), unsatisfied(b)
     environment = pick_environment(b, "tf-gpu-1", PICTURES[0])
+    from selenium.webdriver.common.keys import Keys
+
     # A parameter: the starter's `epochs` (its cell tagged "parameters" says 5).
     click(b, 'button[title="Add new parameter"]', 30, "the form has no 'Add new parameter'")
     type_into(b, 'input[name="parameter-0-name"]', "epochs")
-    type_into(b, 'input[name="parameter-0-value"]', "2")
+    type_into(b, 'input[name="parameter-0-value"]', "2" + Keys.TAB)  # the form checks a value when it is left
+    b.wait(lambda d: "No value specified" not in d.find_element(*by_css("#jp-main-dock-panel")).text, 30,
+           "the form still says the parameter has no value")
     assert b.driver.find_element(*by_css('input[type="radio"][value="Job"]')).is_selected()  # Run now
     picture(b, PICTURES[1])
     before = time.time()
@@ -232,8 +236,10 @@ def test_a_schedule_made_in_jupyterlab_fires_with_the_server_stopped_and_is_paus
                       what="the schedule in the hub's api/schedules after Create")
     assert (made["notebook"], made["profile"], made["cron"], made["paused"]) == \
         ("work/small.ipynb", "tf-gpu-1", "* * * * *", False), made
-    page = logged_in(hub, "pat").get(f"{hub.url}/services/gpu-pool/", timeout=30).text
-    assert 'id="schedules"' in page and made["name"] in page and "<code>* * * * *</code>" in page, page[-2000:]
+    session = logged_in(hub, "pat")
+    wait_for(lambda: 'id="schedules"' in (page := session.get(f"{hub.url}/services/gpu-pool/", timeout=30).text)
+             and made["name"] in page and "<code>* * * * *</code>" in page, timeout=30, hub=hub,
+             what="the schedule on pat's pool page")
 
     # It fires by the wall clock with pat's server stopped, and its notebook runs on the hub.
     hub.stop_server("pat")
