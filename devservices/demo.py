@@ -391,8 +391,9 @@ class Demo:
                          f"{DEMO_POOL['booking_grace']:g} s)")
             if env.get("GPUHUB_JOBS", "true").lower() not in ("0", "false", "no", "off"):
                 lines.append(f"Jobs: {pool}#submit-job (submit a command; follow its log on the job's page)")
-                lines.append("Notebook jobs: in a terminal of your server, gpu-job submit --profile tf-gpu-1 "
-                             "--notebook starter.ipynb (the executed copy lands beside it)")
+                lines.append("Notebook jobs: in JupyterLab open tensorflow-examples/starter.ipynb, press "
+                             "'Create a job', pick tf-gpu-1, Create (or in a terminal: gpu-job submit "
+                             "--profile tf-gpu-1 --notebook starter.ipynb); the executed copy lands beside it")
                 lines.append('Schedules: gpu-job schedule create --cron "0 3 * * *" --profile tf-gpu-1 '
                              "--notebook starter.ipynb (fires while your server is stopped; gpu-job schedule list)")
                 lines.append("Borrowing: gpu-job submit --borrow ... runs on idle GPUs beyond your share, "

@@ -10,11 +10,14 @@ leave nothing behind.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+
+from devservices.waiting import until
 
 from ..fixtures.hub import Hub, wait_for
 from .test_gpu_spawner import container_of
 from .test_jobs import job_containers, job_hub, jobs_api, lease_of, wait_state
-from .test_poolpage import logged_in, page_api
+from .test_poolpage import logged_in, page_api, wait_for_page
 
 NOTEBOOK = {
     "cells": [
@@ -28,6 +31,11 @@ NOTEBOOK = {
     "nbformat": 4, "nbformat_minor": 5,
 }
 ONE_MINUTE = "c.ScheduleLimits.min_interval_minutes = 1\n"
+
+
+def utc(stamp: str) -> datetime:
+    when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def in_home(hub: Hub, docker_client, user: str, script: str) -> tuple[int, str]:
@@ -155,3 +163,39 @@ def test_a_one_minute_schedule_fires_with_the_server_stopped_and_makes_an_ordina
     assert schedules_api(hub, "DELETE", f"/{made['id']}", pat).status_code == 204
     assert schedules_api(hub, "GET", f"/{made['id']}", pat).status_code == 404
     assert schedules_api(hub, "GET", "", pat).json()["schedules"] == []
+
+
+def test_a_schedule_missed_while_the_hub_was_down_fires_once_when_it_is_back(make_hub, docker_client):
+    """The wall clock, a real hub stop and start: the hub (with its gpu-pool service) stops right
+    after a one-minute schedule is made and stays down past two of its slots; back up, the
+    schedule fires once (one job, not one per missed slot), then on its slots again."""
+    hub, tokens = job_hub(make_hub, extra_config=ONE_MINUTE)
+    pat = tokens["pat"]
+    # Made early in a minute, so the hub is down before the first slot comes.
+    until(lambda: datetime.now(UTC).second < 20, 45, "the first 20 s of a minute")
+    r = schedules_api(hub, "POST", "", pat, json={"cron": "* * * * *", "profile": "tf-cpu", "name": "missed",
+                                                  "command": ["sh", "-c", "echo caught up"]})
+    assert r.status_code == 201, r.text
+    made = r.json()
+    first_slot = utc(made["next_at"])
+    hub.stop()
+    assert datetime.now(UTC) < first_slot, "the hub stopped after the schedule's first slot"
+    until(lambda: datetime.now(UTC) >= first_slot + timedelta(seconds=65), 150,
+          "two slots of the schedule passing with the hub down")
+    back = datetime.now(UTC)
+    hub.start()
+    wait_for_page(hub, pat)
+
+    def fired():
+        return [j for j in jobs_api(hub, "GET", "", pat).json()["jobs"] if j["schedule_id"] == made["id"]]
+    caught_up = wait_for(fired, timeout=60, hub=hub, what="the missed firing once the hub is back")[-1]
+    submitted = utc(caught_up["submitted_at"])
+    assert submitted >= back, (caught_up, back)  # fired by the hub that came back
+    # One job for the two missed slots: every other firing is on a slot after the catch-up's.
+    next_slot = submitted.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    assert [j["id"] for j in fired() if utc(j["submitted_at"]) < next_slot] == [caught_up["id"]], fired()
+    seen = schedules_api(hub, "GET", f"/{made['id']}", pat).json()
+    assert utc(seen["next_at"]) >= next_slot and seen["last_error"] is None, seen
+    done = wait_state(hub, pat, caught_up["id"], ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", done
+    assert schedules_api(hub, "DELETE", f"/{made['id']}", pat).status_code == 204
