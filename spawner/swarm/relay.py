@@ -135,6 +135,13 @@ asyncio.run(main())
 '''
 
 
+def overlay_options(servers_overlay: Mapping) -> dict[str, str]:
+    """The driver options of an overlay of a server's or a job's own: encrypted (IPsec between
+    nodes) when the servers' overlay (`docker network inspect`) is."""
+    options = servers_overlay.get("Options") or {}
+    return {"encrypted": ""} if "encrypted" in options else {}
+
+
 def network_of(service: str) -> str:
     """The overlay of the server whose service is `service`."""
     return f"{service}-net"

@@ -46,7 +46,6 @@ from ..profiles import Profile, options_form_html
 from ..readiness import wait_for_server
 from .generic_guard import GUARD
 from .homes import make_home_directory
-from .jobs import overlay_options
 from .lockdown import SPEC_API, refused_nodes, version_tuple
 from .relay import (
     HUB_ALIAS,
@@ -56,6 +55,7 @@ from .relay import (
     drop_network,
     hub_ports,
     network_of,
+    overlay_options,
     program_command,
     relay_of,
     relay_spec,

@@ -30,6 +30,7 @@ import requests
 import yaml
 
 from devservices.postgres import create_database
+from devservices.swarm_hub import remove_server_relays
 from tests.fixtures.hub import DUMMY_PASSWORD, wait_for
 from tests.fixtures.swarm import _docker0_gateway, docker
 
@@ -210,6 +211,7 @@ def stack(tmp_path, swarm_cluster, swarm_pg_forward, postgres_server, hub_image,
                  timeout=120, what="the stack's containers gone")
         for service in docker("service", "ls", "-q", "--filter", f"name={made.prefix}-", check=False).split():
             docker("service", "rm", service, check=False)
+        remove_server_relays(made.prefix)
         for secret_name in SECRETS:
             docker("secret", "rm", secret_name, check=False)
         for node in swarm.nodes:

@@ -87,7 +87,7 @@ def _ask(port: int, source: str) -> bytes:
             s.shutdown(socket.SHUT_WR)
             while chunk := s.recv(100):
                 data += chunk
-        except ConnectionResetError:
+        except OSError:  # reset, or not connected any more: the relay closed it
             pass
     return data
 
