@@ -296,8 +296,12 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
             log_driver=DriverConfig(limits.log_driver, options=limits.log_options()),
         )
         # dnsrr: no virtual IP (no IPVS needed); the hub reaches the task's own address.
-        service = await self.docker("create_service", task, name=self.service_name, labels=labels,
-                                    endpoint_spec=EndpointSpec(mode="dnsrr"))
+        try:
+            service = await self.docker("create_service", task, name=self.service_name, labels=labels,
+                                        endpoint_spec=EndpointSpec(mode="dnsrr"))
+        except BaseException:
+            await self._drop_relay()  # no service, no relay (its overlay goes in the background)
+            raise
         while not await self.docker("tasks", filters={"service": self.service_name}):
             await asyncio.sleep(0.1)
         return service
