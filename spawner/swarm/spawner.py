@@ -339,7 +339,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
                               options=overlay_options(shared))
         with contextlib.suppress(docker.errors.NotFound):  # one left by a start that failed
             await self.docker("remove_container", relay, force=True)
-        ports = [self.port] + ([self.ssh_container_port] if self._ssh_keys() is not None else [])
+        ports = [self.port] + ([self.ssh_container_port] if self.ssh_state_dir else [])  # the SSH gateway's way in
         spec = relay_spec(service, ports, hub_host, hub_ports(env, hub_host))
         entrypoint = program_command(spec)
         made = await create_helper(
