@@ -90,8 +90,10 @@ def test_a_users_server_cannot_reach_another_users_server_on_swarm(make_swarm_hu
     assert reached == {}, f"a container on the servers' overlay reached bea's server: {reached}"
     # The hub itself still reaches bea's server (its readiness and the proxy's route use the relay).
     assert hub.server_model("bea")["ready"]
+    print("bea's relay uses", docker("stats", "--no-stream", "--format", "{{.MemUsage}}", f"{bea}-relay"))
     # A stopped server's relay goes at once, its own overlay once its task is gone.
     hub.stop_server("bea")
+    print([line for line in hub.log_tail(200).splitlines() if "bea's server exited" in line])
     assert docker("ps", "-aq", "--filter", f"name=^{bea}-relay$") == ""
     wait_for(lambda: docker("network", "inspect", f"{bea}-net", check=False) in ("", "[]"), 90,
              "bea's own overlay to be removed", hub)
