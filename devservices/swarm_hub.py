@@ -6,6 +6,7 @@ with its own PostgreSQL database; tests/fixtures/swarm.py wraps it in `make_swar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from pathlib import Path
@@ -47,11 +48,35 @@ def prepare_swarm_hub(swarm: Swarm, postgres_server, forward_port: int, image: s
     return hub
 
 
+def remove_server_relays(prefix: str) -> None:
+    """Remove the relays and servers' own overlays (spawner/swarm/relay.py) named `<prefix>-...`
+    that a hub left (its servers removed without it); an overlay whose task still shuts down is
+    retried for a while, then left to the Swarm's end."""
+    from spawner.swarm.relay import LABEL_RELAY, LABEL_SERVER_NET
+
+    from .waiting import until
+
+    for container in docker("ps", "-aq", "--filter", f"label={LABEL_RELAY}", "--filter", f"name={prefix}-",
+                            check=False).split():
+        docker("rm", "-f", container, check=False)
+
+    def gone() -> bool:
+        nets = docker("network", "ls", "-q", "--filter", f"label={LABEL_SERVER_NET}", "--filter",
+                      f"name={prefix}-", check=False).split()
+        for net in nets:
+            docker("network", "rm", net, check=False)
+        return not nets
+    # One in use by a task still shutting down after that goes with the Swarm.
+    with contextlib.suppress(AssertionError):
+        until(gone, 30, "the servers' own overlays removed", interval=1)
+
+
 def cleanup_swarm_hub(hub, docker_client) -> None:
     """Stop the hub; remove its services, containers, volumes and helper."""
     hub.stop()
     for service in docker("service", "ls", "-q", "--filter", f"name={hub.prefix}-", check=False).split():
         docker("service", "rm", service, check=False)
+    remove_server_relays(hub.prefix)
     cleanup_hub(hub, docker_client)
     docker("rm", "-f", hub.site.container, check=False)
 

@@ -49,7 +49,8 @@ FIXED_PORT_UNITS = {
                                 "tests/integration/test_swarm_scripts.py", "tests/integration/test_ssh_swarm.py",
                                 "tests/integration/test_job_clusters_swarm.py",
                                 "tests/integration/test_swarm_nodes.py",
-                                "tests/integration/test_swarm_stack.py"}),
+                                "tests/integration/test_swarm_stack.py",
+                                "tests/integration/test_swarm_isolation.py"}),
 }
 LONG_MODULES_FIRST = [  # by their time in a run (longest first)
     "test_failure_paths.py", "test_swarm.py", "test_apt_install.py", "test_gpu_spawner.py", "test_jobs.py", "test_auth_hub.py",

@@ -30,6 +30,7 @@ from ..jobs.engine import ENDED, RUNNING, UNKNOWN, JobRefused, UnitGone, UnitSpe
 from ..labels import LABEL_JOB, LABEL_POOL, LABEL_USER
 from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
+from .relay import overlay_options
 from .tasks import LIVE_TASK_STATES, task_labels
 
 log = logging.getLogger("gpu-pool-page")
@@ -51,13 +52,6 @@ MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
 
 # The label of a unit's own internal overlay (a unit without a network), naming the unit.
 LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
-
-
-def overlay_options(servers_overlay: Mapping) -> dict[str, str]:
-    """The driver options of a job's own overlay: encrypted (IPsec between nodes) when the
-    servers' overlay (`docker network inspect`) is."""
-    options = servers_overlay.get("Options") or {}
-    return {"encrypted": ""} if "encrypted" in options else {}
 
 
 def isolated_network(unit: str) -> str:

@@ -5,7 +5,9 @@ service stands in for a container (its labels are the same lease labels),
 and the pass runs once per GPU node the Swarm inventory knows, with the same
 guarantees: no lease without a task, no task with GPUs without a lease, only
 this ledger's services touched.  Removing a service counts as done only once
-Swarm reports none of its tasks still running; until then the lease stays.
+Swarm reports none of its tasks still running; until then the lease stays.  Each pass
+also removes the relays and own overlays (swarm/relay.py) of servers whose service is
+gone: a stop removes them itself, a hub killed mid-stop (or mid-start) leaves them.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import time
 from ..docker.reconcile import reconcile
 from ..labels import LABEL_LEASE, LABEL_POOL, pool_identity
 from ..reconciler import ReconcileReport
+from .relay import sweep
 from .tasks import lease_tasks, node_states, task_holds
 
 # How long one pass waits for a removed service's tasks to stop before it
 # leaves the lease for the next pass.
 REMOVE_WAIT_SECONDS = 15.0
+# A relay or server overlay younger than this is never swept: its start may still be making its service.
+SWEEP_MIN_AGE = 30.0
 
 
 class ServiceView:
@@ -86,4 +91,9 @@ def reconcile_swarm(pool, docker_client, tracked_lease_ids, log=None, min_age: f
         report.kept += one.kept
         report.ended += one.ended
         report.containers_stopped += one.containers_stopped
+    try:
+        sweep(api, pool_identity(pool), log, max(min_age, SWEEP_MIN_AGE))
+    except Exception as exc:  # the next pass tries again
+        if log:
+            log.warning("Could not remove the relays of servers that are gone: %s", exc)
     return report

@@ -15,7 +15,10 @@ from Swarm's tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from urllib.parse import urlparse
 
+import docker.errors
 from docker.types import (
     ContainerSpec,
     DriverConfig,
@@ -33,8 +36,8 @@ from tornado import web
 from traitlets import Bool, Dict, Float, List, Unicode, default
 
 from ..containers import hardened_host_config, lease_labels
-from ..homes import prepare_home_volume
-from ..labels import pool_identity
+from ..homes import create_helper, helper_bounds, prepare_home_volume
+from ..labels import LABEL_POOL, pool_identity
 from ..lending.docker_common import GPUContainerSpawner
 from ..pool import PoolError
 from ..pool.history.queries import counts as counts_of
@@ -44,6 +47,20 @@ from ..readiness import wait_for_server
 from .generic_guard import GUARD
 from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
+from .relay import (
+    HUB_ALIAS,
+    LABEL_RELAY,
+    LABEL_SERVER_NET,
+    RELAY_MEMORY,
+    drop_network,
+    hub_ports,
+    network_of,
+    overlay_options,
+    program_command,
+    relay_of,
+    relay_spec,
+    through_relay,
+)
 from .stopping import ask_server_to_exit
 from .tasks import DOWN_NODES, LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
 
@@ -113,6 +130,21 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         whenever their node is updated): with an older manager the spawner
         starts servers without the reservation and logs a warning, and
         `gpu-pool doctor` reports it.
+        """,
+    )
+
+    isolate_servers = Bool(
+        True,
+        config=True,
+        help="""
+        Keep users' servers apart on the Swarm: each server's service joins an overlay
+        of its own (`<service>-net`, encrypted when the servers' overlay
+        `network_name` is), and a small relay container on the manager, on both that
+        overlay and the servers' one, forwards the hub's connections to the server
+        (only from the hub's address) and the server's to the hub's ports named in
+        its environment (swarm/relay.py).  A server then reaches the hub, its proxy
+        and services, never another user's server.  False: every server on
+        `network_name`, where any server reaches any other's listening ports.
         """,
     )
 
@@ -226,6 +258,11 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
                               pool_identity(self.pool), self._config_digest(uid, gid))
         env = self.get_env()
         env["NVIDIA_VISIBLE_DEVICES"] = ",".join(self.gpu_uuids) if self.gpu_uuids else "void"
+        networks = [NetworkAttachmentConfig(self.network_name)] if self.network_name else []
+        if self._isolated():
+            # Its own overlay, and the relay to the hub (swarm/relay.py), before its task starts.
+            env = await self._make_relay(env)
+            networks = [NetworkAttachmentConfig(network_of(self.service_name))]
         hardening = hardened_host_config()
         # Configured extras first: ours (identity, labels, environment, lock-down) win.
         spec = {**self.extra_container_spec,
@@ -255,15 +292,94 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
             restart_policy=(RestartPolicy(condition="on-failure", max_attempts=3)
                             if self._guarded else RestartPolicy(condition="none")),
             placement=Placement(constraints=constraints or None),
-            networks=[NetworkAttachmentConfig(self.network_name)] if self.network_name else [],
+            networks=networks,
             log_driver=DriverConfig(limits.log_driver, options=limits.log_options()),
         )
         # dnsrr: no virtual IP (no IPVS needed); the hub reaches the task's own address.
-        service = await self.docker("create_service", task, name=self.service_name, labels=labels,
-                                    endpoint_spec=EndpointSpec(mode="dnsrr"))
+        try:
+            service = await self.docker("create_service", task, name=self.service_name, labels=labels,
+                                        endpoint_spec=EndpointSpec(mode="dnsrr"))
+        except BaseException:
+            await self._drop_relay()  # no service, no relay (its overlay goes in the background)
+            raise
         while not await self.docker("tasks", filters={"service": self.service_name}):
             await asyncio.sleep(0.1)
         return service
+
+    # ------------------------------------------------------- isolation (relay.py)
+
+    # The background removal of this server's overlay after a stop (cancelled by a new start).
+    _network_drop: asyncio.Future | None = None
+
+    def _isolated(self) -> bool:
+        return bool(self.network_name) and self.isolate_servers
+
+    async def _make_relay(self, env: dict) -> dict:
+        """This server's overlay and its relay (started); returns the server's environment, its
+        hub URLs naming the relay."""
+        hub_host = urlparse(env.get("JUPYTERHUB_API_URL", "")).hostname
+        if not hub_host:
+            raise web.HTTPError(500, "The hub's API URL names no host: the server could not be kept apart "
+                                "from others (c.GPUSwarmSpawner.isolate_servers). Ask an administrator.")
+        if self._network_drop is not None and not self._network_drop.done():
+            self._network_drop.cancel()  # a stop's late clean-up must not take the new start's network
+        pool_id = pool_identity(self.pool)
+        service, network, relay = self.service_name, network_of(self.service_name), relay_of(self.service_name)
+        try:
+            found = await self.docker("inspect_network", network)
+            if (found.get("Labels") or {}).get(LABEL_SERVER_NET) != service:
+                raise web.HTTPError(409, f"A Docker network named {network} exists that is not your server's; "
+                                    "ask an administrator to remove it.")
+        except docker.errors.NotFound:
+            shared = {}
+            with contextlib.suppress(docker.errors.NotFound):
+                shared = await self.docker("inspect_network", self.network_name)
+            await self.docker("create_network", network, driver="overlay", attachable=True,
+                              labels={LABEL_SERVER_NET: service, LABEL_POOL: pool_id},
+                              options=overlay_options(shared))
+        with contextlib.suppress(docker.errors.NotFound):  # one left by a start that failed
+            await self.docker("remove_container", relay, force=True)
+        ports = [self.port] + ([self.ssh_container_port] if self.ssh_state_dir else [])  # the SSH gateway's way in
+        spec = relay_spec(service, ports, hub_host, hub_ports(env, hub_host))
+        entrypoint = program_command(spec)
+        made = await create_helper(
+            self, image=self.image, entrypoint=entrypoint[:3], command=entrypoint[3:], user="65534:65534",
+            name=relay, labels={LABEL_RELAY: service, LABEL_POOL: pool_id},
+            environment={"NVIDIA_VISIBLE_DEVICES": "void"},
+            host_config=self.client.create_host_config(
+                network_mode=network, read_only=True, mem_limit=RELAY_MEMORY,
+                restart_policy={"Name": "unless-stopped"}, **hardened_host_config(), **helper_bounds(self)),
+            networking_config=self.client.create_networking_config(
+                {network: self.client.create_endpoint_config(aliases=[HUB_ALIAS])}))
+        await self.docker("connect_container_to_network", made["Id"], self.network_name)
+        await self.docker("start", made["Id"])
+        return through_relay(env, hub_host)
+
+    async def _relay_ip(self) -> str | None:
+        """The relay's address on the servers' overlay (None: this server has no relay)."""
+        try:
+            info = await self.docker("inspect_container", relay_of(self.service_name))
+        except docker.errors.NotFound:
+            return None
+        return (((info.get("NetworkSettings") or {}).get("Networks") or {}).get(self.network_name)
+                or {}).get("IPAddress") or None
+
+    async def _drop_relay(self) -> None:
+        """Remove the relay now and the server's overlay once its task is gone (in the background)."""
+        if not self._isolated():
+            return
+        try:
+            await self.docker("remove_container", relay_of(self.service_name), force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:  # the reconciler removes it
+            self.log.warning("Could not remove the relay of %s: %s", self.service_name, exc)
+        if self._network_drop is None or self._network_drop.done():
+            self._network_drop = asyncio.ensure_future(drop_network(self, network_of(self.service_name)))
+
+    async def remove_object(self):
+        await super().remove_object()
+        await self._drop_relay()
 
     async def get_task(self):
         """The service's task.  One on a node that went quiet (down, unknown, disconnected) may
@@ -337,6 +453,11 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         return bool(task) and (task.get("Status") or {}).get("State") in LIVE_TASK_STATES
 
     async def get_ip_and_port(self):
+        if self._isolated():
+            ip = await self._relay_ip()
+            if ip:
+                return ip, self.port
+        # No relay: a server started with isolate_servers off (or before it), on the servers' overlay.
         task = await self.get_task()
         ip = task_ip(task, self.network_name) if task else None
         if not ip:
@@ -356,6 +477,8 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         try:
             if await self.get_object() is not None:
                 await self.remove_object()
+            else:
+                await self._drop_relay()
         except Exception as exc:  # the lease then stays lent; the reconciler retries
             self.log.warning("Could not remove service %s: %s", self.service_name, exc)
         await super().run_post_stop_hook()

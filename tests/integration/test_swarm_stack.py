@@ -30,6 +30,7 @@ import requests
 import yaml
 
 from devservices.postgres import create_database
+from devservices.swarm_hub import remove_server_relays
 from tests.fixtures.hub import DUMMY_PASSWORD, wait_for
 from tests.fixtures.swarm import _docker0_gateway, docker
 
@@ -210,6 +211,7 @@ def stack(tmp_path, swarm_cluster, swarm_pg_forward, postgres_server, hub_image,
                  timeout=120, what="the stack's containers gone")
         for service in docker("service", "ls", "-q", "--filter", f"name={made.prefix}-", check=False).split():
             docker("service", "rm", service, check=False)
+        remove_server_relays(made.prefix)
         for secret_name in SECRETS:
             docker("secret", "rm", secret_name, check=False)
         for node in swarm.nodes:
@@ -250,6 +252,10 @@ def test_the_stack_lends_a_worker_gpu_reports_readings_and_upgrades_keeping_the_
     assert node.hostname == lease["gpu_host"]
     assert node.visible_devices().get(container) == ",".join(lease["gpu_uuids"])
     task_before = swarm.task_of(f"{stack.prefix}-ada")["ID"]
+    # Her task is on an overlay of its own, not the servers' one: the stack's hub (a container Swarm
+    # manages, which Docker cannot join to a new overlay) reaches it through its relay (swarm/relay.py).
+    attachments = json.loads(docker("inspect", task_before))[0].get("NetworksAttachments") or []
+    assert {a["Network"]["Spec"]["Name"] for a in attachments} == {f"{stack.prefix}-ada-net"}, attachments
 
     # The agent: a global service, one task per GPU node (none on the manager), from the hub image;
     # its readings reach the pool service's API.

@@ -38,7 +38,9 @@ def test_the_swarm_engine_inherits_none_of_the_docker_engine_s_own_methods():
         assert inspect.getattr_static(GPUSwarmSpawner, name, None) is not member, name
     # Where the Swarm engine has none of its own, dockerspawner's SwarmSpawner answers.
     assert GPUSwarmSpawner.start_object is not DockerSpawner.start_object
-    assert inspect.getattr_static(GPUSwarmSpawner, "remove_object") is vars(SwarmSpawner)["remove_object"]
+    # remove_object is the Swarm engine's own (the service, then its relay: swarm/relay.py), on SwarmSpawner's.
+    assert inspect.getattr_static(GPUSwarmSpawner, "remove_object").__module__ == "spawner.swarm.spawner"
+    assert inspect.getattr_static(GPUSwarmSpawner, "remove_object") is not vars(DockerSpawner)["remove_object"]
 
 
 def test_the_docker_engine_has_nothing_of_swarm():
