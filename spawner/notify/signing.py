@@ -36,8 +36,21 @@ def unsubscribe_url(key: bytes, public_url: str, prefix: str, user: str, event: 
     return url_path_join(public_url.rstrip("/") + prefix, UNSUBSCRIBE_PATH) + "?" + query
 
 
+def _expiring_token(key: bytes, purpose: str, user: str, subject: str, expires: int) -> str:
+    return _mac(key, purpose, user, subject, str(int(expires)))
+
+
+def _expiring_url(key: bytes, public_url: str, prefix: str, path: str, purpose: str, user: str,
+                  field: str, subject: str, expires: int) -> str:
+    """A link for `user` about `subject` (its query field `field`), signed for `purpose` and valid
+    until `expires` (Unix seconds)."""
+    query = urlencode({"user": user, field: subject, "expires": int(expires),
+                       "token": _expiring_token(key, purpose, user, subject, expires)})
+    return url_path_join(public_url.rstrip("/") + prefix, path) + "?" + query
+
+
 def keep_token(key: bytes, user: str, server: str, expires: int) -> str:
-    return _mac(key, "keep", user, server, str(int(expires)))
+    return _expiring_token(key, "keep", user, server, expires)
 
 
 def keep_valid(key: bytes, user: str, server: str, expires: int, given: str) -> bool:
@@ -46,13 +59,11 @@ def keep_valid(key: bytes, user: str, server: str, expires: int, given: str) -> 
 
 def keep_url(key: bytes, public_url: str, prefix: str, user: str, server: str, expires: int) -> str:
     """The "keep it" link of a cull warning: valid until `expires` (Unix seconds)."""
-    query = urlencode({"user": user, "server": server, "expires": int(expires),
-                       "token": keep_token(key, user, server, expires)})
-    return url_path_join(public_url.rstrip("/") + prefix, KEEP_PATH) + "?" + query
+    return _expiring_url(key, public_url, prefix, KEEP_PATH, "keep", user, "server", server, expires)
 
 
 def confirm_token(key: bytes, user: str, address: str, expires: int) -> str:
-    return _mac(key, "confirm", user, address, str(int(expires)))
+    return _expiring_token(key, "confirm", user, address, expires)
 
 
 def confirm_valid(key: bytes, user: str, address: str, expires: int, given: str) -> bool:
@@ -61,6 +72,4 @@ def confirm_valid(key: bytes, user: str, address: str, expires: int, given: str)
 
 def confirm_url(key: bytes, public_url: str, prefix: str, user: str, address: str, expires: int) -> str:
     """The link in the mail to a user-set address: valid until `expires` (Unix seconds)."""
-    query = urlencode({"user": user, "address": address, "expires": int(expires),
-                       "token": confirm_token(key, user, address, expires)})
-    return url_path_join(public_url.rstrip("/") + prefix, CONFIRM_PATH) + "?" + query
+    return _expiring_url(key, public_url, prefix, CONFIRM_PATH, "confirm", user, "address", address, expires)
