@@ -18,6 +18,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from ..pool import PoolError
+from ..pool.leasing.reclaim import notice_text
 from ..pool.ledger.job_records import CANCELLED, QUEUED, RUNNING, STARTING, Job, job_id_of
 from ..pool.models import EndReason
 from . import cluster
@@ -26,14 +27,6 @@ from .spec import container_name
 log = logging.getLogger("gpu-pool-page")
 # How often the runner reads the reclaim marks (one indexed read of the active borrowed leases).
 RECLAIM_POLL = 1.0
-
-
-def notice_text(grace: float) -> str:
-    """How much notice a borrowed job gets, in words: '2 minutes'', '30 seconds''."""
-    if grace >= 60 and grace % 60 == 0:
-        minutes = int(grace // 60)
-        return "1 minute's" if minutes == 1 else f"{minutes} minutes'"
-    return f"{grace:g} seconds'"
 
 
 class Reclaims:
