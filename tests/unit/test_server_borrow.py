@@ -140,3 +140,53 @@ def test_the_service_gives_the_hubs_notice_with_jobs_off():
     c.GPUPool.reclaim_grace = 15
     written = Config(json.loads(render_service_config(c, _Settings())))
     assert GPUPool(config=written, db_url="sqlite://").reclaim_grace == 15
+
+
+class _SwarmAPI:
+    """The manager's answers for one service, as docker-py's APIClient gives them."""
+
+    def __init__(self, replicas: int, tasks: list[dict]):
+        self.service = {"ID": "s1", "Version": {"Index": 3},
+                        "Spec": {"Name": "gpuhub-job-7", "Labels": {}, "Mode": {"Replicated": {"Replicas": replicas}},
+                                 "TaskTemplate": {"ContainerSpec": {"StopGracePeriod": int(40e9)}}}}
+        self._tasks = tasks
+        self.updates: list[dict] = []
+
+    def inspect_service(self, name):
+        return self.service
+
+    def tasks(self, filters=None):
+        return self._tasks
+
+    def nodes(self):
+        return [{"ID": "n1", "Status": {"State": "ready"}, "Description": {"Hostname": "gpu-a"}}]
+
+    def update_service(self, service_id, version, **kwargs):
+        self.updates.append(kwargs)
+        self.service["Spec"]["Mode"] = {"Replicated": {"Replicas": kwargs["mode"]["replicated"]["Replicas"]}}
+
+
+def test_on_swarm_a_borrowed_job_gets_its_notice_as_the_stop_grace_and_its_sigterm_from_the_scale_down():
+    from spawner.jobs.engine import ENDED, RUNNING, UnitSpec
+    from spawner.jobs.settings import JobSettings
+    from spawner.swarm.jobs import SwarmJobEngine, _stop_grace
+
+    settings = JobSettings(engine="swarm", prefix="gpuhub")
+    engine = SwarmJobEngine(settings)
+    spec = UnitSpec(name="gpuhub-job-7", image="img", command=["true"], user="1000:100", env={}, labels={},
+                    working_dir="/home/jovyan", volumes={})
+    assert engine.service_args(spec)["task_template"]["ContainerSpec"]["StopGracePeriod"] == int(5e9)
+    borrowed = engine.service_args(UnitSpec(**{**spec.__dict__, "stop_grace": 40.0}))["task_template"]
+    assert borrowed["ContainerSpec"]["StopGracePeriod"] == int(40e9)
+
+    running = {"ID": "t1", "Version": {"Index": 5}, "NodeID": "n1", "Status": {"State": "running"}}
+    engine = SwarmJobEngine(settings, api=_SwarmAPI(1, [running]))
+    assert _stop_grace(engine.api.service) == 40.0
+    assert engine._read("gpuhub-job-7").phase == RUNNING
+    assert asyncio.run(engine.signal("gpuhub-job-7", "SIGKILL")) is False and engine.api.updates == []
+    assert asyncio.run(engine.signal("gpuhub-job-7")) is True  # told: scaled to 0
+    assert engine.api.updates[0]["mode"]["replicated"]["Replicas"] == 0
+    # Its task heeded the notice and Swarm removed it: ended, not "no task yet".
+    engine.api._tasks = []
+    assert engine._read("gpuhub-job-7").phase == ENDED
+    assert asyncio.run(engine.signal("gpuhub-job-7")) is False  # nothing left to tell
