@@ -190,3 +190,17 @@ def test_on_swarm_a_borrowed_job_gets_its_notice_as_the_stop_grace_and_its_sigte
     engine.api._tasks = []
     assert engine._read("gpuhub-job-7").phase == ENDED
     assert asyncio.run(engine.signal("gpuhub-job-7")) is False  # nothing left to tell
+
+
+def test_the_reclaimed_notification_of_a_server_says_it_is_stopped_not_queued():
+    from spawner.notify.message import Links, describe
+    from spawner.pool.ledger import outbox
+
+    links = Links("https://hub.example.org/", "https://hub.example.org/services/gpu-pool/", {})
+    stops = datetime.now(UTC) + timedelta(seconds=110)
+    payload = {"server_name": "", "job_id": None, "hosts": ["h"], "gpus": 2, "asked_at": NOW.isoformat(),
+               "grace_s": 120.0, "stops_at": stops.isoformat()}
+    title, facts, link = describe(outbox.Entry(1, "alice", "reclaimed", "email", payload, NOW, 0), links)
+    assert title.startswith("Your server (default) runs on borrowed GPUs that are asked back: it stops in ")
+    assert "save your work" in dict(facts)["Why"] and "requeue" not in dict(facts)["Why"]
+    assert link == "https://hub.example.org/"
