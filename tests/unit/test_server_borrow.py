@@ -204,3 +204,53 @@ def test_the_reclaimed_notification_of_a_server_says_it_is_stopped_not_queued():
     assert title.startswith("Your server (default) runs on borrowed GPUs that are asked back: it stops in ")
     assert "save your work" in dict(facts)["Why"] and "requeue" not in dict(facts)["Why"]
     assert link == "https://hub.example.org/"
+
+
+def test_the_spawner_borrows_only_with_a_borrowing_profile_and_says_so(tmp_path):
+    """The lending spawner on a real ledger (three simulated GPUs; alice's share is 1): the spawn's
+    check and lease ask to borrow exactly when the profile says so."""
+    import types
+
+    from tornado import web
+    from traitlets.config import Config
+
+    from spawner.docker.spawner import GPUDockerSpawner
+    from spawner.lending import spawner as lending
+
+    c = Config()
+    c.GPUPool.db_url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    c.GPUPool.max_gpus_per_user = 1
+    c.GPUPool.max_borrowed_gpus_per_user = 2
+    c.GPUPool.reclaim_grace = 120
+    c.GPUDockerSpawner.inventory_kind = "simulated"
+    c.SimulatedInventory.count = 3
+    c.GPUDockerSpawner.profiles = [TWO, {**TWO, "slug": "two-b", "borrow": True},
+                                   {**TWO, "slug": "three-b", "gpus": 3, "borrow": True}]
+    user = types.SimpleNamespace(name="alice", groups=[], url="/user/alice/", id=1, settings={}, server=None)
+    spawner = GPUDockerSpawner(user=user, config=c, orm_spawner=types.SimpleNamespace(name="", server=None))
+
+    async def main():
+        with pytest.raises(web.HTTPError) as refused:
+            await spawner._apply_profile({"profile": "two"})
+        assert refused.value.status_code == 403
+        assert refused.value.log_message == (
+            "You may hold at most 1 GPU (the per-user limit) and asked for 2. Profile 'two' does not borrow "
+            "idle GPUs beyond your share (its `borrow` is off); a profile marked 'may borrow' does.")
+        with pytest.raises(web.HTTPError) as over:
+            await spawner._apply_profile({"profile": "three-b"})
+        assert over.value.status_code == 403 and "GPUPool.max_borrowed_gpus_per_user" in over.value.log_message
+        assert spawner.pool.leases() == []
+        await spawner._apply_profile({"profile": "two-b"})
+        await spawner.lease_for_start(spawner.profile)
+        lease = spawner.pool.lease(spawner.lease_id)
+        assert lease.borrowed and len(lease.gpu_uuids) == 2
+        assert spawner.get_state()["gpu_borrowed"] is True
+        assert {"progress": 41, "message": "running on borrowed GPUs: may be reclaimed with 2 minutes' notice"} \
+            in spawner._progress_events
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool = lending._shared_pools.pop(id(c), None)
+        if pool is not None:
+            pool.close()
