@@ -41,7 +41,7 @@ DEFAULT_PROFILES: list[dict[str, Any]] = [
 ]
 
 _FIELDS = {"slug", "display_name", "description", "image", "gpus", "cpu_limit", "mem_limit", "groups",
-           "job_max_seconds", "job_network", "node_labels", "idle_timeout", "max_age"}
+           "job_max_seconds", "job_network", "node_labels", "idle_timeout", "max_age", "borrow"}
 
 
 class ProfileConfigError(ValueError):
@@ -69,6 +69,9 @@ class Profile:
     # are culled (None: the hub's GPU or CPU timeout), and the most seconds one may run at all.
     idle_timeout: int | None = None
     max_age: int | None = None
+    # Borrowing (pool/leasing/reclaim.py): a server of this profile may take idle GPUs beyond its
+    # user's share (a borrowed lease, reclaimed with GPUPool.reclaim_grace's notice).
+    borrow: bool = False
 
     def allows(self, user_groups: Iterable[str]) -> bool:
         """An empty group list means everyone may use the profile."""
@@ -100,6 +103,8 @@ class Profile:
             value = raw.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ProfileConfigError(f"profile {raw['slug']!r}: {key!r} must be a positive number of seconds")
+        if not isinstance(raw.get("borrow", cls.borrow), bool):
+            raise ProfileConfigError(f"profile {raw['slug']!r}: 'borrow' must be true or false")
         if not isinstance(raw.get("job_network", False), bool):
             raise ProfileConfigError(f"profile {raw['slug']!r}: 'job_network' must be true or false")
         labels = raw.get("node_labels") or {}
@@ -121,6 +126,7 @@ class Profile:
             node_labels=tuple(sorted(labels.items())),
             idle_timeout=raw.get("idle_timeout"),
             max_age=raw.get("max_age"),
+            borrow=raw.get("borrow", cls.borrow),
         )
 
 
@@ -202,6 +208,8 @@ def options_form_html(allowed: list[Profile], default_slug: str, counts: dict | 
             availability = f"{profile.gpus} GPU(s); availability unknown right now"
         else:
             availability = f"{profile.gpus} GPU(s); {free} of {total} free now"
+        if profile.gpus and profile.borrow:
+            availability += "; may borrow idle GPUs beyond your share"
         checked = " checked" if profile.slug == default else ""
         rows.append(
             f'<div class="radio"><label>'

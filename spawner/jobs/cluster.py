@@ -73,8 +73,10 @@ def tf_config(names: list[str], index: int, port: int = TF_PORT) -> str:
                        "task": {"type": "worker", "index": index}}, sort_keys=True)
 
 
-def worker_specs(job: Job, profile: Profile, settings: JobSettings, home_volume: str, pool_id: str) -> list[UnitSpec]:
-    """The cluster's units, one per worker in `job.units` (each on its lease's host, with its GPUs)."""
+def worker_specs(job: Job, profile: Profile, settings: JobSettings, home_volume: str, pool_id: str,
+                 stop_grace: float | None = None) -> list[UnitSpec]:
+    """The cluster's units, one per worker in `job.units` (each on its lease's host, with its GPUs);
+    `stop_grace`: as UnitSpec's (a borrowed cluster's notice)."""
     names = [worker_name(settings, job.id, u["worker"]) for u in job.units]
     network = network_name(settings, job.id)
     specs = []
@@ -97,6 +99,7 @@ def worker_specs(job: Job, profile: Profile, settings: JobSettings, home_volume:
             # server could reach the workers' unauthenticated gRPC port).
             network=network, aliases=(name,),
             cpu_limit=profile.cpu_limit or None, mem_limit=profile.mem_limit or None, shm_size=settings.shm_size,
+            stop_grace=stop_grace,
         ))
     return specs
 
@@ -164,7 +167,7 @@ async def launch(runner, job: Job, profile: Profile) -> Job | None:
     # A profile with job_network gives the cluster's own network a route out instead of the hub's.
     await engine.create_network(network_name(settings, job.id),
                                 {LABEL_JOB: str(job.id), LABEL_POOL: runner.pool_id}, outbound=profile.job_network)
-    specs = worker_specs(job, profile, settings, volume, runner.pool_id)
+    specs = worker_specs(job, profile, settings, volume, runner.pool_id, await borrowed_grace(runner, job))
     # All at once: the workers wait for each other in TensorFlow's own start-up.
     results = await asyncio.gather(*(engine.create(s) for s in specs), return_exceptions=True)
     failed = [(s, r) for s, r in zip(specs, results) if isinstance(r, BaseException)]
@@ -175,6 +178,16 @@ async def launch(runner, job: Job, profile: Profile) -> Job | None:
         f"{s.name}{' on ' + s.host if s.host else ''}" for s in specs))
     return await runner.call(runner.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
                              container=names[0])
+
+
+async def borrowed_grace(runner, job: Job) -> float | None:
+    """GPUPool.reclaim_grace when any of the cluster's leases is borrowed (it is reclaimed as a
+    whole), else None."""
+    for unit in job.units:
+        lease = await runner.call(runner.pool.lease, unit["lease_id"]) if unit.get("lease_id") else None
+        if lease is not None and lease.borrowed:
+            return float(runner.pool.reclaim_grace)
+    return None
 
 
 async def watch(runner, job: Job, deadline: float, poll: float) -> tuple[str, int | None, str | None]:

@@ -49,6 +49,10 @@ class UnitSpec:
     cpu_limit: float | None = None
     mem_limit: str | int | None = None
     shm_size: str = "64m"
+    # Seconds its processes get after SIGTERM before they are killed, where the engine fixes it at
+    # creation (Swarm: the service's stop grace period); None: the engine's own.  A job on
+    # borrowed GPUs gets GPUPool.reclaim_grace: on Swarm its notice is the stop's own SIGTERM.
+    stop_grace: float | None = None
 
 
 @dataclass(frozen=True)

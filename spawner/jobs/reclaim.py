@@ -18,6 +18,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from ..pool import PoolError
+from ..pool.leasing.reclaim import notice_text
 from ..pool.ledger.job_records import CANCELLED, QUEUED, RUNNING, STARTING, Job, job_id_of
 from ..pool.models import EndReason
 from . import cluster
@@ -28,14 +29,6 @@ log = logging.getLogger("gpu-pool-page")
 RECLAIM_POLL = 1.0
 
 
-def notice_text(grace: float) -> str:
-    """How much notice a borrowed job gets, in words: '2 minutes'', '30 seconds''."""
-    if grace >= 60 and grace % 60 == 0:
-        minutes = int(grace // 60)
-        return "1 minute's" if minutes == 1 else f"{minutes} minutes'"
-    return f"{grace:g} seconds'"
-
-
 class Reclaims:
     """The jobs of this runner whose borrowed leases were asked back: job id -> when (the mark)."""
 
@@ -43,6 +36,9 @@ class Reclaims:
         self.runner = runner
         self.asked: dict[int, datetime] = {}
         self._told: set[int] = set()
+        # The log read at each turn after the notice, where the engine's stop may take the log
+        # with it (Swarm removes a scaled-down task's container once it ends): job id -> log.
+        self._kept: dict[int, str] = {}
 
     @property
     def grace(self) -> float:
@@ -86,7 +82,14 @@ class Reclaims:
             log.info("Job %s of %s told to give its borrowed GPUs back (SIGTERM to %d of %d unit(s)); "
                      "stopped by %s", job.id, job.user, sum(told), len(units), deadline.strftime("%H:%M:%S UTC"))
             return False  # its units' end after the notice is seen at the next turn
+        if self.runner.engine.log_settle_seconds > 0:
+            await self._keep_log(job)
         return ended or datetime.now(UTC) >= deadline
+
+    async def _keep_log(self, job: Job) -> None:
+        output = await self.runner.read_log(job)
+        if output and len(output) >= len(self._kept.get(job.id, "")):
+            self._kept[job.id] = output
 
     async def end(self, job: Job) -> Job | None:
         """Stop the job's units, end its leases `reclaimed` once they are confirmed gone, and queue
@@ -95,6 +98,9 @@ class Reclaims:
         names = ([cluster.worker_name(runner.settings, job.id, i) for i in range(job.workers)] if job.is_cluster
                  else [job.container or container_name(runner.settings, job.id)])
         output = await runner.read_log(job)
+        earlier = self._kept.get(job.id)
+        if earlier and len(earlier) > len(output or ""):
+            output = earlier
         stopped = all(await asyncio.gather(*(runner.stop_unit(job, n) for n in names)))
         after = await runner.read_log(job)
         if after is not None and len(after) >= len(output or ""):
@@ -134,6 +140,7 @@ class Reclaims:
     def forget(self, job: Job) -> None:
         self.asked.pop(job.id, None)
         self._told.discard(job.id)
+        self._kept.pop(job.id, None)
 
 
 async def borrowed_notice(runner, job: Job) -> dict | None:

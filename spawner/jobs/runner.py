@@ -403,10 +403,17 @@ class JobRunner:
 
     async def job_node(self, job: Job) -> str:
         """The host the job's unit runs on: its GPUs' (a CPU job: the engine's choice, "")."""
+        return (await self.job_placement(job))[0]
+
+    async def job_placement(self, job: Job) -> tuple[str, float | None]:
+        """(the job's node, as job_node; its stop grace: GPUPool.reclaim_grace on a borrowed lease,
+        else None, the engine's own)."""
         if job.lease_id is None:
-            return self.settings.host
+            return self.settings.host, None
         lease = await self.call(self.pool.lease, job.lease_id)
-        return lease.host if lease is not None else self.settings.host
+        if lease is None:
+            return self.settings.host, None
+        return lease.host, float(self.pool.reclaim_grace) if lease.borrowed else None
 
     async def _launch(self, job: Job, profile) -> Job | None:
         """Create and start the job's unit on its lease (again, after a restart)."""
@@ -429,7 +436,7 @@ class JobRunner:
         # directory uid owns (homes.py refuses, as for a server).
         directory = (job.uid, job.gid) != (self.settings.fallback_uid, self.settings.fallback_gid)
         volume = await self.engine.prepare_home(job.user, profile.image, job.uid, job.gid, directory)
-        spec = unit_spec(job, profile, self.settings, volume, self.pool_id, await self.job_node(job))
+        spec = unit_spec(job, profile, self.settings, volume, self.pool_id, *await self.job_placement(job))
         await self.engine.create(spec)
         log.info("Job %s of %s runs in %s%s", job.id, job.user, name, f" on {spec.host}" if spec.host else "")
         return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,

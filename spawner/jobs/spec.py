@@ -48,8 +48,9 @@ def job_env(job: Job, settings: JobSettings) -> dict[str, str]:
 
 
 def unit_spec(job: Job, profile: Profile, settings: JobSettings, home_volume: str, pool_id: str,
-              node: str = "") -> UnitSpec:
-    """The job's one unit, on `node` (its GPUs' host; "" = the engine's own)."""
+              node: str = "", stop_grace: float | None = None) -> UnitSpec:
+    """The job's one unit, on `node` (its GPUs' host; "" = the engine's own); `stop_grace`: as
+    UnitSpec's (a borrowed lease's notice)."""
     gpus = tuple(job.gpu_uuids)
     digest = config_digest(job.lease_id, gpus, profile.image, profile.cpu_limit, profile.mem_limit,
                            job.uid, job.gid)
@@ -71,4 +72,5 @@ def unit_spec(job: Job, profile: Profile, settings: JobSettings, home_volume: st
         cpu_limit=profile.cpu_limit or None,
         mem_limit=profile.mem_limit or None,
         shm_size=settings.shm_size,
+        stop_grace=stop_grace,
     )

@@ -27,7 +27,8 @@ from ..identity import container_identity
 from ..inventory.kinds import inventory_from_config
 from ..metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool
 from ..notify.directory import record_address
-from ..pool import EndReason, GPUPool, Lease, PoolError, ordinal
+from ..pool import EndReason, GPUPool, Lease, PoolError, QuotaExceeded, ordinal
+from ..pool.leasing.reclaim import borrowed_notice
 from ..pool.ledger.off_loop import ledger_call
 from ..profiles import DEFAULT_PROFILES, Profile, choose_profile, load_profiles, options_form_html
 from . import admission
@@ -77,7 +78,12 @@ class GPULendingSpawner(Spawner):
         a route out; default false: no network, a cluster's network internal).  For culling, `idle_timeout` (seconds of
         inactivity before its servers are culled, instead of the hub's GPU or CPU
         timeout) and `max_age` (seconds after which its servers are stopped
-        whatever their activity).  Users can choose nothing else: no image,
+        whatever their activity).  `borrow` (default false): true lets a server of
+        this profile take idle GPUs beyond its user's share (`GPUPool.max_gpus_per_user`,
+        `group_gpu_limits`) while nobody within their share waits; its lease is then
+        borrowed, within `GPUPool.max_borrowed_gpus_per_user`, and when a request within
+        its share needs the GPUs the server is stopped after `GPUPool.reclaim_grace`
+        seconds' notice in JupyterLab (its lease ends `reclaimed`).  Users can choose nothing else: no image,
         environment, mount or GPU beyond what their profile grants.
         """,
     )
@@ -203,6 +209,7 @@ class GPULendingSpawner(Spawner):
         self.lease_id: int | None = None
         self.gpu_uuids: list[str] = []
         self.gpu_host: str = ""
+        self.gpu_borrowed = False  # the lease is borrowed beyond the user's share (reclaimed with notice)
         self._end_reason: str | None = None
         self._auth_state: dict = {}
         self._progress_events: list[dict] = []
@@ -241,13 +248,23 @@ class GPULendingSpawner(Spawner):
         profile = choose_profile(user_options, self._profiles, self._user_groups(), self.default_profile)
         if profile.gpus:
             try:
-                # Quota and size checks up front: a refused request takes no
-                # lease and creates no container.
-                await self._ledger(self.pool.check_request, self.user.name, profile.gpus, self._user_groups())
+                # Quota and size checks up front (a borrowing profile's: the borrowing limits
+                # beyond the user's share): a refused request takes no lease and creates no container.
+                await self._ledger(self.pool.check_request, self.user.name, profile.gpus, self._user_groups(),
+                                   borrow=profile.borrow)
+            except QuotaExceeded as exc:
+                raise web.HTTPError(exc.status_code, self._beyond_share(profile, str(exc))) from None
             except PoolError as exc:
                 raise web.HTTPError(exc.status_code, str(exc)) from None
         self.profile = profile
         self.apply_profile_limits(profile)
+
+    def _beyond_share(self, profile: Profile, message: str) -> str:
+        """A quota refusal, with the borrowing rule when another profile of the user's may borrow."""
+        if profile.borrow or not any(p.borrow and p.gpus for p in self._allowed_profiles()):
+            return message
+        return (f"{message}. Profile {profile.slug!r} does not borrow idle GPUs beyond your share "
+                "(its `borrow` is off); a profile marked 'may borrow' does.")
 
     def apply_profile_limits(self, profile: Profile) -> None:
         """Set the engine's image and limits from the profile (engines may extend)."""
@@ -294,6 +311,8 @@ class GPULendingSpawner(Spawner):
             state["gpu_lease_id"] = self.lease_id
             state["gpu_uuids"] = list(self.gpu_uuids)
             state["gpu_host"] = self.gpu_host
+            if self.gpu_borrowed:
+                state["gpu_borrowed"] = True
         if self.profile is not None:
             state["profile"] = self.profile.slug
         return state
@@ -303,6 +322,7 @@ class GPULendingSpawner(Spawner):
         self.lease_id = state.get("gpu_lease_id")
         self.gpu_uuids = list(state.get("gpu_uuids", []))
         self.gpu_host = state.get("gpu_host", "")
+        self.gpu_borrowed = bool(state.get("gpu_borrowed"))
         slug = state.get("profile")
         self.profile = next((p for p in self._profiles if p.slug == slug), self.profile)
 
@@ -310,6 +330,7 @@ class GPULendingSpawner(Spawner):
         self.lease_id = lease.id
         self.gpu_uuids = list(lease.gpu_uuids)
         self.gpu_host = lease.host
+        self.gpu_borrowed = lease.borrowed
 
     async def adopt_lease(self, lease_id: int) -> bool:
         """Take over the lease this server's running container carries, when the state lacks it.
@@ -346,6 +367,7 @@ class GPULendingSpawner(Spawner):
         self.lease_id = None
         self.gpu_uuids = []
         self.gpu_host = ""
+        self.gpu_borrowed = False
 
     def clear_state(self):
         self._stash_lease()
@@ -467,6 +489,7 @@ class GPULendingSpawner(Spawner):
             lease = await self.pool.acquire(
                 self.user.name, self.name or "", profile.gpus, self._user_groups(),
                 timeout=self.lease_wait_timeout, on_wait=self._on_wait, host=self.lease_hosts(profile),
+                borrow=profile.borrow,
             )
         except PoolError as exc:
             self._emit(100, str(exc))
@@ -477,6 +500,9 @@ class GPULendingSpawner(Spawner):
         pool_changed()
         self._set_lease(lease)
         self._emit(40, f"Leased {len(lease.gpu_uuids)} {gpus}: {', '.join(lease.gpu_uuids)}")
+        if lease.borrowed:  # beyond the user's share: asked back when a request within its share waits
+            self._emit(41, borrowed_notice(self.pool.reclaim_grace))
+            self.log.info("GPU lease %d of %s is borrowed beyond their share", lease.id, self.server_label)
         if lease.notice:  # one of its GPUs is booked by someone else later (the culler stops it then)
             self._emit(41, lease.notice)
             self.log.info("GPU lease %d of %s: %s", lease.id, self.user.name, lease.notice)

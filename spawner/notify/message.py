@@ -97,7 +97,9 @@ def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], st
                 ("GPUs", str(p.get("gpus"))), ("Hosts", ", ".join(p.get("hosts") or ())),
                 ("Stops at", at.astimezone(UTC).strftime("%H:%M:%S UTC")),
                 ("Why", "a request within its share needs them; a job is queued again by itself unless it "
-                        "was submitted with --no-requeue")]
+                        "was submitted with --no-requeue" if job is not None else
+                        "a request within its share needs them; save your work: the server is stopped then, as "
+                        "an idle cull would stop it (your home stays)")]
         link = url_path_join(links.service, "jobs", str(job)) if job is not None else links.hub
         return title, rows, link
     if entry.event == BUDGET:

@@ -91,12 +91,13 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
         config=True,
         help="""Most GPUs one user may borrow beyond their share at once (borrowed leases).
 
-        A job that asks to borrow (`gpu-job submit --borrow`) may take idle GPUs beyond its
-        user's limit (`max_gpus_per_user`, `group_gpu_limits`) while no request within its
-        share waits; such a lease is borrowed as a whole, does not count against the limit,
-        and is reclaimed with `reclaim_grace` seconds' notice when a request within its share
-        needs its GPUs.  A submission over this is refused (403) naming this limit.  0: no
-        borrowing at all; None: no limit.
+        A job that asks to borrow (`gpu-job submit --borrow`), and a server whose profile
+        says `borrow: true`, may take idle GPUs beyond its user's limit (`max_gpus_per_user`,
+        `group_gpu_limits`) while no request within its share waits; such a lease is borrowed
+        as a whole, does not count against the limit, and is reclaimed with `reclaim_grace`
+        seconds' notice when a request within its share needs its GPUs.  A submission or
+        spawn over this is refused (403) naming this limit.  0: no borrowing at all; None: no
+        limit.
         """,
     )
 
@@ -119,6 +120,9 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
         stopped when the grace is over if it still runs, and its lease ends `reclaimed` once
         the engine confirms its containers gone; the waiting request then gets the GPUs.  A
         reclaimed job goes back to the queue by itself (unless submitted with `--no-requeue`).
+        A server's user is told at once in JupyterLab's GPU panel (and by a `reclaimed`
+        notification); the gpu-pool service stops the server when the grace is over, as the
+        culler would.
         Keep it well inside the spawner's `lease_wait_timeout` and `start_timeout`, which the
         waiting server spends meanwhile.
         """,

@@ -48,6 +48,7 @@ from .handlers.base import APIHandler, BaseHandler, NotFound, OAuthCallback, log
 from .handlers.log_streams import Followers
 from .handlers.wait import settings_of as insight_settings
 from .limits import PoolServiceLimits
+from .server_reclaim import ServerReclaims
 from .service_config import PoolPageSettings, load_service_config
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -240,6 +241,8 @@ async def serve(app: web.Application, port: int) -> None:
                       LedgerWatch(app.settings["pool"], every, booking_watch.run_once, "booking event(s) queued")]
     expiry = LedgerWatch(app.settings["pool"], EXPIRE_EVERY_S, feed.expire, "browser notification(s) expired")
     expiry.start()
+    reclaims = ServerReclaims(app.settings["pool"], hub_api(app))  # borrowed servers asked back
+    reclaims.start()
     if app.settings["notify"].enabled or app.settings["webhooks"].enabled or feed.settings.enabled:
         watch.start()  # (no channel: nobody to warn)
         for w in ledger_watches:
@@ -249,6 +252,7 @@ async def serve(app: web.Application, port: int) -> None:
         await w.stop()
     await watch.stop()
     await expiry.stop()
+    await reclaims.stop()
     await hook_sender.stop()
     await sender.stop()
     exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
@@ -273,7 +277,9 @@ def main() -> None:
 
         # Jobs lease from what Swarm says now (nodes that joined, left, went down), as servers do.
         inventory = SwarmInventory(config=config)
-    pool = GPUPool(db_url=ledger_env(ENV_DB_URL), inventory=inventory, **(job_settings.pool if job_settings else {}))
+    # (config: the hub's GPUPool.reclaim_grace, for the servers' reclaim; jobs bring all of GPUPool's.)
+    pool = GPUPool(config=config, db_url=ledger_env(ENV_DB_URL), inventory=inventory,
+                   **(job_settings.pool if job_settings else {}))
     recheck = PasswordRecheck(authenticator_from_env(), timeout=limits.hub_auth_timeout)
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,
                    jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page,

@@ -40,6 +40,8 @@ def service_config(c, settings) -> dict:
                 # the allow-list and where the secret is; the secret itself stays in its own file
                 "WebhookNotifications": config_values(WebhookNotifications(config=c)),
                 "BrowserNotifications": config_values(BrowserNotifications(config=c))}
+    if "reclaim_grace" in c.GPUPool:  # the notice the service gives borrowed servers (server_reclaim.py)
+        sections["GPUPool"] = {"reclaim_grace": c.GPUPool.reclaim_grace}
     if settings.jobs:
         sections["JobSettings"] = job_settings(c, settings).as_dict()
     if "SwarmInventory" in c:  # the nodes the service's jobs may lease from, as the hub's servers

@@ -8,7 +8,8 @@ those uuids in `NVIDIA_VISIBLE_DEVICES` (`void` without GPUs; the GPU nodes run
 the user's home as a volume of the `local` driver with the hub's shared-storage
 options, and a unit without a network an internal overlay of its own (Swarm cannot
 attach a task to no network: it would join its node's bridge, with a route out).  A unit's exit code is its task's, its output the service's logs; stopping
-scales it to 0 replicas (its log stays until it is removed).  A task on a node that
+scales it to 0 replicas (its log stays until it is removed); so does the SIGTERM of a
+reclaim's notice (`signal`), with the spec's stop grace (a borrowed job's: GPUPool.reclaim_grace).  A task on a node that
 is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
 Homes are prepared on the manager (the Docker engine's rules, on shared storage).
 A unit runs only on a node whose tasks get no-new-privileges: the spec asks for it where
@@ -40,8 +41,11 @@ POLL_SECONDS = 0.25
 REFUSED_FRESH_SECONDS = 5.0
 # The manager's API version (whether a spec may carry no-new-privileges) is read this often.
 API_VERSION_SECONDS = 600.0
-# How long stop() and remove() wait for Swarm to report a unit's task ended.
+# How long stop() and remove() wait for Swarm to report a unit's task ended (beyond its stop grace).
 CONFIRM_SECONDS = 20.0
+# A unit's stop grace period (SIGTERM, then SIGKILL after it) unless its spec says otherwise
+# (a borrowed job's: GPUPool.reclaim_grace, its notice when reclaimed).
+STOP_GRACE_SECONDS = 5.0
 # A followed log ends this long after Swarm reports its unit ended (its last lines arrive first).
 FOLLOW_CHECK_SECONDS = 0.5
 FOLLOW_DRAIN_SECONDS = 1.0
@@ -56,6 +60,17 @@ LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
 
 def isolated_network(unit: str) -> str:
     return f"{unit}-isolated"
+
+
+def _replicas(service: dict) -> int | None:
+    return ((service.get("Spec") or {}).get("Mode") or {}).get("Replicated", {}).get("Replicas")
+
+
+def _stop_grace(service: dict) -> float:
+    """Seconds the service's tasks get between SIGTERM and SIGKILL (its spec's, else Docker's 10)."""
+    spec = ((service.get("Spec") or {}).get("TaskTemplate") or {}).get("ContainerSpec") or {}
+    grace = spec.get("StopGracePeriod")
+    return grace / 1e9 if isinstance(grace, int) else 10.0
 
 
 def newest_task(tasks: list[dict]) -> dict | None:
@@ -155,7 +170,7 @@ class SwarmJobEngine(DockerJobEngine):
         container = ContainerSpec(
             image=spec.image, args=list(spec.command), env=env, user=spec.user, labels=dict(spec.labels),
             workdir=spec.working_dir, mounts=mounts, cap_add=None, cap_drop=["ALL"],
-            stop_grace_period=int(5e9))
+            stop_grace_period=int((spec.stop_grace if spec.stop_grace is not None else STOP_GRACE_SECONDS) * 1e9))
         if spec_nnp:
             container["Privileges"] = {"NoNewPrivileges": True}
         limits = self.container_limits
@@ -192,8 +207,12 @@ class SwarmJobEngine(DockerJobEngine):
             return None
         tasks = self.api.tasks(filters={"service": service["ID"]})
         states, hostnames = self._nodes()
+        task = newest_task(tasks)
+        if task is None and _replicas(service) == 0:  # told to stop (signal), and its task already gone
+            return UnitState(service["Spec"]["Name"], service["ID"], service["Spec"].get("Labels") or {}, ENDED,
+                             message="stopped: scaled to 0 replicas, its task removed")
         return unit_state(service["Spec"]["Name"], service["ID"], service["Spec"].get("Labels") or {},
-                          newest_task(tasks), states, hostnames)
+                          task, states, hostnames)
 
     def _units(self, pool_id: str) -> list[UnitState]:
         services = self.api.services(filters={"label": [LABEL_JOB, f"{LABEL_POOL}={pool_id}"]})
@@ -232,7 +251,6 @@ class SwarmJobEngine(DockerJobEngine):
 
     def _stop(self, name: str, grace: float) -> bool:
         import docker.errors
-        from docker.types import ServiceMode
 
         try:
             service = self.api.inspect_service(name)
@@ -240,12 +258,32 @@ class SwarmJobEngine(DockerJobEngine):
             if state is not None and state.phase == ENDED:
                 # Already ended: scaling down would have Swarm remove its container, and its log.
                 return True
-            if (service["Spec"].get("Mode") or {}).get("Replicated", {}).get("Replicas") != 0:
-                self.api.update_service(service["ID"], service["Version"]["Index"],
-                                        mode=ServiceMode("replicated", replicas=0), fetch_current_spec=True)
+            self._scale_down(service)
         except docker.errors.NotFound:
             return True
-        return self._confirm_ended(service["ID"], grace + CONFIRM_SECONDS)
+        # Swarm kills the task after its spec's stop grace (a borrowed job's is its notice).
+        return self._confirm_ended(service["ID"], max(grace, _stop_grace(service)) + CONFIRM_SECONDS)
+
+    def _scale_down(self, service: dict) -> None:
+        """0 replicas: Swarm sends the task SIGTERM now, and SIGKILL after its stop grace period."""
+        from docker.types import ServiceMode
+
+        if _replicas(service) != 0:
+            self.api.update_service(service["ID"], service["Version"]["Index"],
+                                    mode=ServiceMode("replicated", replicas=0), fetch_current_spec=True)
+
+    def _tell(self, name: str) -> bool:
+        import docker.errors
+
+        try:
+            service = self.api.inspect_service(name)
+            state = self._read(name)
+            if state is None or state.phase == ENDED:
+                return False
+            self._scale_down(service)
+        except docker.errors.NotFound:
+            return False
+        return True
 
     def _remove(self, name: str) -> bool:
         import docker.errors
@@ -332,9 +370,16 @@ class SwarmJobEngine(DockerJobEngine):
         return await self._on_thread(self._stop, name, grace)
 
     async def signal(self, name: str, signal: str = "SIGTERM") -> bool:
-        """A service cannot be signalled from the manager (no `docker service kill`): its task's
-        node would have to be reached.  The reclaim's notice is then the stop's own SIGTERM."""
-        return False
+        """A service cannot be signalled from the manager (no `docker service kill`; its task's node
+        would have to be reached), but its stop sends SIGTERM: the unit is scaled to 0 now, and its
+        task has the spec's stop grace (a borrowed job's: GPUPool.reclaim_grace) to end before
+        Swarm kills it.  Only SIGTERM; False when there was nothing to tell."""
+        if signal != "SIGTERM":
+            return False
+        try:
+            return await self._on_thread(self._tell, name)
+        except Exception:
+            return False
 
     async def remove(self, name: str) -> bool:
         try:

@@ -92,3 +92,72 @@ def test_a_job_is_locked_down_on_its_node_and_a_cpu_job_sees_no_gpu(make_swarm_h
     # No network for this profile: an internal overlay of its own, with no route out.
     assert "routes-out=0" in log, log
     assert hub.ledger().leases() == []
+
+
+# Issue 38 on Swarm: alice (share 1) borrows both GPUs of the t4 node for a job; bob (share 2)
+# asks for a server there.  A long notice, so that a job that heeds its SIGTERM is told apart
+# from one killed when the notice is over.
+SWARM_GRACE = 40
+SWARM_BORROWING = """
+c.GPUPool.max_gpus_per_user = 1
+c.GPUPool.group_gpu_limits = {{"ml": 2}}
+c.GPUPool.reclaim_grace = {grace}
+c.GPUPool.max_borrowed_gpus_per_user = 2
+c.GPUDockerSpawner.profiles = list(c.GPUDockerSpawner.profiles) + [{{
+    "slug": "t4-2", "display_name": "2 T4", "gpus": 2, "image": {image!r},
+    "node_labels": {{"gpu.model": "t4"}}}}]
+"""
+# A training that heeds the notice: its trap of TERM says so and exits (as a checkpointing one would).
+HEEDING = ["sh", "-c", 'trap "echo notice heeded: checkpoint saved; exit 0" TERM; echo training; '
+                       "while true; do sleep 1; done"]
+
+
+def test_a_borrowed_job_on_a_swarm_node_gets_sigterm_and_gives_its_gpus_to_a_server_within_its_share(
+        make_swarm_hub, swarm_cluster, notebook_image):
+    from .test_jobs import job
+
+    hub = make_swarm_hub(profiles_config(notebook_image) + SWARM_BORROWING.format(grace=SWARM_GRACE,
+                                                                                   image=notebook_image),
+                         env={"GPUHUB_POOL_PAGE": "true", "GPUHUB_LEASE_WAIT_TIMEOUT": "300"})
+    for user in ("alice", "bob"):
+        hub.create_user(user)
+    assert hub.api("POST", "/groups/ml", json={"users": ["bob"]}).status_code == 201
+    alice = hub.user_token("alice")
+    wait_for_page(hub, alice)
+    t4 = next(n for n in swarm_cluster.nodes if n.labels["gpu.model"] == "t4")
+
+    j = submit(hub, alice, {"profile": "t4-2", "command": HEEDING, "borrow": True})
+    running = wait_for(lambda: (r := job(hub, alice, j["id"]))["started_at"] and r, timeout=120, hub=hub,
+                       what="alice's borrowing job to run on the t4 node")
+    assert running["borrowed"] and set(running["gpus"]) == set(t4.gpus), running
+    lease = hub.ledger().lease(running["lease_id"])
+    assert lease.borrowed and lease.host == t4.hostname
+    # Its service lets its processes end for the whole notice after SIGTERM before Swarm kills them.
+    spec = docker("service", "inspect", "--format", "{{json .Spec.TaskTemplate.ContainerSpec.StopGracePeriod}}",
+                  job_service(hub, j["id"]))
+    assert int(spec) == SWARM_GRACE * 10**9, spec
+    wait_for(lambda: "training" in jobs_api(hub, "GET", f"/{j['id']}/logs", alice).text, 60,
+             "the job's first output", hub)
+
+    # bob, within his share, asks for a server on the t4 node: the borrowed lease is asked back.
+    r = hub.api("POST", "/users/bob/server", json={"profile": "t4-2"}, timeout=60)
+    assert r.status_code in (201, 202), r.text
+    asked = wait_for(lambda: hub.ledger().lease(lease.id).reclaim_at, 60, "the borrowed lease asked back", hub)
+    ready = hub.wait_ready("bob", timeout=SWARM_GRACE + 120)
+    ended = hub.ledger().lease(lease.id)
+    assert ended.end_reason == "reclaimed" and ended.ended_at >= asked
+    # Heeded: the job's own trap of SIGTERM ended it well before the notice was over (a job that
+    # got no SIGTERM runs on until Swarm kills it, SWARM_GRACE s after the mark).
+    heeded_in = (ended.ended_at - asked).total_seconds()
+    print(f"\nthe reclaimed job ended {heeded_in:.1f} s after the mark (notice {SWARM_GRACE} s)")
+    assert heeded_in < SWARM_GRACE - 10, heeded_in
+    assert set(ready["state"]["gpu_uuids"]) == set(t4.gpus) and ready["state"]["gpu_host"] == t4.hostname
+    again = wait_for(lambda: (r := job(hub, alice, j["id"]))["state"] == "queued" and r, 30,
+                     "the reclaimed job back in the queue", hub)
+    assert again["attempts"] == 2 and "reclaimed" in again["message"], again
+    assert not docker("service", "ls", "-q", "--filter", f"name={job_service(hub, j['id'])}")
+    log = jobs_api(hub, "GET", f"/{j['id']}/logs", alice).text
+    print(f"kept log: {log[-300:]!r}")
+    r = jobs_api(hub, "DELETE", f"/{j['id']}", alice)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    hub.stop_server("bob")

@@ -57,6 +57,19 @@ class Borrowed:
             f"{self.user}\0{self.server_name}"
 
 
+def notice_text(grace: float) -> str:
+    """How much notice a borrowed lease gets, in words: '2 minutes'', '30 seconds''."""
+    if grace >= 60 and grace % 60 == 0:
+        minutes = int(grace // 60)
+        return "1 minute's" if minutes == 1 else f"{minutes} minutes'"
+    return f"{grace:g} seconds'"
+
+
+def borrowed_notice(grace: float) -> str:
+    """What the holder of a borrowed lease is told while nobody asks it back."""
+    return f"running on borrowed GPUs: may be reclaimed with {notice_text(grace)} notice"
+
+
 def booked_by_holder(lease: Borrowed, bookings: Iterable[Booking], now: datetime) -> bool:
     """Whether any GPU of `lease` is booked now for its own holder (never reclaimed then)."""
     return any(b.active(now) and b.host == lease.host and b.for_(lease.user, lease.groups)

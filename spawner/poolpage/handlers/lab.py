@@ -4,7 +4,8 @@ The notebook server asks with its own token (its scopes include access to this
 service, see settings/pool_service.py SERVER_TOKEN_SCOPES) through the `gpuhub_activity`
 server extension, which the in-lab extension polls.  The answer is about the caller
 only, whoever they are (a pool admin's server token carries no admin scope, and the
-handler ignores it anyway): their server's lease and its GPUs with the pool's
+handler ignores it anyway): their server's lease (borrowed beyond their share: the notice, and once it is asked back,
+when the server stops) and its GPUs with the pool's
 readings (utilisation and memory in use: the numbers of the pool page), the idle-cull deadline by the culler's own
 rule (culling/policy.py cull_deadline), their queued and running jobs, and the pool's free
 GPUs per profile (which everyone may see on the page).
@@ -26,6 +27,7 @@ from ...pool.models import EndReason, PoolError, iso
 from ...profiles import ProfileConfigError, load_profiles
 from .. import views
 from ..hubapi import HubUnavailable
+from ..server_reclaim import borrowed_part
 from .actions import hub_api
 from .base import APIHandler, log
 from .wait import fill_readings, settings_of
@@ -112,7 +114,8 @@ class LabAPI(APIHandler):
             "user": viewer.name,
             "server": server,
             "now": iso(now),
-            "lease": dict(lease_part(lease, gpus, now), booked=booked) if lease is not None else None,
+            "lease": dict(lease_part(lease, gpus, now), booked=booked,
+                          borrowed=borrowed_part(lease, self.pool.reclaim_grace, now)) if lease is not None else None,
             "ended": ended,
             "ending": ending,
             "cull": await self.cull_part(viewer.name, server, s),

@@ -22,6 +22,7 @@ from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, JobLedger, is_
 from ...pool.models import PoolError, iso
 from .. import estimate, views
 from ..hubapi import HubUnavailable, ServerReads
+from ..server_reclaim import borrowed_part
 from ..service_config import PoolPageSettings
 from .actions import hub_api
 from .base import APIHandler
@@ -290,9 +291,26 @@ async def page_context(handler, viewer: views.Viewer, gpus: list[dict], queue: l
             "budgets": await budget_rows(handler, viewer)}
 
 
+async def borrowed_notices(handler, viewer: views.Viewer) -> dict[str, dict]:
+    """The viewer's own borrowed leases ({"alice" or "alice/name" or "alice/job/7": what
+    server_reclaim.borrowed_part says}); empty when the ledger does not answer."""
+    try:
+        leases = await handler.ledger(handler.pool.leases, viewer.name)
+    except PoolError as exc:
+        log.warning("No borrowed notices: %s", exc)
+        return {}
+    now = datetime.now(UTC)
+    found = {}
+    for lease in leases:
+        part = borrowed_part(lease, handler.pool.reclaim_grace, now)
+        if part is not None:
+            found[f"{lease.user}/{lease.server_name}" if lease.server_name else lease.user] = part
+    return found
+
+
 class WaitAPI(APIHandler):
     """GET api/wait: the queue with estimated waits, GPU utilization and memory, the caller's cull
-    deadlines."""
+    deadlines and borrowed leases."""
 
     async def get(self):
         viewer = self.require_viewer()
@@ -306,7 +324,8 @@ class WaitAPI(APIHandler):
                          "memory_used_mib": {g["uuid"]: g["memory_used_mib"] for g in gpus},
                          "cull_at": mine, "cull_reason": reasons,
                          "budgets": await budget_rows(self, viewer),
-                         "booked": await booking_notices(self, viewer)})
+                         "booked": await booking_notices(self, viewer),
+                         "borrowed": await borrowed_notices(self, viewer)})
 
 
 def routes(prefix: str) -> list:

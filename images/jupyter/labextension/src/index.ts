@@ -30,13 +30,36 @@ interface IGPU {
   drained: boolean;
 }
 
+/** A lease borrowed beyond the user's share (the service's server_reclaim.borrowed_part). */
+interface IBorrowed {
+  notice: string;
+  stops_at: string | null;
+  seconds_left: number | null;
+}
+
+/** Borrowed GPUs: the notice under the lease, and once they are asked back, when the server stops
+ * (the service's own words, with the time left as of its answer). */
+function borrowedNotice(borrowed: IBorrowed | null | undefined): HTMLElement | null {
+  if (!borrowed) {
+    return null;
+  }
+  return el('p', borrowed.stops_at ? 'gpuhub-borrowed gpuhub-reclaimed' : 'gpuhub-borrowed', borrowed.notice);
+}
+
 interface IStatus {
   available: boolean;
   message?: string;
   user?: string;
   server?: string;
   now?: string;
-  lease?: { id: number; since: string; gpu_hours: number; gpus: IGPU[]; booked?: string | null } | null;
+  lease?: {
+    id: number;
+    since: string;
+    gpu_hours: number;
+    gpus: IGPU[];
+    booked?: string | null;
+    borrowed?: IBorrowed | null;
+  } | null;
   ended?: { id: number; ended_at: string; reason: string; by_admin: boolean } | null;
   ending?: { reason: string; by_admin: boolean } | null;
   cull?: {
@@ -205,6 +228,10 @@ class Panel extends Widget {
       node.appendChild(
         el('p', 'gpuhub-lease', `Lease ${lease.id} since ${since.toLocaleString()}: ${lease.gpu_hours.toFixed(2)} GPU-hours so far.`)
       );
+      const borrowed = borrowedNotice(lease.borrowed);
+      if (borrowed) {
+        node.appendChild(borrowed);
+      }
       if (lease.booked) {
         // Booked later for someone else: when, and how long this server has (the pool's own words).
         node.appendChild(el('p', 'gpuhub-booked', lease.booked));
@@ -288,6 +315,7 @@ class Warnings {
   private drainedSeen = new Set<string>();
   private endedSeen = new Set<number>();
   private bookedSeen = '';
+  private reclaimSeen = '';
   private stoppingShown = false;
 
   constructor(private model: Model) {
@@ -328,6 +356,7 @@ class Warnings {
     } else if (this.toast) {
       this.dismiss();
     }
+    this.reclaimed(s.lease?.borrowed);
     const booked = s.lease?.booked;
     if (booked && booked.split(',')[0] !== this.bookedSeen) {
       // Said once per booking (its start), not again as the minutes left count down.
@@ -355,6 +384,14 @@ class Warnings {
           : `The GPU lease of this server ended (${ended.reason}).`,
         { autoClose: false }
       );
+    }
+  }
+
+  /** Borrowed GPUs asked back: said once per reclaim (its stop time), before the server stops. */
+  private reclaimed(borrowed: IBorrowed | null | undefined): void {
+    if (borrowed?.stops_at && borrowed.stops_at !== this.reclaimSeen) {
+      this.reclaimSeen = borrowed.stops_at;
+      Notification.warning(borrowed.notice, { autoClose: false });
     }
   }
 
