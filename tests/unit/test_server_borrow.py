@@ -134,6 +134,8 @@ def test_the_service_gives_the_hubs_notice_with_jobs_off():
 
     class _Settings:
         jobs = False
+        cull = True
+        activity_interval = 0
 
     c = Config()
     assert "GPUPool" not in json.loads(render_service_config(c, _Settings()))  # the default: nothing written
