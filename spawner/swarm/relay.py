@@ -4,7 +4,8 @@ On one host, rules of the hub's own keep users' containers apart (docker/firewal
 Swarm the servers' traffic between nodes never passes a host's FORWARD chain (it is VXLAN
 between the nodes' overlay namespaces), and Swarm has no network policy.  So no server
 shares a network with another: each server's service is attached only to an overlay of its
-own (`<service>-net`, attachable, encrypted when the servers' overlay is), and one small
+own (`<service>-net-<6 hex digits>`, new at each start; attachable, encrypted when the servers'
+overlay is), and one small
 container, the server's *relay*, is on both that overlay and the hub's (c.GPUDockerSpawner.
 network_name).  The relay is a TCP forwarder and nothing else:
 
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import re
+import secrets
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -142,9 +144,11 @@ def overlay_options(servers_overlay: Mapping) -> dict[str, str]:
     return {"encrypted": ""} if "encrypted" in options else {}
 
 
-def network_of(service: str) -> str:
-    """The overlay of the server whose service is `service`."""
-    return f"{service}-net"
+def new_network_name(service: str) -> str:
+    """A name for the overlay of one run of the server whose service is `service`: new at each
+    start, so that a stopped run's overlay, removed in the background once its task is gone, is
+    never the one a quick restart of the same server attaches to (its label names the server)."""
+    return f"{service}-net-{secrets.token_hex(3)}"
 
 
 def relay_of(service: str) -> str:

@@ -54,7 +54,7 @@ from .relay import (
     RELAY_MEMORY,
     drop_network,
     hub_ports,
-    network_of,
+    new_network_name,
     overlay_options,
     program_command,
     relay_of,
@@ -138,7 +138,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         config=True,
         help="""
         Keep users' servers apart on the Swarm: each server's service joins an overlay
-        of its own (`<service>-net`, encrypted when the servers' overlay
+        of its own (`<service>-net-<hex>`, new at each start, encrypted when the servers' overlay
         `network_name` is), and a small relay container on the manager, on both that
         overlay and the servers' one, forwards the hub's connections to the server
         (only from the hub's address) and the server's to the hub's ports named in
@@ -261,8 +261,8 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         networks = [NetworkAttachmentConfig(self.network_name)] if self.network_name else []
         if self._isolated():
             # Its own overlay, and the relay to the hub (swarm/relay.py), before its task starts.
-            env = await self._make_relay(env)
-            networks = [NetworkAttachmentConfig(network_of(self.service_name))]
+            env, own = await self._make_relay(env)
+            networks = [NetworkAttachmentConfig(own)]
         hardening = hardened_host_config()
         # Configured extras first: ours (identity, labels, environment, lock-down) win.
         spec = {**self.extra_container_spec,
@@ -308,35 +308,29 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
 
     # ------------------------------------------------------- isolation (relay.py)
 
-    # The background removal of this server's overlay after a stop (cancelled by a new start).
+    # The background removal of this server's overlays after a stop.
     _network_drop: asyncio.Future | None = None
 
     def _isolated(self) -> bool:
         return bool(self.network_name) and self.isolate_servers
 
-    async def _make_relay(self, env: dict) -> dict:
-        """This server's overlay and its relay (started); returns the server's environment, its
-        hub URLs naming the relay."""
+    async def _make_relay(self, env: dict) -> tuple[dict, str]:
+        """This run's own overlay and the server's relay (started); returns the server's
+        environment, its hub URLs naming the relay, and the overlay's name."""
         hub_host = urlparse(env.get("JUPYTERHUB_API_URL", "")).hostname
         if not hub_host:
             raise web.HTTPError(500, "The hub's API URL names no host: the server could not be kept apart "
                                 "from others (c.GPUSwarmSpawner.isolate_servers). Ask an administrator.")
-        if self._network_drop is not None and not self._network_drop.done():
-            self._network_drop.cancel()  # a stop's late clean-up must not take the new start's network
         pool_id = pool_identity(self.pool)
-        service, network, relay = self.service_name, network_of(self.service_name), relay_of(self.service_name)
-        try:
-            found = await self.docker("inspect_network", network)
-            if (found.get("Labels") or {}).get(LABEL_SERVER_NET) != service:
-                raise web.HTTPError(409, f"A Docker network named {network} exists that is not your server's; "
-                                    "ask an administrator to remove it.")
-        except docker.errors.NotFound:
-            shared = {}
-            with contextlib.suppress(docker.errors.NotFound):
-                shared = await self.docker("inspect_network", self.network_name)
-            await self.docker("create_network", network, driver="overlay", attachable=True,
-                              labels={LABEL_SERVER_NET: service, LABEL_POOL: pool_id},
-                              options=overlay_options(shared))
+        # A new overlay at each start: an earlier run's may still be waiting for its task to go
+        # (drop_network), and a hub object made after that stop does not hold its removal.
+        service, network, relay = self.service_name, new_network_name(self.service_name), relay_of(self.service_name)
+        shared = {}
+        with contextlib.suppress(docker.errors.NotFound):
+            shared = await self.docker("inspect_network", self.network_name)
+        await self.docker("create_network", network, driver="overlay", attachable=True,
+                          labels={LABEL_SERVER_NET: service, LABEL_POOL: pool_id},
+                          options=overlay_options(shared))
         with contextlib.suppress(docker.errors.NotFound):  # one left by a start that failed
             await self.docker("remove_container", relay, force=True)
         ports = [self.port] + ([self.ssh_container_port] if self.ssh_state_dir else [])  # the SSH gateway's way in
@@ -353,7 +347,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
                 {network: self.client.create_endpoint_config(aliases=[HUB_ALIAS])}))
         await self.docker("connect_container_to_network", made["Id"], self.network_name)
         await self.docker("start", made["Id"])
-        return through_relay(env, hub_host)
+        return through_relay(env, hub_host), network
 
     async def _relay_ip(self) -> str | None:
         """The relay's address on the servers' overlay (None: this server has no relay)."""
@@ -365,7 +359,8 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
                 or {}).get("IPAddress") or None
 
     async def _drop_relay(self) -> None:
-        """Remove the relay now and the server's overlay once its task is gone (in the background)."""
+        """Remove the relay now and the server's overlays once its task is gone (in the background):
+        those there now, by id (a start after this one makes its own)."""
         if not self._isolated():
             return
         try:
@@ -374,8 +369,16 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
             pass
         except docker.errors.APIError as exc:  # the reconciler removes it
             self.log.warning("Could not remove the relay of %s: %s", self.service_name, exc)
-        if self._network_drop is None or self._network_drop.done():
-            self._network_drop = asyncio.ensure_future(drop_network(self, network_of(self.service_name)))
+        try:
+            own = await self.docker("networks", filters={"label": [f"{LABEL_SERVER_NET}={self.service_name}",
+                                                                   f"{LABEL_POOL}={pool_identity(self.pool)}"]})
+        except docker.errors.APIError as exc:  # the reconciler removes them
+            self.log.warning("Could not list the overlays of %s: %s", self.service_name, exc)
+            return
+        ids = [n["Id"] for n in own]
+        if ids:
+            self._network_drop = asyncio.ensure_future(
+                asyncio.gather(*(drop_network(self, network_id) for network_id in ids)))
 
     async def remove_object(self):
         await super().remove_object()

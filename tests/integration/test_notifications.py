@@ -111,9 +111,14 @@ def test_a_queued_spawn_gets_its_ready_mail_and_webhook_within_seconds_of_being_
                          what=f"mail and webhook {n}", hub=hub)
             assert ready.at is not None, "the mail came before the hub said the server was ready"
             # The newest e-mail row: each event has a row per channel (e-mail, webhook, browser).
-            event = [e for e in hub.ledger()._store.read(lambda conn: outbox.entries(conn, "gus", 10))
-                     if e["channel"] == "email"][0]
-            assert event["event"] == "granted" and event["state"] == "sent"
+            # The SMTP server holds the mail before the sender has its answer and marks the row
+            # `sent` (a fresh run read it `sending` in between): wait for the mark.
+            def newest_mail_row():
+                rows = [e for e in hub.ledger()._store.read(lambda conn: outbox.entries(conn, "gus", 10))
+                        if e["channel"] == "email"]
+                return rows[0] if rows and rows[0]["state"] != "sending" else None
+            event = wait_for(newest_mail_row, timeout=30, what="the mailed row marked", hub=hub)
+            assert event["event"] == "granted" and event["state"] == "sent", event
             to_mail.append(smtp.inbox.received_at[-1] - ready.at)
             to_hook.append(receiver.deliveries[-1].received_at - ready.at)
             from_grant.append(smtp.inbox.received_at[-1] - event["created_at"].timestamp())

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from devservices.swarm_hub import profiles_config
+from spawner.swarm.relay import LABEL_SERVER_NET
 from tests.fixtures.hub import wait_for
 from tests.fixtures.swarm import docker
 
@@ -92,8 +93,9 @@ def test_a_users_server_cannot_reach_another_users_server_on_swarm(make_swarm_hu
     assert hub.server_model("bea")["ready"]
     print("bea's relay uses", docker("stats", "--no-stream", "--format", "{{.MemUsage}}", f"{bea}-relay"))
     # A stopped server's relay goes at once, its own overlay once its task is gone.
+    own = ("network", "ls", "-q", "--filter", f"label={LABEL_SERVER_NET}={bea}")
+    assert docker(*own) != "", "bea's server has no overlay of its own"
     hub.stop_server("bea")
     print([line for line in hub.log_tail(200).splitlines() if "bea's server exited" in line])
     assert docker("ps", "-aq", "--filter", f"name=^{bea}-relay$") == ""
-    wait_for(lambda: docker("network", "inspect", f"{bea}-net", check=False) in ("", "[]"), 90,
-             "bea's own overlay to be removed", hub)
+    wait_for(lambda: docker(*own) == "", 90, "bea's own overlay to be removed", hub)
