@@ -12,6 +12,7 @@ once every config file is loaded (`write_when_config_loaded`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -87,3 +88,11 @@ def write_when_config_loaded(path: Path, render: Callable[[Any], str | None], pr
 def without_named(entries, name: str) -> list:
     """`entries` (services or roles in the hub's config) without the one called `name`."""
     return [e for e in list(entries or []) if e.get("name") != name]
+
+
+async def cancel_and_wait(task: asyncio.Task) -> None:
+    """Cancel a service's background loop and wait until it has stopped (its cancellation is
+    the expected end, not an error)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -16,12 +16,12 @@ is culled whatever its activity says) is not warned about.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from ..culling.deadline import CullRules, contended, deadline
+from ..hub_service import cancel_and_wait
 from ..pool.ledger import events
 from ..pool.ledger.events import CULL_WARNING
 from ..pool.ledger.off_loop import ledger_call
@@ -76,9 +76,7 @@ class CullWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _loop(self) -> None:

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from urllib.parse import urlsplit
 
+from ..hub_service import cancel_and_wait
 from ..pool.ledger import outbox
 from ..pool.ledger.off_loop import ledger_call
 from ..pool.ledger.outbox import Entry
@@ -191,9 +192,7 @@ class WebhookSender:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
             try:
                 await self._ledger(self._write, outbox.give_back, self.owner)

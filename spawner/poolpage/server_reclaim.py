@@ -16,10 +16,10 @@ otherwise, or was away) is asked again RETRY_AFTER seconds later while the mark 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from datetime import UTC, datetime, timedelta
 
+from ..hub_service import cancel_and_wait
 from ..pool.ledger.job_records import is_job_server
 from ..pool.ledger.off_loop import ledger_call
 from ..pool.models import EndReason, PoolError
@@ -52,9 +52,7 @@ class ServerReclaims:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _loop(self) -> None:
