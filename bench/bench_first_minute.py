@@ -11,7 +11,7 @@ them alike:
   old image      the same image built the old way, from the images/ folder of
                  `--baseline-rev` (the commit before bytecode was shipped), this hub
   old image,     that image with the hub as it was: no readiness wait at the
-  old hub        end of start() (spawner.readiness.MAX_WAIT = 0 in its config),
+  old hub        end of start() (spawner.engines.common.readiness.MAX_WAIT = 0 in its config),
                  so JupyterHub's own backoff polling notices the server
 
 Each round, for user `bench` on the `tf-gpu-1` profile:
@@ -187,7 +187,7 @@ def main() -> int:
         new, old = build_images(args.baseline_rev)
         new, old = args.new_image or new, args.old_image or old
     client, _, network = environment(new)
-    old_hub = "import spawner.readiness\nspawner.readiness.MAX_WAIT = 0.0\n"
+    old_hub = "import spawner.engines.common.readiness\nspawner.engines.common.readiness.MAX_WAIT = 0.0\n"
     arms = {"new": (new, ""), "old image": (old, ""), "old image, old hub": (old, old_hub)}
 
     with tempfile.TemporaryDirectory(prefix="gpuhub-bench-fm-") as tmp:

@@ -33,7 +33,7 @@ from devservices.tcp_proxy import BlackholeProxy  # noqa: E402
 
 PLAIN_SWARMSPAWNER = """
 from dockerspawner import SwarmSpawner
-from spawner.swarm.tasks import task_ip
+from spawner.engines.swarm.tasks import task_ip
 
 class TaskAddressSwarmSpawner(SwarmSpawner):
     async def get_ip_and_port(self):

@@ -53,10 +53,10 @@ if str(REPO) not in sys.path:
 
 from traitlets.config import Config  # noqa: E402
 
+from spawner.cli.agent import Agent  # noqa: E402
 from spawner.cli.doctor import FAIL, OK, Doctor, Target  # noqa: E402
 from spawner.culling.policy import DEFAULT_GPU_IDLE_PERCENT, CullerUtilization, GPUCullPolicy  # noqa: E402
 from spawner.inventory import InventoryError  # noqa: E402
-from spawner.inventory.agent import Agent  # noqa: E402
 from spawner.inventory.kinds import inventory_from_config  # noqa: E402
 from spawner.pool import GPUPool  # noqa: E402
 

@@ -68,7 +68,7 @@ from bench import replay_workload as wl  # noqa: E402
 from spawner.culling.deadline import CullRules  # noqa: E402
 from spawner.culling.policy import GPUCullPolicy, LedgerBookings, LedgerBudgets, LedgerContention  # noqa: E402
 from spawner.inventory.machine import StaticInventory  # noqa: E402
-from spawner.jobs.settings import JobSettings  # noqa: E402
+from spawner.jobs.runner_settings import JobSettings  # noqa: E402
 from spawner.lending import GPULendingSpawner  # noqa: E402
 from spawner.pool import (  # noqa: E402
     GPUPool,

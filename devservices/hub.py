@@ -289,11 +289,11 @@ def prepare_hub(directory: Path, notebook_image: str, network_name: str, extra_c
 
 def remove_what_a_hub_made(docker_client, prefix: str, network: str, ports: list[int]) -> None:
     """Every container and volume named `<prefix>-...`, and the hub's openings in the host's rules
-    (spawner/docker/firewall.py) on `network` for `ports`: its bridge's rules go once no other
+    (spawner/engines/common/firewall.py) on `network` for `ports`: its bridge's rules go once no other
     hub's are left, since many test hubs (and the demo's test) share one bridge."""
     import docker.errors
 
-    from spawner.docker import firewall
+    from spawner.engines.common import firewall
 
     for container in docker_client.containers.list(all=True, ignore_removed=True):
         if not container.name.startswith(f"{prefix}-"):

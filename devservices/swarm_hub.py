@@ -49,10 +49,10 @@ def prepare_swarm_hub(swarm: Swarm, postgres_server, forward_port: int, image: s
 
 
 def remove_server_relays(prefix: str) -> None:
-    """Remove the relays and servers' own overlays (spawner/swarm/relay.py) named `<prefix>-...`
+    """Remove the relays and servers' own overlays (spawner/engines/swarm/relay.py) named `<prefix>-...`
     that a hub left (its servers removed without it); an overlay whose task still shuts down is
     retried for a while, then left to the Swarm's end."""
-    from spawner.swarm.relay import LABEL_RELAY, LABEL_SERVER_NET
+    from spawner.engines.swarm.relay import LABEL_RELAY, LABEL_SERVER_NET
 
     from .waiting import until
 

@@ -40,7 +40,7 @@ MSG_NO_CHECK = ("This hub cannot check your password here (the service was start
                 "authenticator); ask the hub's operator")
 MSG_HUB_SLOW = "Your password could not be checked in time; nothing was changed, try again in a minute"
 # The gpu-pool service's variable naming the file the hub writes for it: the authenticator's class,
-# settings and where its secrets are (ssh/settings.py, authenticator_hand_over).
+# settings and where its secrets are (ssh/gateway_settings.py, authenticator_hand_over).
 AUTHENTICATOR_FILE_ENV = "GPUHUB_POOL_AUTHENTICATOR_FILE"
 # At most this many users' failures are remembered; the one longest without a failure goes first.
 CAPACITY = 10000
@@ -56,8 +56,8 @@ def token_authenticated(handler) -> bool:
 def authenticator_from_env(environ=os.environ):
     """The hub's authenticator as the file AUTHENTICATOR_FILE_ENV names describes it; None
     without one (the service outside a hub: nothing is confirmed by password then)."""
+    from .ssh.gateway_settings import read_secrets
     from .ssh.logins import load_authenticator
-    from .ssh.settings import read_secrets
 
     path = environ.get(AUTHENTICATOR_FILE_ENV, "")
     if not path:

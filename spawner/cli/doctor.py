@@ -20,8 +20,8 @@ from sqlalchemy.engine import make_url
 from traitlets import TraitError
 from traitlets.config import Config
 
+from ..engines.common.labels import PREFIX
 from ..inventory.machine import Inventory
-from ..labels import PREFIX
 from .doctor_checks import (  # noqa: F401 (the doctor's public names: gpu-pool, the tests)
     FAIL,
     OK,
@@ -218,7 +218,7 @@ class Doctor:
 
     def check_host_rules(self) -> None:
         """One Docker host: the rules the hub installs so users' containers reach the hub, the
-        gpu-pool service and the proxy only (docker/firewall.py)."""
+        gpu-pool service and the proxy only (engines/common/firewall.py)."""
         if self.docker is None:
             return
         import docker.errors
@@ -241,7 +241,7 @@ class Doctor:
             self.results.append(overlay_result(network, attrs))
             return
 
-        from ..docker import firewall
+        from ..engines.common import firewall
 
         if not firewall.HostFirewall(config=self.target.config).enabled:
             self.add("host rules", WARN, "c.HostFirewall.enabled is False: users' containers reach each other "
@@ -386,7 +386,7 @@ class Doctor:
 
     def _bounds(self) -> dict:
         """The hub's c.ContainerLimits for a helper, in docker-py's high-level keywords."""
-        from ..containers import ContainerLimits
+        from ..engines.common.containers import ContainerLimits
 
         return ContainerLimits(config=self.target.config).host_config(helper=True)
 

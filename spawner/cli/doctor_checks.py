@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..engines.common.labels import LABEL_CUDA
 from ..inventory.machine import image_cuda_version
-from ..labels import LABEL_CUDA
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -117,7 +117,7 @@ def data_dir_result(path: Path, hub_user: str) -> Result:
 
 def host_rules_result(network: str, missing: list[str] | None, icc_off: bool, why_unreadable: str | None = None,
                       ports: Sequence[int] = ()) -> Result:
-    """The host's rules that keep users' containers apart (docker/firewall.py): `missing` as
+    """The host's rules that keep users' containers apart (engines/common/firewall.py): `missing` as
     `iptables -A` lines (None: the bridge does not exist yet), `icc_off` its enable_icc=false."""
     name = "host rules"
     if why_unreadable:

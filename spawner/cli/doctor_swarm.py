@@ -2,7 +2,7 @@
 
 For each node: whether its servers run with no-new-privileges (the service spec
 carries it from Docker 25 on; on older nodes a probe task checks the node's
-daemon, as the hub does before it places a server: spawner/swarm/lockdown.py),
+daemon, as the hub does before it places a server: spawner/engines/swarm/lockdown.py),
 and whether the GPUs its agent's NVML sees (`gpu-pool agent` readings in the
 ledger) are the ones it advertises to Swarm as generic resources.
 """
@@ -22,8 +22,8 @@ def node_result(node: dict, manager_api: str, verdict, seen: set[str] | None) ->
 
     `verdict`: the probe's (lockdown.Verdict) or None when the spec carries the flag;
     `seen`: the uuids of the node's fresh agent readings (None: the ledger was not read)."""
+    from ..engines.swarm.lockdown import FIX, node_engine, node_name, spec_carries_it
     from ..inventory.swarm import node_gpus
-    from ..swarm.lockdown import FIX, node_engine, node_name, spec_carries_it
 
     name = node_name(node)
     engine = node_engine(node) or "?"
@@ -63,7 +63,7 @@ def node_result(node: dict, manager_api: str, verdict, seen: set[str] | None) ->
 
 def guard_result(nodes: list[dict]) -> Result:
     """c.GPUSwarmSpawner.generic_resource_guard is on: whether every manager can carry it."""
-    from ..swarm.generic_guard import verdict_of
+    from ..engines.swarm.generic_guard import verdict_of
 
     verdict = verdict_of(nodes)
     if verdict.usable:
@@ -76,7 +76,7 @@ def guard_result(nodes: list[dict]) -> Result:
 def node_results(api, image: str | None, prefix: str, readings, log, guard: bool = False) -> list[Result]:
     """Every node's line (api: a docker APIClient on the manager; readings: {(host, uuid): Reading} or None),
     after the generic-resource guard's when it is configured."""
-    from ..swarm.lockdown import LOCKDOWN, node_name, spec_carries_it
+    from ..engines.swarm.lockdown import LOCKDOWN, node_name, spec_carries_it
 
     manager_api = api.version().get("ApiVersion", "")
     nodes = api.nodes()

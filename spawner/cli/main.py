@@ -6,7 +6,7 @@ Commands: status, leases, history, queue, drain UUID, undrain UUID,
 rehome OLD NEW, release LEASE_ID, doctor (checks this GPU host; exit 1
 when a check failed; see spawner/cli/doctor.py), agent (the per-node agent that
 reports this node's GPU utilisation to the ledger until SIGTERM; see
-spawner/inventory/agent.py), and exec (an action script in
+spawner/cli/agent.py), and exec (an action script in
 running servers, through the hub's gpu-pool service; exit 3 when it failed
 somewhere).  The ledger is found, first match wins, from --db-url, the
 GPUHUB_POOL_DB_URL environment variable (GPU_POOL_DB_URL, its old name, still works),
@@ -459,8 +459,8 @@ def _doctor(args, out) -> int:
 def _agent(args) -> int:
     import logging
 
-    from ..inventory.agent import Agent
     from ..inventory.kinds import inventory_from_config
+    from .agent import Agent
 
     if not args.interval > 0:
         raise CLIError("--interval must be > 0 seconds")

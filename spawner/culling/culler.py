@@ -293,7 +293,7 @@ class GPUIdleCuller(IdleCuller):
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop, sig)
-        from ..hub_service import stop_when_the_hub_is_gone
+        from ..services.lifecycle import stop_when_the_hub_is_gone
 
         self._watchdog = loop.create_task(stop_when_the_hub_is_gone("idle-culler", self.log))
 

@@ -9,7 +9,7 @@ listed as a host whose GPUs are missing, so the ledger lends none of them; a
 node back from down lends a GPU only once the task it was told to stop on it
 meanwhile has stopped.
 Live utilisation and memory in use (and a node's driver CUDA version without a `gpu.cuda`
-label) come from the per-node agent's readings in the ledger (spawner/inventory/agent.py).
+label) come from the per-node agent's readings in the ledger (spawner/cli/agent.py).
 """
 
 from __future__ import annotations
@@ -172,8 +172,12 @@ class SwarmInventory(Inventory):
 
     def withheld(self) -> dict[str, set[str]]:
         """hostname -> GPU uuids of tasks that were told to stop but whose node has not reported
-        them stopped (swarm/tasks.py: withheld_gpus): not lent until it has."""
-        from ..swarm.tasks import node_states, withheld_gpus
+        them stopped (engines/swarm/tasks.py: withheld_gpus): not lent until it has."""
+        # The one arrow from the inventory up to an engine (tests/harness/layers.py): which GPUs
+        # a task may still hold is the Swarm engine's knowledge (its tasks' labels and states),
+        # and the inventory must never offer one of them (the lease invariant).  Handing it in
+        # instead would let a process that forgot to lend a withheld GPU.
+        from ..engines.swarm.tasks import node_states, withheld_gpus
 
         api = self._docker().api
         try:

@@ -4,7 +4,7 @@ A job with `workers` N > 1 gets N leases of its profile's GPUs in one grant
 (GPUPool.acquire_gang: all or nothing, one queue entry), then one unit per worker on
 its lease's host, all on a network of their own that only they share (internal: no
 route out, no hub; with the profile's `job_network`, a route out through the host's NAT and,
-on one Docker host, the hub's API under the host's rules, docker/firewall.py; never the hub's
+on one Docker host, the hub's API under the host's rules, engines/common/firewall.py; never the hub's
 shared network, where any user's server would reach the workers' unauthenticated gRPC port).  Each worker gets `TF_CONFIG` naming every worker by a stable name
 (its unit name, an alias on that network) and its own index; worker 0 is the chief.
 
@@ -26,8 +26,8 @@ import asyncio
 import json
 import logging
 
-from ..containers import config_digest, lease_labels, runtime_env
-from ..labels import LABEL_JOB, LABEL_POOL
+from ..engines.common.containers import config_digest, lease_labels, runtime_env
+from ..engines.common.labels import LABEL_JOB, LABEL_POOL
 from ..pool.ledger.job_records import (
     CANCELLED,
     FAILED,
@@ -43,7 +43,7 @@ from ..pool.validation import worker_server_name
 from ..profiles import Profile
 from .engine import ENDED, UNKNOWN, UnitGone, UnitSpec, UnitState
 from .engine import RUNNING as RUNNING_UNIT
-from .settings import JobSettings
+from .runner_settings import JobSettings
 from .spec import WORKDIR_WRAPPER, container_name, job_env, workdir_path
 
 # What `watch` returns when the cluster's borrowed leases are reclaimed (not a job state: the

@@ -7,8 +7,8 @@ is several `UnitSpec`s with the same job label, each with its `host` and `aliase
 network made by `create_network`.  Engines apply the lock-down (non-root, no capabilities,
 no-new-privileges, pids and log bounds) to every unit themselves: a spec cannot ask it away.
 
-- spawner/docker/jobs.py: `DockerJobEngine`, a unit is a container on the hub's own engine;
-- spawner/swarm/jobs.py: `SwarmJobEngine`, a unit is a service (restart none) pinned to its node.
+- spawner/engines/common/job_containers.py: `DockerJobEngine`, a unit is a container on the hub's own engine;
+- spawner/engines/swarm/job_services.py: `SwarmJobEngine`, a unit is a service (restart none) pinned to its node.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class JobEngine(Protocol):
         """A network for the units of one job, on every host the engine may place them, that no
         other container joins; nothing if it exists.  Internal (no route out) unless `outbound`
         (a profile with `job_network`: a route out through the host's NAT, and on one Docker
-        host the hub's API and the gpu-pool service, under the host's rules, docker/firewall.py)."""
+        host the hub's API and the gpu-pool service, under the host's rules, engines/common/firewall.py)."""
 
     async def remove_network(self, name: str) -> bool:
         """True once it is gone."""
@@ -135,7 +135,7 @@ class JobEngine(Protocol):
         lends; Docker: its own host), less those that would run `image` without the lock-down."""
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
-        """The user's home volume, ready for uid:gid on every host (homes.py's rules); its name."""
+        """The user's home volume, ready for uid:gid on every host (engines/common/homes.py's rules); its name."""
 
     async def home_dir(self, user: str) -> str | None:
         """The user's home as a directory this process can read (a local volume's), to check a

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
-from ..labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE
+from ..engines.common.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE
 from ..pool import EndReason, PoolError
 from ..pool.ledger.job_records import END_REASONS, is_job_server, job_id_of
 

@@ -17,8 +17,8 @@ import functools
 import logging
 from datetime import UTC, datetime
 
+from ..engines.common.labels import pool_identity
 from ..identity import container_identity
-from ..labels import pool_identity
 from ..pool import GPUPool, PoolError
 from ..pool.leasing.placement import host_demand
 from ..pool.ledger.job_records import (
@@ -43,7 +43,7 @@ from .limits import JobLimits
 from .notebook import resolve_in_home
 from .reclaim import Reclaims
 from .request import BadJob, Submission
-from .settings import JobSettings
+from .runner_settings import JobSettings
 from .spec import container_name, unit_spec
 
 log = logging.getLogger("gpu-pool-page")
@@ -65,12 +65,14 @@ class JobError(Exception):
 
 
 class JobRunner:
-    def __init__(self, pool: GPUPool, settings: JobSettings, engine: JobEngine | None = None, docker_api=None):
+    def __init__(self, pool: GPUPool, settings: JobSettings, engine: JobEngine):
+        # `engine` runs the units (engines/: make_job_engine(settings)): handed in, so the jobs
+        # package knows no engine.
         self.pool = pool
         self.settings = settings
         self.ledger = JobLedger(pool)
         self.profiles = {p.slug: p for p in settings.profile_objects()}
-        self.engine = engine if engine is not None else make_engine(settings, docker_api)
+        self.engine = engine
         self._tasks: dict[int, asyncio.Task] = {}
         self._acquiring: dict[int, asyncio.Future] = {}
         self._cancel: set[int] = set()
@@ -433,7 +435,7 @@ class JobRunner:
             await self._finish(job, CANCELLED, message="cancelled before it started")
             return None
         # A job running as the fallback identity never takes over a home that a
-        # directory uid owns (homes.py refuses, as for a server).
+        # directory uid owns (engines/common/homes.py refuses, as for a server).
         directory = (job.uid, job.gid) != (self.settings.fallback_uid, self.settings.fallback_gid)
         volume = await self.engine.prepare_home(job.user, profile.image, job.uid, job.gid, directory)
         spec = unit_spec(job, profile, self.settings, volume, self.pool_id, *await self.job_placement(job))
@@ -566,17 +568,6 @@ class JobRunner:
         if whole or len(raw) <= limit:
             return cap(raw, limit)
         return "[... earlier output not kept ...]\n" + raw[-limit:].decode(errors="replace")
-
-
-def make_engine(settings: JobSettings, docker_api=None) -> JobEngine:
-    """The engine the hub's settings name: containers on its own Docker, or Swarm services."""
-    if settings.engine == "swarm":
-        from ..swarm.jobs import SwarmJobEngine
-
-        return SwarmJobEngine(settings, docker_api)
-    from ..docker.jobs import DockerJobEngine
-
-    return DockerJobEngine(settings, docker_api)
 
 
 def cap(raw: bytes, limit: int) -> str:

@@ -1,20 +1,20 @@
 """A job's unit (its container), as engine-neutral data: pure, no engine calls.
 
-The GPU uuids, lease labels and config digest come from spawner/containers.py, the same
+The GPU uuids, lease labels and config digest come from spawner/engines/common/containers.py, the same
 builders as the notebook servers'; the job adds its command (run through the image's own
 entrypoint, in its working directory), its home volume, its CPU/memory limits and no
 network unless its profile allows the hub's.  The engines add the lock-down
-(spawner/docker/jobs.py, spawner/swarm/jobs.py).
+(spawner/engines/common/job_containers.py, spawner/engines/swarm/job_services.py).
 """
 
 from __future__ import annotations
 
-from ..containers import config_digest, job_unit_name, lease_labels, runtime_env
-from ..labels import LABEL_JOB
+from ..engines.common.containers import config_digest, job_unit_name, lease_labels, runtime_env
+from ..engines.common.labels import LABEL_JOB
 from ..pool.ledger.job_records import Job, job_server_name
 from ..profiles import Profile
 from .engine import UnitSpec
-from .settings import JobSettings
+from .runner_settings import JobSettings
 
 # Makes the job's checkpoint directory (GPUHUB_CHECKPOINT_DIR), then runs the user's argv as
 # given (no shell parsing of it) inside the working directory, or says plainly that the

@@ -3,8 +3,6 @@
     spawner    GPULendingSpawner: profiles, the spawn form, the lease around a server's life
     ending     how a lease ends: its reason, and release once nothing given it still runs
     admission  how many servers one hub starts at once (queued GPU spawns not counted)
-    docker_common  GPUContainerSpawner: what the Docker and Swarm engines share on dockerspawner
-               (homes, lock-down checks, labels, adoption; configured as c.GPUDockerSpawner)
 """
 
 from .spawner import GPULendingSpawner, configured_inventory, shared_pool

@@ -22,7 +22,7 @@ from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets import CaselessStrEnum, Dict, Float, Int, List, Unicode, default, validate
 
-from ..containers import runtime_env
+from ..engines.common.containers import runtime_env
 from ..identity import container_identity
 from ..inventory.kinds import inventory_from_config
 from ..metrics import LEASE_WAIT_SECONDS, pool_changed, register_pool

@@ -21,12 +21,12 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from ..culling.deadline import CullRules, contended, deadline
-from ..hub_service import cancel_and_wait
 from ..pool.ledger import events
 from ..pool.ledger.events import CULL_WARNING
 from ..pool.ledger.off_loop import ledger_call
 from ..pool.ledger.outbox import Entry
-from ..poolpage.hubapi import HubUnavailable
+from ..services.hub_api import HubUnavailable
+from ..services.lifecycle import cancel_and_wait
 from . import signing
 from .settings import Notifications
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from ..pool.ledger.events import GRANTED
 from ..pool.ledger.outbox import Entry
-from ..poolpage.hubapi import HubUnavailable
+from ..services.hub_api import HubUnavailable
 
 READY, WAITING, GONE, UNKNOWN = "ready", "waiting", "gone", "unknown"
 

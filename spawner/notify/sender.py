@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from email.utils import parseaddr
 
-from ..hub_service import cancel_and_wait
 from ..pool.ledger import outbox
 from ..pool.ledger.off_loop import ledger_call
 from ..pool.ledger.outbox import Entry
-from ..poolpage.hubapi import HubAPI
+from ..services.hub_api import HubAPI
+from ..services.lifecycle import cancel_and_wait
 from . import cull_warning, directory, preferences, ready, signing, smtp
 from .message import Links, compose
 from .settings import EmailNotifications, Notifications

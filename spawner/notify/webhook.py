@@ -34,11 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from urllib.parse import urlsplit
 
-from ..hub_service import cancel_and_wait
 from ..pool.ledger import outbox
 from ..pool.ledger.off_loop import ledger_call
 from ..pool.ledger.outbox import Entry
-from ..poolpage.hubapi import HubAPI
+from ..services.hub_api import HubAPI
+from ..services.lifecycle import cancel_and_wait
 from . import directory, preferences
 from .message import Links, describe
 from .sender import prepare

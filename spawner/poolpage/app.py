@@ -21,9 +21,9 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 from tornado.httpserver import HTTPServer
 
-from ..hub_service import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_gone
+from ..inventory.kinds import inventory_from_config
 from ..jobs.runner import JobRunner
-from ..jobs.settings import JobSettings
+from ..jobs.runner_settings import JobSettings
 from ..notify import EmailNotifications, booking_watch, budget_watch, directory
 from ..notify.browser import EXPIRE_EVERY_S, BrowserFeed
 from ..notify.cull_warning import CullWatch
@@ -33,6 +33,7 @@ from ..notify.watch import LedgerWatch
 from ..notify.webhook import WebhookSender
 from ..pool import ENV_DB_URL, GPUPool, ledger_env
 from ..reauth import PasswordRecheck, authenticator_from_env
+from ..services.lifecycle import EXIT_GRACE_SECONDS, exit_within, stop_when_the_hub_is_gone
 from . import views
 from .handlers import actions as actions_api
 from .handlers import bookings as bookings_api
@@ -271,18 +272,23 @@ def main() -> None:
     config = load_service_config()  # the hub's settings for this service (service_config.py)
     page, limits = PoolPageSettings(config=config), PoolServiceLimits(config=config)
     job_settings = JobSettings.from_config(config)
-    inventory = None
-    if job_settings is not None and job_settings.engine == "swarm":
-        from ..inventory.swarm import SwarmInventory
+    inventory, runner = None, None
+    if job_settings is not None:
+        from ..engines import engine
 
-        # Jobs lease from what Swarm says now (nodes that joined, left, went down), as servers do.
-        inventory = SwarmInventory(config=config)
+        jobs_engine = engine(job_settings.engine)
+        if jobs_engine.inventory_kind:
+            # Jobs lease from what the engine's inventory says now (on Swarm: nodes that joined,
+            # left, went down), as servers do.
+            inventory = inventory_from_config(jobs_engine.inventory_kind, config=config)
     # (config: the hub's GPUPool.reclaim_grace, for the servers' reclaim; jobs bring all of GPUPool's.)
     pool = GPUPool(config=config, db_url=ledger_env(ENV_DB_URL), inventory=inventory,
                    **(job_settings.pool if job_settings else {}))
+    if job_settings is not None:
+        runner = JobRunner(pool, job_settings, jobs_engine.job_engine(job_settings))
     recheck = PasswordRecheck(authenticator_from_env(), timeout=limits.hub_auth_timeout)
     app = make_app(pool, prefix, os.environ.get("JUPYTERHUB_BASE_URL", "/"), page.show_holders,
-                   jobs=JobRunner(pool, job_settings) if job_settings else None, limits=limits, page=page,
+                   jobs=runner, limits=limits, page=page,
                    recheck=recheck, notify=EmailNotifications(config=config),
                    notify_events=Notifications(config=config), webhooks=WebhookNotifications(config=config),
                    browser=BrowserNotifications(config=config))

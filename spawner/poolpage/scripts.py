@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
-from .hubapi import SERVER_TOKEN_MARGIN, HubAPI, HubUnavailable, Server
+from ..services.hub_api import SERVER_TOKEN_MARGIN, HubAPI, HubUnavailable, Server
 
 MAX_SCRIPT_BYTES = 64 * 1024
 PARALLEL = 8  # servers a fan-out runs in at once, and the scripts' threads

@@ -19,11 +19,11 @@ import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
-from ..hub_service import cancel_and_wait
 from ..pool.ledger.job_records import is_job_server
 from ..pool.ledger.off_loop import ledger_call
 from ..pool.models import EndReason, PoolError
-from .hubapi import HubUnavailable
+from ..services.hub_api import HubUnavailable
+from ..services.lifecycle import cancel_and_wait
 
 log = logging.getLogger("gpu-pool-page")
 # How often the service reads the reclaim marks (one indexed read of the active borrowed leases).

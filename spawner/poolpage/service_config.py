@@ -5,7 +5,7 @@ Configurables.  It writes `<data_dir>/gpu-pool-service.json` from its final
 config (every config file loaded, so options set after hub_config count) and
 starts the service with GPUHUB_POOL_SERVICE_CONFIG_FILE naming it.  The file
 holds the sections `PoolPageSettings` (below), `PoolServiceLimits` (limits.py)
-and, with jobs, `JobSettings` (jobs/settings.py); the service loads it with
+and, with jobs, `JobSettings` (jobs/runner_settings.py); the service loads it with
 `load_service_config` and builds each from it.  The ledger's URL, a secret,
 stays in the service's environment (GPUHUB_POOL_DB_URL, as for the CLI).
 """

@@ -14,7 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..docker.firewall import ICC_OPTION
+from ..engines import engine
+from ..engines.common.firewall import ICC_OPTION
 from .directory import DirectorySettings
 from .hub import Settings, default_profiles, hub_port
 from .parsing import SettingsError
@@ -83,7 +84,7 @@ def servers_ports(settings: Settings) -> list[int]:
     service's (its JupyterLab panel, `gpu-job`) and the proxy's public port."""
     from urllib.parse import urlparse
 
-    from ..docker.firewall import hub_ports
+    from ..engines.common.firewall import hub_ports
 
     bound = urlparse(settings.bind_url)
     public = bound.port or (443 if bound.scheme == "https" else 80)
@@ -131,7 +132,8 @@ def apply_settings(c, settings: Settings) -> None:
 
     if settings.hub_port is not None:
         c.JupyterHub.hub_port = settings.hub_port
-    if settings.spawner == "swarm":
+    lending_engine = engine(settings.spawner)
+    if lending_engine.spans_nodes:
         # The hub runs in a container on the overlay: it listens there, servers on any node reach it.
         c.JupyterHub.hub_ip = "0.0.0.0"
         c.JupyterHub.hub_connect_ip = settings.hub_connect_ip
@@ -141,14 +143,13 @@ def apply_settings(c, settings: Settings) -> None:
         gateway = docker_network_gateway(settings.docker_network)
         c.JupyterHub.hub_ip = gateway
         c.JupyterHub.hub_connect_ip = gateway
-        from ..docker.firewall import install_when_the_hub_starts
+        from ..engines.common.firewall import install_when_the_hub_starts
 
         install_when_the_hub_starts(settings.docker_network, servers_ports(settings))
 
-    c.JupyterHub.spawner_class = "gpu-docker"
-    if settings.spawner == "swarm":
+    c.JupyterHub.spawner_class = lending_engine.entry_point
+    if lending_engine.name == "swarm":
         # A GPUDockerSpawner on Swarm services: every c.GPUDockerSpawner option below applies.
-        c.JupyterHub.spawner_class = "spawner.swarm.GPUSwarmSpawner"
         c.GPUSwarmSpawner.home_volume_driver_options = dict(settings.swarm_home_options)
         c.GPUSwarmSpawner.home_root_volume_options = dict(settings.swarm_homes_root_options)
         c.GPUSwarmSpawner.cpu_constraints = list(settings.swarm_cpu_constraints)
@@ -206,7 +207,7 @@ def apply_settings(c, settings: Settings) -> None:
         configure_pool_page(c, settings)
         write_when_the_hub_starts(settings)
     if settings.jobs:
-        from .jobs import configure_jobs
+        from .pool_jobs import configure_jobs
 
         configure_jobs(c, settings)
     if settings.ssh:
@@ -227,6 +228,6 @@ def start_with_the_hub(settings: Settings) -> None:
     """What the hub needs made when it starts: its data directory, and the reconciler's task
     (scheduled on the hub's loop; it first waits until the hub has started)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from ..reconciler import start_in_hub
+    from ..engines.common.reconciler import start_in_hub
 
     start_in_hub()

@@ -21,8 +21,8 @@ from traitlets.config import Config
 
 from ..culling.culler import BUSY_SWITCH_ENV, QUIET_ENV, SERVICE_NAME, GPUIdleCuller
 from ..culling.deadline import CullRules
-from ..hub_service import write_when_config_loaded
 from ..profiles import load_profiles
+from ..services.lifecycle import write_when_config_loaded
 from .part import Part
 
 HAND_OVER = "idle-culler.json"

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..engines import ENGINE_NAMES, engine
 from ..pool import ENV_DB_URL, LEDGER_FILE, ledger_env
-from ..ssh.settings import SSHGateway
+from ..ssh.gateway_settings import SSHGateway
 from .directory import DirectorySettings, check_crypt_key, load_directory_settings
 from .parsing import SettingsError, env_bool, env_choice, env_float, env_int, env_key_values
 from .secret_files import private_file, secret_setting, with_secret_files
@@ -164,7 +165,7 @@ def _swarm_settings(env: Mapping[str, str], spawner: str, data_dir: Path) -> dic
                                     if c.strip()),
         swarm_node_labels=env_key_values(env, "GPUHUB_SWARM_NODE_LABELS"),
     )
-    if spawner == "swarm":
+    if engine(spawner).spans_nodes:
         if not ledger_env(ENV_DB_URL, env).startswith("postgresql"):
             raise SettingsError("GPUHUB_SPAWNER=swarm lends the GPUs of several hosts from one ledger, "
                                 "which must be PostgreSQL: set GPUHUB_POOL_DB_URL=postgresql+psycopg://... "
@@ -206,8 +207,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError(f"GPUHUB_BIND_URL={bind_url!r} must be a URL like http://127.0.0.1:8000")
     ssl_cert, ssl_key = _tls_files(env, bind_url)
 
-    spawner = env_choice(env, "GPUHUB_SPAWNER", "docker", ("docker", "swarm"))
-    inventory = env_choice(env, "GPUHUB_INVENTORY", "swarm" if spawner == "swarm" else "nvml",
+    spawner = env_choice(env, "GPUHUB_SPAWNER", Settings.spawner, ENGINE_NAMES)
+    inventory = env_choice(env, "GPUHUB_INVENTORY", engine(spawner).inventory_kind or "nvml",
                            ("nvml", "simulated", "static", "swarm"))
     swarm = _swarm_settings(env, spawner, data_dir)
     gpu_host = env.get("GPUHUB_GPU_HOST", "").strip()
@@ -339,8 +340,8 @@ STANDING_DEFAULTS = {
     "lease_wait_timeout": ("spawner.lending", "GPULendingSpawner", "lease_wait_timeout"),
     "simulated_gpus": ("spawner.inventory.machine", "SimulatedInventory", "count"),
     "simulated_cuda_version": ("spawner.inventory.machine", "SimulatedInventory", "cuda_version"),
-    "job_max_seconds": ("spawner.jobs.settings", "JobSettings", "max_seconds"),
-    "job_log_max_bytes": ("spawner.jobs.settings", "JobSettings", "log_max_bytes"),
+    "job_max_seconds": ("spawner.jobs.runner_settings", "JobSettings", "max_seconds"),
+    "job_log_max_bytes": ("spawner.jobs.runner_settings", "JobSettings", "log_max_bytes"),
 }
 
 

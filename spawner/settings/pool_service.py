@@ -11,11 +11,11 @@ from pathlib import Path
 
 from jupyterhub.utils import url_path_join
 
-from ..hub_service import write_when_config_loaded
 from ..inventory.machine import SimulatedInventory
 from ..poolpage import ADMIN_SCOPE, EXEC_SCOPE, SERVICE_NAME
-from ..poolpage.hubapi import SERVICE_SCOPES
 from ..poolpage.service_config import CONFIG_FILE_ENV, FILE_NAME
+from ..services.hub_api import SERVICE_SCOPES
+from ..services.lifecycle import write_when_config_loaded
 from .part import Part
 
 HUB_TEMPLATES = str(Path(__file__).parents[1] / "poolpage" / "hub_templates")
@@ -28,7 +28,7 @@ ACCESS_SCOPE = f"access:services!service={SERVICE_NAME}"
 ADMIN_GROUP = "gpu-pool:admin"
 EXEC_GROUP = "gpu-pool:exec"
 # JupyterHub's `server` role, plus asking the gpu-pool service (JupyterLab's GPU status, through
-# images/jupyter/gpuhub_activity/lab.py); jobs add their own scope to it (settings/jobs.py).
+# images/jupyter/gpuhub_activity/lab.py); jobs add their own scope to it (settings/pool_jobs.py).
 SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", ACCESS_SCOPE]
 
 
@@ -157,7 +157,7 @@ def authenticator_environment(settings) -> dict[str, str]:
     `hand_authenticator_over` writes, and the directory's lookup password when it was given
     inline (never in the file)."""
     from ..reauth import AUTHENTICATOR_FILE_ENV
-    from ..ssh.settings import INLINE_SECRET_ENV
+    from ..ssh.gateway_settings import INLINE_SECRET_ENV
 
     environment = {AUTHENTICATOR_FILE_ENV: str(_authenticator_file(settings))}
     directory = getattr(settings, "directory", None)
@@ -173,7 +173,7 @@ def hand_authenticator_over(settings) -> None:
     path of its file, or the variable `authenticator_environment` gives the service)."""
     import json
 
-    from ..ssh.settings import _jsonable, authenticator_hand_over
+    from ..ssh.gateway_settings import _jsonable, authenticator_hand_over
 
     path = _authenticator_file(settings)
     state_dir = path.parent

@@ -11,13 +11,13 @@ import json
 
 from traitlets import TraitError
 
-from ..hub_service import write_when_config_loaded
 from ..notify import EmailNotifications
 from ..notify.settings import BrowserNotifications, Notifications, WebhookNotifications
 from ..poolpage.limits import PoolServiceLimits
 from ..poolpage.service_config import FILE_NAME, PoolPageSettings, config_values
+from ..services.lifecycle import write_when_config_loaded
 from .culler import activity_interval, page_cull_values
-from .jobs import job_settings, spawner_profiles
+from .pool_jobs import job_settings, spawner_profiles
 
 
 def service_config(c, settings) -> dict:

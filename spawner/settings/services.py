@@ -16,8 +16,8 @@ from typing import Any
 from traitlets.config import LazyConfigValue
 
 from .culler import culler_part
-from .jobs import jobs_part
 from .part import Part
+from .pool_jobs import jobs_part
 from .pool_service import pool_part
 from .ssh_service import ssh_part
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..hub_service import write_when_config_loaded
+from ..services.lifecycle import write_when_config_loaded
 from ..ssh import SERVICE_NAME
+from ..ssh.gateway_settings import FILE_ENV_NAME, INLINE_SECRET_ENV, render_hand_over
 from ..ssh.hub_client import SERVICE_SCOPES
-from ..ssh.settings import FILE_ENV_NAME, INLINE_SECRET_ENV, render_hand_over
 from .part import Part
 
 SERVICE_ROLE = "gpu-ssh-service"

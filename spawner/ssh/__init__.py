@@ -20,5 +20,6 @@ service process).  What the hub's config says about the service is settings/ssh_
 """
 
 SERVICE_NAME = "gpu-ssh"
-# The port sshd listens on inside a notebook container (not published on the host).
-CONTAINER_SSH_PORT = 2222
+from .server_keys import CONTAINER_SSH_PORT  # noqa: E402  (where it is defined: the spawner's side)
+
+__all__ = ["CONTAINER_SSH_PORT", "SERVICE_NAME"]

@@ -10,14 +10,14 @@ from urllib.parse import urlparse
 
 from tornado.httpserver import HTTPServer
 
-from ..hub_service import stop_when_the_hub_is_gone
 from ..reauth import PasswordRecheck
+from ..services.lifecycle import stop_when_the_hub_is_gone
 from .gateway import Gateway
+from .gateway_settings import read_hand_over, read_secrets
 from .hub_client import HubClient
 from .key_store import KeyStore
 from .keys_api import make_app
 from .logins import Logins, load_authenticator
-from .settings import read_hand_over, read_secrets
 
 log = logging.getLogger("gpu-ssh")
 

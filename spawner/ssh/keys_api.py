@@ -28,7 +28,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ..reauth import PASSWORD_FIELD, PasswordRecheck, token_authenticated
-from ..service_auth import AsksTheHubFirst
+from ..services.callers import AsksTheHubFirst
 from .key_store import KeyRefused, KeyStore
 
 log = logging.getLogger("gpu-ssh")

@@ -27,6 +27,8 @@ from urllib.parse import quote
 
 import asyncssh
 
+# The port sshd listens on inside a notebook container (not published on the host).
+CONTAINER_SSH_PORT = 2222
 # A login name sshd (and a passwd entry) can carry; others log in as the image's user name.
 _POSIX_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 FALLBACK_LOGIN = "jovyan"

@@ -9,8 +9,7 @@ from urllib.parse import urlparse
 from traitlets import Int, Unicode
 from traitlets.config import Configurable
 
-from . import CONTAINER_SSH_PORT
-from .server_keys import Endpoint, ServerKeys, login_name
+from .server_keys import CONTAINER_SSH_PORT, Endpoint, ServerKeys, login_name
 
 
 def _start_address(result) -> str | None:

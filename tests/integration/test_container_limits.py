@@ -25,7 +25,7 @@ def bounds(attrs: dict) -> tuple:
 
 def test_servers_jobs_and_home_helpers_are_bounded_and_a_fork_bomb_stays_in_its_job(
         make_hub, docker_client, docker_faults):
-    from spawner.labels import LABEL_SERVER, LABEL_USER
+    from spawner.engines.common.labels import LABEL_SERVER, LABEL_USER
 
     hub, tokens = job_hub(make_hub, env={"DOCKER_HOST": docker_faults.url}, extra_config=BOUNDS)
     pat = tokens["pat"]

@@ -33,7 +33,7 @@ from devservices.hub import REPO, remove_what_a_hub_made
 from devservices.ldap import seed
 from devservices.ports import free_port_run
 from devservices.ssh_client import SSHClient
-from spawner.labels import LABEL_USER
+from spawner.engines.common.labels import LABEL_USER
 
 from .test_browser import LAB_TIMEOUT, by_css, click
 

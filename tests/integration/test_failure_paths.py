@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from spawner.labels import LABEL_LEASE
+from spawner.engines.common.labels import LABEL_LEASE
 
 from ..fixtures.hub import Hub, wait_for
 from .test_gpu_spawner import container_of

@@ -1,6 +1,6 @@
 """A cluster job across the harness Swarm's two GPU nodes (run under the machine's Swarm lock).
 
-The jobs runner with the Swarm engine (spawner/swarm/jobs.py) and a ledger filled from the
+The jobs runner with the Swarm engine (spawner/engines/swarm/job_services.py) and a ledger filled from the
 Swarm's inventory: a cluster of 2 workers x 2 GPUs cannot fit one node (2 GPUs each), so the
 gang spans both; each worker's task runs on its lease's node, its runtime sees exactly that
 lease's GPUs, and the workers reach each other by the names in TF_CONFIG on the cluster's
@@ -16,12 +16,12 @@ import secrets
 import pytest
 
 from devservices.waiting import async_until, until
+from spawner.engines.swarm.job_services import SwarmJobEngine
 from spawner.inventory.swarm import SwarmInventory
 from spawner.jobs.request import check_submission
 from spawner.jobs.runner import JobRunner
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.pool import GPUPool
-from spawner.swarm.jobs import SwarmJobEngine
 from tests.fixtures.swarm import docker
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def swarm_runner(swarm_cluster, image: str, tmp_path, **settings) -> tuple[str, 
     inventory = SwarmInventory(lending_node_labels={"gpuhub.test-session": swarm_cluster.session})
     pool = GPUPool(inventory=inventory, db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", poll_interval=0.1)
     pool.sync_inventory()
-    return prefix, pool, JobRunner(pool, job_settings, engine=SwarmJobEngine(job_settings))
+    return prefix, pool, JobRunner(pool, job_settings, SwarmJobEngine(job_settings))
 
 
 def clean_up(prefix: str, pool: GPUPool) -> None:

@@ -11,10 +11,10 @@ import asyncio
 import contextlib
 import secrets
 
-from spawner.docker.jobs import DockerJobEngine
+from spawner.engines.common.job_containers import DockerJobEngine
+from spawner.engines.common.labels import LABEL_JOB, LABEL_POOL
 from spawner.jobs.engine import ENDED, RUNNING, JobEngine, UnitSpec
-from spawner.jobs.settings import JobSettings
-from spawner.labels import LABEL_JOB, LABEL_POOL
+from spawner.jobs.runner_settings import JobSettings
 
 
 def _unit(tag: str, name: str, command: list[str], network: str, aliases=()) -> UnitSpec:

@@ -12,6 +12,8 @@ import os
 
 import requests
 
+from spawner.engines import make_job_engine
+
 from ..fixtures.hub import Hub, wait_for
 from .test_gpu_spawner import visible_devices
 from .test_poolpage import logged_in, page_api, wait_for_page
@@ -293,19 +295,19 @@ def test_job_leases_are_judged_by_the_job_reconciler_not_the_hubs(tmp_path, dock
     import asyncio
     import secrets
 
-    from spawner.docker.reconcile import reconcile
+    from spawner.engines.common.labels import LABEL_GPUS, LABEL_HOST, LABEL_JOB, LABEL_LEASE, LABEL_POOL, pool_identity
+    from spawner.engines.common.reconcile_containers import reconcile
     from spawner.inventory import SimulatedInventory
     from spawner.jobs.reconcile import reconcile_jobs
     from spawner.jobs.runner import JobRunner
-    from spawner.jobs.settings import JobSettings
-    from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_JOB, LABEL_LEASE, LABEL_POOL, pool_identity
+    from spawner.jobs.runner_settings import JobSettings
     from spawner.pool import GPUPool
     from spawner.pool.ledger.job_records import RUNNING
     from spawner.profiles import DEFAULT_PROFILES
 
     host, tag = "jobs-reconcile-host", secrets.token_hex(3)
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=4, host=host))
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jr{tag}"))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jr{tag}"), make_job_engine(js))
     made = []
 
     def container(name, job_id, lease_id, gpus):

@@ -1,6 +1,6 @@
 """Users' containers do not talk to each other, nor to the host beyond what they need.
 
-A real hub, dockerd and the host's own rules (spawner/docker/firewall.py), on a bridge of the
+A real hub, dockerd and the host's own rules (spawner/engines/common/firewall.py), on a bridge of the
 test's own (the hub makes it, as in production).  Two users' servers and two cluster jobs (one
 on an internal network, one whose profile has `job_network`) probe, from inside their
 containers, each other's listening ports, the hub's API and the gpu-pool service on the

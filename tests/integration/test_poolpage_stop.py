@@ -22,7 +22,7 @@ import pytest
 from devservices.hub import REPO, wait_for
 from devservices.ports import free_port
 
-# The hub's patience is 30 s; the service's own bound is hub_service.EXIT_GRACE_SECONDS (5 s).
+# The hub's patience is 30 s; the service's own bound is services.lifecycle.EXIT_GRACE_SECONDS (5 s).
 PROMPT = 8.0
 JOB_PROFILE = {"slug": "short", "display_name": "Short", "image": "img", "gpus": 1, "job_max_seconds": 60}
 

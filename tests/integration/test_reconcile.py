@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from spawner.docker.reconcile import reconcile
+from spawner.engines.common.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from spawner.engines.common.reconcile_containers import reconcile
 from spawner.inventory import SimulatedInventory
-from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 from spawner.pool import GPUPool
 
 HOST = "reconcile-test-host"

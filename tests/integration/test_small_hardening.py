@@ -9,6 +9,7 @@ import signal
 import threading
 
 from devservices.waiting import until
+from spawner.engines import make_job_engine
 
 from ..fixtures.hub import wait_for
 from .test_jobs import job_hub, submit, wait_state
@@ -23,18 +24,18 @@ def test_the_job_reconciler_leaves_alone_a_job_that_starts_while_it_looks(tmp_pa
 
     import docker.errors
 
+    from spawner.engines.common.labels import LABEL_GPUS, LABEL_HOST, LABEL_JOB, LABEL_LEASE, LABEL_POOL, pool_identity
     from spawner.inventory import SimulatedInventory
     from spawner.jobs.reconcile import reconcile_jobs
     from spawner.jobs.runner import JobRunner
-    from spawner.jobs.settings import JobSettings
-    from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_JOB, LABEL_LEASE, LABEL_POOL, pool_identity
+    from spawner.jobs.runner_settings import JobSettings
     from spawner.pool import GPUPool
     from spawner.pool.ledger.job_records import RUNNING
     from spawner.profiles import DEFAULT_PROFILES
 
     host, tag = "jobs-order-host", secrets.token_hex(3)
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=2, host=host))
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jo{tag}"))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jo{tag}"), make_job_engine(js))
     made = []
     read_leases = pool.leases
 

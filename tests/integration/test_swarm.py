@@ -155,7 +155,7 @@ def test_drained_node_gets_nothing_new(make_swarm_hub, swarm_cluster):
     # carry it (Docker 23.0+); on older managers (Debian's 20.10 here) the hub leaves the reservation
     # out and says why, because those managers shut such tasks down at their node's next update.
     hub = make_swarm_hub("c.GPUSwarmSpawner.generic_resource_guard = True")
-    from spawner.swarm.generic_guard import verdict_of
+    from spawner.engines.swarm.generic_guard import verdict_of
 
     guard = verdict_of(json.loads(docker("node", "inspect", *docker("node", "ls", "-q").split())))
     drained = swarm_cluster.nodes[1]
@@ -184,7 +184,7 @@ def test_drained_node_gets_nothing_new(make_swarm_hub, swarm_cluster):
 
 
 def test_hub_sigkill_then_restart_reconciles_the_cluster(make_swarm_hub, swarm_cluster, notebook_image):
-    from spawner.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+    from spawner.engines.common.labels import LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
 
     hub = make_swarm_hub(extra_config="c.JupyterHub.cleanup_servers = False")
     hub.create_user("keeper")
@@ -215,7 +215,7 @@ def test_hub_sigkill_then_restart_reconciles_the_cluster(make_swarm_hub, swarm_c
     assert [l.id for l in ledger.leases()] == [kept["gpu_lease_id"]]
     assert hub.server_model("keeper")["ready"]
     hub.stop_server("keeper")
-    # The quick stop reached the adopted server (swarm/stopping.py): this hub process holds no
+    # The quick stop reached the adopted server (engines/swarm/stopping.py): this hub process holds no
     # token of the server's, so it asked with one of keeper's made for it (and deleted after).
     log = hub.log_tail(400)
     assert "keeper's server exited" in log and "after it was asked to" in log, log[-4000:]

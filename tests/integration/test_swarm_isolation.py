@@ -4,7 +4,7 @@ amy probes, from inside her own task, bea's server on the other GPU node and cy'
 node: their Jupyter servers' version (by service name and by every address of their tasks)
 and a secret line bea serves on another port.  A container on the servers' overlay that is
 neither (a job's, say) probes bea's server too, and the relay that stands between the hub
-and bea's server (swarm/relay.py).  amy still reaches the hub through her environment's URL.
+and bea's server (engines/swarm/relay.py).  amy still reaches the hub through her environment's URL.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import pytest
 
 from devservices.swarm_hub import profiles_config
-from spawner.swarm.relay import LABEL_SERVER_NET
+from spawner.engines.swarm.relay import LABEL_SERVER_NET
 from tests.fixtures.hub import wait_for
 from tests.fixtures.swarm import docker
 

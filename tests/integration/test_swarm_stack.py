@@ -253,7 +253,7 @@ def test_the_stack_lends_a_worker_gpu_reports_readings_and_upgrades_keeping_the_
     assert node.visible_devices().get(container) == ",".join(lease["gpu_uuids"])
     task_before = swarm.task_of(f"{stack.prefix}-ada")["ID"]
     # Her task is on an overlay of its own, not the servers' one: the stack's hub (a container Swarm
-    # manages, which Docker cannot join to a new overlay) reaches it through its relay (swarm/relay.py).
+    # manages, which Docker cannot join to a new overlay) reaches it through its relay (engines/swarm/relay.py).
     attachments = json.loads(docker("inspect", task_before))[0].get("NetworksAttachments") or []
     names = [a["Network"]["Spec"]["Name"] for a in attachments]
     assert len(names) == 1 and names[0].startswith(f"{stack.prefix}-ada-net-"), attachments
@@ -312,7 +312,7 @@ def test_the_stack_lends_a_worker_gpu_reports_readings_and_upgrades_keeping_the_
         wait_for(lambda: server(stack, token, "ada") is None, timeout=90, what="ada's server stopped")
         wait_for(lambda: not [le for le in ledger.leases() if le.user == "ada"], timeout=60,
                  what="ada's lease ended")
-        # The quick stop reached the adopted server (swarm/stopping.py), in the new hub's own log.
+        # The quick stop reached the adopted server (engines/swarm/stopping.py), in the new hub's own log.
         logs = subprocess.run(["docker", "logs", second], capture_output=True, text=True, timeout=60)
         assert "ada's server exited" in logs.stdout + logs.stderr, (logs.stdout + logs.stderr)[-3000:]
     finally:

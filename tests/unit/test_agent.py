@@ -16,9 +16,9 @@ import pytest
 from traitlets import TraitError
 
 from devservices.waiting import until
+from spawner.cli.agent import Agent
 from spawner.culling.culler import CullerUtilization, GPUIdleCuller
 from spawner.inventory import SimulatedInventory
-from spawner.inventory.agent import Agent
 from spawner.inventory.swarm import SwarmInventory
 from spawner.pool import GPUPool, InvalidRequest
 from spawner.settings import load_settings

@@ -10,8 +10,9 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
-from spawner.containers import HELPER_PIDS_LIMIT, ContainerLimits
-from spawner.jobs.settings import JobSettings
+from spawner.engines import make_job_engine
+from spawner.engines.common.containers import HELPER_PIDS_LIMIT, ContainerLimits
+from spawner.jobs.runner_settings import JobSettings
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
 
 from .test_jobs import _job, _settings, container_spec
@@ -38,7 +39,7 @@ def test_bad_bounds_are_refused_with_the_options_name(options, message):
 
 
 def test_a_jobs_container_is_bounded_as_the_hub_configured(tmp_path):
-    from spawner.settings.jobs import job_settings
+    from spawner.settings.pool_jobs import job_settings
 
     c = Config()
     c.ContainerLimits.pids_limit = 128
@@ -74,7 +75,7 @@ def _runner(tmp_path, api, limit):
     from spawner.pool import GPUPool
 
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    return pool, JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, log_max_bytes=limit), docker_api=api)
+    return pool, JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, log_max_bytes=limit), make_job_engine(js, api))
 
 
 def test_a_job_log_is_read_by_its_tail_never_whole(tmp_path):

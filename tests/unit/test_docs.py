@@ -31,9 +31,9 @@ def test_configuration_reference_lists_every_option_with_its_current_default():
 
 
 def test_every_gpuhub_setting_is_in_the_configuration_reference():
-    # The settings read from the environment; culler.py, pool_service.py and jobs.py write the
+    # The settings read from the environment; culler.py, pool_service.py and pool_jobs.py write the
     # hub's config and hand variables of their own (GPUHUB_JOBS_URL, ...) to the processes it starts.
-    handing_over = {"culler.py", "pool_service.py", "jobs.py"}
+    handing_over = {"culler.py", "pool_service.py", "pool_jobs.py"}
     source = "".join(p.read_text() for p in sorted((REPO / "spawner" / "settings").glob("*.py"))
                      if p.name not in handing_over)
     names = set(re.findall(r'"(GPUHUB_[A-Z0-9_]+)"', source))
@@ -72,7 +72,7 @@ def test_the_users_pages_speak_to_a_notebook_user_not_an_engineer():
     assert not {k: v for k, v in found.items() if v}, \
         f"implementation words in docs/users/ (move them to how-it-works/ or reference/): {found}"
     # the check itself sees what it must
-    assert _implementation_words("see spawner/containers.py and c.GPUPool.booking_notice, JobLimits")
+    assert _implementation_words("see spawner/engines/common/containers.py and c.GPUPool.booking_notice, JobLimits")
 
 
 def _build(source: Path, out: Path) -> subprocess.CompletedProcess:

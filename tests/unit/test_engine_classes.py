@@ -1,7 +1,7 @@
 """The two engines' spawner classes: what they share, what each keeps, and one configuration.
 
 `GPUDockerSpawner` and `GPUSwarmSpawner` both stand on
-`lending.docker_common.GPUContainerSpawner` with their own dockerspawner
+`engines.common.container_spawner.GPUContainerSpawner` with their own dockerspawner
 class, so a Swarm server never runs a Docker-engine method (a container
 create, a device request, a Docker `lease_holders`) that happens to sit
 above SwarmSpawner's in the method order.  Deployments configure both as
@@ -19,17 +19,17 @@ import pytest
 from dockerspawner import DockerSpawner, SwarmSpawner
 from traitlets.config import Config
 
-from spawner.docker.spawner import GPUDockerSpawner
+from spawner.engines.common.container_spawner import GPUContainerSpawner
+from spawner.engines.docker.spawner import GPUDockerSpawner
+from spawner.engines.swarm import GPUSwarmSpawner
 from spawner.lending import spawner as lending
-from spawner.lending.docker_common import GPUContainerSpawner
-from spawner.swarm import GPUSwarmSpawner
 
 pytestmark = pytest.mark.unit
 
 
 def test_the_swarm_engine_inherits_none_of_the_docker_engine_s_own_methods():
     assert not issubclass(GPUSwarmSpawner, GPUDockerSpawner)
-    assert [c.__name__ for c in GPUSwarmSpawner.__mro__ if c.__module__.startswith("spawner.docker")] == []
+    assert [c.__name__ for c in GPUSwarmSpawner.__mro__ if c.__module__.startswith("spawner.engines.docker")] == []
     docker_only = {name: member for name, member in vars(GPUDockerSpawner).items() if not name.startswith("__")}
     # The Docker engine's own: a container made with device requests, its containers as holders.
     assert {"create_object", "lease_holders", "start_server", "reconcile_pass",
@@ -38,14 +38,14 @@ def test_the_swarm_engine_inherits_none_of_the_docker_engine_s_own_methods():
         assert inspect.getattr_static(GPUSwarmSpawner, name, None) is not member, name
     # Where the Swarm engine has none of its own, dockerspawner's SwarmSpawner answers.
     assert GPUSwarmSpawner.start_object is not DockerSpawner.start_object
-    # remove_object is the Swarm engine's own (the service, then its relay: swarm/relay.py), on SwarmSpawner's.
-    assert inspect.getattr_static(GPUSwarmSpawner, "remove_object").__module__ == "spawner.swarm.spawner"
+    # remove_object is the Swarm engine's own (the service, then its relay: engines/swarm/relay.py), on SwarmSpawner's.
+    assert inspect.getattr_static(GPUSwarmSpawner, "remove_object").__module__ == "spawner.engines.swarm.spawner"
     assert inspect.getattr_static(GPUSwarmSpawner, "remove_object") is not vars(DockerSpawner)["remove_object"]
 
 
 def test_the_docker_engine_has_nothing_of_swarm():
     assert not issubclass(GPUDockerSpawner, SwarmSpawner)
-    assert [c.__name__ for c in GPUDockerSpawner.__mro__ if c.__module__.startswith("spawner.swarm")] == []
+    assert [c.__name__ for c in GPUDockerSpawner.__mro__ if c.__module__.startswith("spawner.engines.swarm")] == []
 
 
 def test_both_engines_share_the_container_base_and_its_options():

@@ -1,11 +1,11 @@
-"""The host's rules that keep users' containers apart (spawner/docker/firewall.py), as data,
+"""The host's rules that keep users' containers apart (spawner/engines/common/firewall.py), as data,
 and the doctor's reading of them."""
 
 from __future__ import annotations
 
 from spawner.cli.doctor import FAIL, OK, WARN, target_from_env
 from spawner.cli.doctor_checks import host_rules_result
-from spawner.docker.firewall import FORWARD_CHAIN, INPUT_CHAIN, config_ports, job_bridge_name, rules
+from spawner.engines.common.firewall import FORWARD_CHAIN, INPUT_CHAIN, config_ports, job_bridge_name, rules
 from spawner.poolpage import SERVICE_NAME
 
 
@@ -54,7 +54,7 @@ def test_an_opening_that_is_not_a_port_is_refused_when_the_config_is_read():
     from traitlets import TraitError
     from traitlets.config import Config
 
-    from spawner.docker.firewall import HostFirewall
+    from spawner.engines.common.firewall import HostFirewall
 
     config = Config()
     config.HostFirewall.allowed_ports = [3142, 70000]

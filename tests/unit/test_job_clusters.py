@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from spawner.docker.jobs import DockerJobEngine
+from spawner.engines.common.job_containers import DockerJobEngine
+from spawner.engines.common.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_SERVER
 from spawner.jobs.cluster import merge_logs, tf_config, units_of, worker_log, worker_specs
 from spawner.jobs.request import BadJob
-from spawner.jobs.settings import JobSettings
-from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_SERVER
+from spawner.jobs.runner_settings import JobSettings
 from spawner.pool.ledger.job_records import job_id_of
 from spawner.pool.models import Lease
 from spawner.poolpage.handlers.jobs import form_body
@@ -43,7 +43,7 @@ def test_every_worker_gets_its_own_gpus_and_a_tf_config_naming_all_by_stable_nam
 def test_a_profile_that_allows_jobs_a_network_keeps_each_worker_on_its_clusters_own_only():
     import dataclasses
 
-    from spawner.swarm.jobs import SwarmJobEngine
+    from spawner.engines.swarm.job_services import SwarmJobEngine
 
     settings = JobSettings(prefix="gpuhub", host="node1", network="gpuhub-net")
     profile = dataclasses.replace(next(p for p in PROFILES if p.slug == "tf-gpu-1"), job_network=True)
@@ -156,7 +156,7 @@ def test_a_node_quiet_for_less_than_the_grace_lets_the_cluster_carry_on():
 
 
 def test_a_jobs_own_overlay_is_encrypted_when_the_servers_overlay_is():
-    from spawner.swarm.jobs import overlay_options
+    from spawner.engines.swarm.job_services import overlay_options
 
     assert overlay_options({"Options": {"encrypted": ""}}) == {"encrypted": ""}
     assert overlay_options({"Options": {}}) == {} and overlay_options({}) == {}

@@ -8,8 +8,9 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from devservices.waiting import until
+from spawner.engines import make_job_engine
 from spawner.jobs.runner import JobRunner
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.pool.ledger.job_records import CANCELLED, QUEUED, RUNNING
 from spawner.pool.models import EndReason
 from spawner.profiles import DEFAULT_PROFILES
@@ -24,7 +25,7 @@ def running_job(runner: JobRunner, user: str, lease_id: int):
 
 def test_a_job_past_its_holders_budget_is_stopped_with_the_reason(tmp_path):
     pool = make_pool(sqlite_url(tmp_path), gpus=2, gpu_hour_budget=40)
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=HOST))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=HOST), make_job_engine(js))
     now = datetime.now(UTC)
     try:
         over = running_job(runner, "carol", past_lease(pool, "carol", now - 41 * H, None))
@@ -44,7 +45,7 @@ def test_a_job_past_its_holders_budget_is_stopped_with_the_reason(tmp_path):
 
 def test_a_job_on_a_gpu_booked_for_someone_else_is_stopped_when_the_booking_starts(tmp_path):
     pool = make_pool(sqlite_url(tmp_path), gpus=1)
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=HOST))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=HOST), make_job_engine(js))
     now = datetime.now(UTC)
     try:
         lease = past_lease(pool, "erin", now - H, None)

@@ -12,7 +12,7 @@ from traitlets.config import Config
 from spawner.jobs.limits import JobLimits
 from spawner.jobs.request import BadJob
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
-from spawner.settings.jobs import job_limits
+from spawner.settings.pool_jobs import job_limits
 
 PROFILES = {p.slug: p for p in load_profiles(DEFAULT_PROFILES + [
     {"slug": "nolimit", "display_name": "No limit", "image": "img"}])}

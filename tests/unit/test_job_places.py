@@ -7,10 +7,11 @@ import asyncio
 import contextlib
 
 from devservices.waiting import async_until
+from spawner.engines import make_job_engine
 from spawner.inventory import SimulatedInventory
 from spawner.jobs.request import Submission
 from spawner.jobs.runner import JobRunner
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.pool.ledger.job_records import CANCELLED, QUEUED
 from spawner.profiles import DEFAULT_PROFILES
@@ -20,7 +21,7 @@ def test_a_job_cancelled_in_the_gpu_queue_leaves_room_for_the_next(tmp_path):
     host = "places-host"
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=1, host=host))
     pool.sync_inventory()
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=host, limits={"max_running": 1}))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host, limits={"max_running": 1}), make_job_engine(js))
     profile = runner.profiles["tf-gpu-1"]
     sub = Submission(profile=profile, command=("true",), workdir="", timeout_s=60)
 

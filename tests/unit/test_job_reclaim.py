@@ -11,7 +11,7 @@ from devservices.waiting import async_until
 from spawner.inventory import SimulatedInventory
 from spawner.jobs.engine import ENDED, RUNNING, UnitGone, UnitState
 from spawner.jobs.runner import JobRunner
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.pool.ledger.job_records import CANCELLED, QUEUED
 from spawner.profiles import DEFAULT_PROFILES

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 
 from devservices.waiting import async_until
+from spawner.engines import make_job_engine
 from spawner.inventory.machine import StaticInventory
 from spawner.jobs.runner import JobRunner
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.pool.ledger.job_records import CANCELLED
 from spawner.profiles import DEFAULT_PROFILES
@@ -24,7 +25,7 @@ def test_a_job_cancelled_in_the_gpu_queue_frees_its_place_for_the_users_next_job
     # One running job per user, and the host's one GPU lent to someone else: the job holds
     # its place and waits in the pool's queue.
     settings = JobSettings(profiles=DEFAULT_PROFILES, host=HOST, limits={"max_running": 1})
-    runner = JobRunner(pool, settings)
+    runner = JobRunner(pool, settings, make_job_engine(settings))
     other = pool.try_acquire("ada", "", 1)
     assert other is not None
 

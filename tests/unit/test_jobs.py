@@ -8,18 +8,18 @@ import dataclasses
 import pytest
 from traitlets.config import Config
 
-from spawner.containers import HARDENING
-from spawner.docker.jobs import DockerJobEngine
+from spawner.engines.common.containers import HARDENING
+from spawner.engines.common.job_containers import DockerJobEngine
+from spawner.engines.common.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
 from spawner.jobs import JOBS_SCOPE
 from spawner.jobs.request import BadJob, check_submission
 from spawner.jobs.runner import cap
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.jobs.spec import unit_spec
-from spawner.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
-from spawner.poolpage.hubapi import SERVICE_SCOPES
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
+from spawner.services.hub_api import SERVICE_SCOPES
 from spawner.settings import load_settings
-from spawner.settings.jobs import configure_jobs
+from spawner.settings.pool_jobs import configure_jobs
 from spawner.settings.pool_service import ACCESS_SCOPE, SERVICE_ROLE, configure_pool_page
 from spawner.settings.services import set_hub_services
 
@@ -254,8 +254,8 @@ def test_job_records_and_the_in_place_migration_from_schema_3(tmp_path):
 
 @pytest.mark.parametrize("escape, volume", [(None, "gpuhub-home-a-2eb-40c"), ("legacy", "gpuhub-home-a_2Eb_40c")])
 def test_a_jobs_home_is_the_volume_the_servers_escape_names(tmp_path, escape, volume):
-    from spawner.docker.jobs import render_user
-    from spawner.settings.jobs import job_settings
+    from spawner.engines.common.job_containers import render_user
+    from spawner.settings.pool_jobs import job_settings
 
     c = Config()
     if escape:
@@ -265,7 +265,7 @@ def test_a_jobs_home_is_the_volume_the_servers_escape_names(tmp_path, escape, vo
 
 
 def test_an_escape_the_jobs_service_cannot_follow_stops_the_hub_saying_what_to_do(tmp_path):
-    from spawner.settings.jobs import job_settings
+    from spawner.settings.pool_jobs import job_settings
 
     c = Config()
     c.GPUDockerSpawner.escape = str.lower
@@ -278,9 +278,9 @@ def test_the_jobs_mirror_the_servers_home_options_whose_defaults_are_written_onc
     section first), and without them the spawner's own defaults, not copies of them."""
     from pathlib import Path
 
-    from spawner.docker.spawner import GPUDockerSpawner
+    from spawner.engines.docker.spawner import GPUDockerSpawner
     from spawner.settings.apply import apply_settings
-    from spawner.settings.jobs import job_settings
+    from spawner.settings.pool_jobs import job_settings
 
     c = Config()
     settings = _settings(tmp_path)
@@ -302,4 +302,4 @@ def test_the_jobs_mirror_the_servers_home_options_whose_defaults_are_written_onc
     assert (js.home_volume, js.home_mount_point) == ("lab-{username}", "/home/swarm-section")
     # The default the issue found in three places is written once, on its trait.
     sources = [p for p in Path("spawner").rglob("*.py") if "gpuhub-home-{username}" in p.read_text()]
-    assert [str(p) for p in sources] == ["spawner/lending/docker_common.py"]
+    assert [str(p) for p in sources] == ["spawner/engines/common/container_spawner.py"]

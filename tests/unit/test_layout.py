@@ -143,3 +143,38 @@ def test_the_pool_has_a_few_rooms_that_never_reach_up_into_the_spawner():
                  for path in sorted(room.rglob("*.py")) for name in _imports(path)
                  if name.startswith("spawner") and not name.startswith(("spawner.pool", "spawner.inventory"))]
     assert offenders == []
+
+
+def _arrows(graph, importer: str, imported: tuple[str, ...]) -> list[str]:
+    return sorted(f"{m} imports {d}" for m, deps in graph.items() if m == importer or m.startswith(importer + ".")
+                  for d in deps if d.startswith(imported))
+
+
+def test_no_engine_imports_its_sibling():
+    graph = _spawner_graph()
+    assert _arrows(graph, "spawner.engines.docker", ("spawner.engines.swarm",)) == []
+    assert _arrows(graph, "spawner.engines.swarm", ("spawner.engines.docker",)) == []
+    # What both stand on imports neither.
+    assert _arrows(graph, "spawner.engines.common", ("spawner.engines.docker", "spawner.engines.swarm")) == []
+
+
+def test_the_jobs_package_imports_no_engine():
+    # The gpu-pool service hands the runner its units' engine (engines.make_job_engine).
+    graph = _spawner_graph()
+    assert _arrows(graph, "spawner.jobs", ("spawner.engines.docker", "spawner.engines.swarm")) == []
+    assert "spawner.engines" not in {d for m, deps in graph.items() if m.startswith("spawner.jobs") for d in deps}
+
+
+def test_nothing_below_the_engines_imports_them():
+    # The pool and the inventory stand below every engine.  The one exception is named, with
+    # its reason in its module (inventory/swarm.py: a task's GPUs are never offered).
+    graph = _spawner_graph()
+    below = _arrows(graph, "spawner.pool", ("spawner.engines",)) + _arrows(graph, "spawner.inventory", ("spawner.engines",))
+    assert below == ["spawner.inventory.swarm imports spawner.engines.swarm.tasks"]
+
+
+def test_at_most_two_arrows_run_up_against_the_data_flow():
+    from tests.harness.layers import rooms_and_arrows
+
+    _, _, upward = rooms_and_arrows(_spawner_graph())
+    assert len(upward) <= 2, upward

@@ -100,7 +100,7 @@ class ReadyHub:
         self.pool, self.ready, self.asked = pool, ready, 0
 
     async def servers_of_user(self, name: str):
-        from spawner.poolpage.hubapi import Server
+        from spawner.services.hub_api import Server
 
         self.asked += 1
         return [Server(user=name, name=le.server_name, ready=self.ready, lease_id=le.id,

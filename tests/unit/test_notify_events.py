@@ -19,8 +19,8 @@ from spawner.notify import directory, signing
 from spawner.notify.cull_warning import CullWatch, due
 from spawner.notify.settings import Notifications, WebhookNotifications
 from spawner.notify.webhook import BadWebhook, WebhookSender, checked_url
-from spawner.poolpage.hubapi import Server
 from spawner.poolpage.service_config import PoolPageSettings
+from spawner.services.hub_api import Server
 from tests.fixtures.webhook import WebhookReceiver
 
 from .test_notify import ADDRESS, AUTH_STATE, ReadyHub, SMTPServer, make_pool, queued_grant, rows, sender

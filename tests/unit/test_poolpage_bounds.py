@@ -13,10 +13,11 @@ import time
 import pytest
 import requests
 
+from spawner.engines import make_job_engine
 from spawner.inventory import SimulatedInventory
 from spawner.jobs import JOBS_SCOPE
 from spawner.jobs.runner import JobRunner
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.profiles import DEFAULT_PROFILES
 from tests.fixtures.pool_app import serving_app
@@ -73,7 +74,7 @@ def errors(caplog):
 
 def test_ids_past_64_bits_are_not_found_in_every_route(tmp_path, errors):
     pool = make_pool(tmp_path)
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=HOST))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=HOST), make_job_engine(js))
     mine = runner.ledger.create("pat", [], "tf-gpu-1", ["true"], "", 60, HOST, 1000, 100)
     user = {"X-User": "pat"}
     try:
@@ -228,7 +229,7 @@ def test_api_wait_asks_the_hub_only_for_the_servers_its_answer_needs(tmp_path, m
     from datetime import UTC, datetime
 
     from spawner.poolpage.handlers import wait
-    from spawner.poolpage.hubapi import Server
+    from spawner.services.hub_api import Server
 
     monkeypatch.setattr(wait, "HUB_READ_MAX_AGE", 60.0)  # however slow this machine is today
     pool = make_pool(tmp_path)
@@ -262,7 +263,7 @@ def test_numbers_too_long_for_a_number_in_a_jobs_query_or_form_are_a_400(tmp_pat
     with pytest.raises(BadJob, match="'timeout' must be a whole number"):
         form_body(lambda key: {"command": "python x.py", "timeout": "9" * 5000}.get(key))
     pool = make_pool(tmp_path)
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=HOST))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=HOST), make_job_engine(js))
     cluster = runner.ledger.create("pat", [], "tf-gpu-1", ["true"], "", 60, HOST, 1000, 100, workers=2)
     try:
         with serving(pool, jobs=runner) as url:

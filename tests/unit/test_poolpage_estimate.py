@@ -104,7 +104,7 @@ def test_api_wait_tells_each_waiter_the_known_end_it_waits_for(tmp_path):
     from spawner.inventory import SimulatedInventory
     from spawner.pool import GPUPool
     from spawner.pool.ledger.job_records import RUNNING, JobLedger, job_server_name
-    from spawner.poolpage.hubapi import Server
+    from spawner.services.hub_api import Server
 
     pool = GPUPool(inventory=SimulatedInventory(count=2, host="node"), db_url=f"sqlite:///{tmp_path}/l.sqlite")
     pool.sync_inventory()
@@ -166,7 +166,7 @@ def test_a_waiter_is_told_when_the_holders_gpu_hour_budget_runs_out(tmp_path):
 
     from spawner.pool.history.rollup import record_ended
     from spawner.pool.ledger.schema import lease_gpus_table, leases_table
-    from spawner.poolpage.hubapi import Server
+    from spawner.services.hub_api import Server
     from tests.unit.test_pool_fairshare import make_pool
 
     pool = make_pool(f"sqlite:///{tmp_path}/l.sqlite", gpus=1, gpu_hour_budget=10.0)

@@ -141,7 +141,7 @@ def test_wait_estimates_follow_lease_lengths_and_cull_deadlines():
 
 def test_action_script_targets_and_limits():
     from spawner.poolpage import scripts
-    from spawner.poolpage.hubapi import Server, servers_of
+    from spawner.services.hub_api import Server, servers_of
 
     user = {"name": "pat", "groups": ["ml"], "servers": {
         "": {"ready": True, "state": {"profile": "tf-gpu-1", "gpu_lease_id": 4, "gpu_uuids": ["GPU-a"]},

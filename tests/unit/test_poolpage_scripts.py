@@ -12,7 +12,7 @@ from traitlets.config import Config
 
 from spawner.auth.entries import in_groups
 from spawner.poolpage import ADMIN_SCOPE, EXEC_SCOPE, scripts
-from spawner.poolpage.hubapi import Server
+from spawner.services.hub_api import Server
 from spawner.settings import load_settings
 from spawner.settings.pool_service import ADMIN_GROUP, ADMIN_ROLE, EXEC_GROUP, EXEC_ROLE
 from spawner.settings.pool_service import configure_pool_page as configure_page_options
@@ -90,7 +90,7 @@ class FakeTokens:
         self.refuse = refuse
 
     async def server_token(self, user, server, note, expires_in):
-        from spawner.poolpage.hubapi import HubUnavailable
+        from spawner.services.hub_api import HubUnavailable
 
         if user in self.refuse:
             raise HubUnavailable("The hub's API answered POST with 403")

@@ -8,7 +8,7 @@ import socket
 from tornado import web
 from tornado.httpserver import HTTPServer
 
-from spawner.readiness import wait_until_answering
+from spawner.engines.common.readiness import wait_until_answering
 
 # Stops a hung test; not a measure of speed.
 SAFETY = 300

@@ -11,13 +11,14 @@ import pytest
 from traitlets import TraitError
 from traitlets.config import Config
 
+from spawner.engines import make_job_engine
 from spawner.inventory import SimulatedInventory
 from spawner.jobs import cron
 from spawner.jobs.request import BadJob
 from spawner.jobs.runner import JobRunner
+from spawner.jobs.runner_settings import JobSettings
 from spawner.jobs.scheduler import Scheduler
 from spawner.jobs.schedules import ScheduleLimits, check_schedule
-from spawner.jobs.settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.pool.ledger.job_records import QUEUED
 from spawner.profiles import DEFAULT_PROFILES, load_profiles
@@ -125,7 +126,7 @@ def scheduler_on(tmp_path, clock: Clock, users: dict) -> tuple[Scheduler, JobRun
     host = "sched-host"
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=1, host=host))
     pool.sync_inventory()
-    runner = JobRunner(pool, JobSettings(profiles=DEFAULT_PROFILES, host=host))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host), make_job_engine(js))
     spawned: list = []
     runner._spawn = spawned.append  # type: ignore[method-assign]  # recorded, never run: no engine here
 

@@ -14,9 +14,9 @@ import pytest
 from devservices.waiting import async_until
 from spawner.pool import EndReason
 from spawner.pool.models import Lease
-from spawner.poolpage.hubapi import HubUnavailable
 from spawner.poolpage.server_reclaim import RETRY_AFTER, ServerReclaims, borrowed_part
 from spawner.profiles import Profile, ProfileConfigError, load_profiles, options_form_html
+from spawner.services.hub_api import HubUnavailable
 
 from .test_pool import make_pool
 
@@ -169,9 +169,9 @@ class _SwarmAPI:
 
 
 def test_on_swarm_a_borrowed_job_gets_its_notice_as_the_stop_grace_and_its_sigterm_from_the_scale_down():
+    from spawner.engines.swarm.job_services import SwarmJobEngine, _stop_grace
     from spawner.jobs.engine import ENDED, RUNNING, UnitSpec
-    from spawner.jobs.settings import JobSettings
-    from spawner.swarm.jobs import SwarmJobEngine, _stop_grace
+    from spawner.jobs.runner_settings import JobSettings
 
     settings = JobSettings(engine="swarm", prefix="gpuhub")
     engine = SwarmJobEngine(settings)
@@ -216,7 +216,7 @@ def test_the_spawner_borrows_only_with_a_borrowing_profile_and_says_so(tmp_path)
     from tornado import web
     from traitlets.config import Config
 
-    from spawner.docker.spawner import GPUDockerSpawner
+    from spawner.engines.docker.spawner import GPUDockerSpawner
     from spawner.lending import spawner as lending
 
     c = Config()

@@ -297,7 +297,7 @@ def test_bad_https_settings_name_the_setting(tls_files, tmp_path, which, setting
 def test_loading_the_config_outside_a_hub_only_sets_values(tmp_path):
     # gpu-pool --config and gpu-pool doctor read the hub's config: they must not make its data
     # directory, a Docker network or the reconciler's task (the doctor used to undo the first).
-    from spawner import reconciler
+    from spawner.engines.common import reconciler
 
     data = tmp_path / "not-yet"
     c = Config()

@@ -11,7 +11,7 @@ import pytest
 from traitlets.config import Config
 
 from spawner.inventory import SimulatedInventory
-from spawner.jobs.settings import JobSettings
+from spawner.jobs.runner_settings import JobSettings
 from spawner.lending import GPULendingSpawner
 from spawner.settings import apply_settings, load_settings
 from spawner.settings import services as services_module

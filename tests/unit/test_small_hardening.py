@@ -85,7 +85,7 @@ def test_a_helper_created_while_its_spawn_is_cancelled_is_removed_once_docker_ma
     import asyncio
     from types import SimpleNamespace
 
-    from spawner.homes import create_helper
+    from spawner.engines.common.homes import create_helper
 
     client = _SlowClient()
 
@@ -107,7 +107,7 @@ def test_a_helper_created_while_its_spawn_is_cancelled_is_removed_once_docker_ma
 def test_a_helpers_exit_is_looked_at_without_holding_a_docker_thread():
     import asyncio
 
-    from spawner.homes import wait_for_exit
+    from spawner.engines.common.homes import wait_for_exit
 
     spawner = _SlowDocker(states=[{"Status": "running"}, {"Status": "running"}, {"Status": "exited", "ExitCode": 3}])
     assert asyncio.run(wait_for_exit(spawner, "h", timeout=10, every=0.01)) == 3

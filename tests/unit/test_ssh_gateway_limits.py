@@ -16,10 +16,10 @@ import pytest
 from jupyterhub.authenticators.shared import SharedPasswordAuthenticator
 
 from spawner.ssh.gateway import Connection, Gateway
+from spawner.ssh.gateway_settings import SSHGateway
 from spawner.ssh.hub_client import HubClient
 from spawner.ssh.key_store import KeyStore
 from spawner.ssh.logins import Logins
-from spawner.ssh.settings import SSHGateway
 from spawner.ssh.throttle import FailureThrottle, source_key
 
 from ..fixtures.services import free_port

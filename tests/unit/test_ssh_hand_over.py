@@ -12,10 +12,10 @@ from jupyterhub.app import JupyterHub
 from traitlets.config import Config
 
 from spawner.settings import apply_settings, load_settings
+from spawner.ssh.gateway_settings import INLINE_SECRET_ENV, read_secrets, render_hand_over
 from spawner.ssh.key_store import KeyStore
 from spawner.ssh.logins import MSG_BLOCKED, Logins, load_authenticator
 from spawner.ssh.server_access import reaches_own_server, rules_from_roles
-from spawner.ssh.settings import INLINE_SECRET_ENV, read_secrets, render_hand_over
 
 from .test_settings import directory_env
 

@@ -11,10 +11,10 @@ import pytest
 from traitlets.config import Config
 
 from spawner.settings import SettingsError, apply_settings, load_settings
+from spawner.ssh.gateway_settings import SSHGateway
 from spawner.ssh.key_store import KeyRefused, KeyStore, parse_key
 from spawner.ssh.logins import may_reach_server
 from spawner.ssh.server_keys import Endpoint, ServerKeys, login_name
-from spawner.ssh.settings import SSHGateway
 from spawner.ssh.throttle import FailureThrottle
 
 

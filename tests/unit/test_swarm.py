@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from spawner.engines.swarm.tasks import task_holds, task_ip
 from spawner.inventory.swarm import SwarmInventory, memory_mib, node_gpus, node_lends
 from spawner.pool import GPUPool
 from spawner.profiles import Profile, ProfileConfigError
 from spawner.settings import SettingsError, load_settings
-from spawner.swarm.tasks import task_holds, task_ip
 
 
 def node(host, uuids, state="ready", availability="active", labels=None, node_id=None):
@@ -97,7 +97,7 @@ def test_pool_lends_any_node_and_marks_a_drained_nodes_gpus_missing(tmp_path):
 
 
 def test_which_tasks_still_hold_their_gpus(monkeypatch):
-    from spawner.swarm import tasks
+    from spawner.engines.swarm import tasks
 
     clock = [1000.0]
     monkeypatch.setattr(tasks.time, "monotonic", lambda: clock[0])
@@ -121,7 +121,7 @@ def test_which_tasks_still_hold_their_gpus(monkeypatch):
 
 
 def test_a_node_back_from_down_lends_a_gpu_only_once_its_stopped_task_has_stopped():
-    from spawner.labels import LABEL_GPUS
+    from spawner.engines.common.labels import LABEL_GPUS
 
     def task(state, desired, gpus):
         return {"NodeID": "id-a", "Status": {"State": state}, "DesiredState": desired,
@@ -167,10 +167,10 @@ def test_swarm_settings_need_postgresql_and_the_hubs_overlay_address():
 def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_path):
     from traitlets.config import Config
 
-    from spawner.jobs.runner import make_engine
+    from spawner.engines import make_job_engine
+    from spawner.engines.swarm.job_services import SwarmJobEngine
     from spawner.settings import apply_settings
-    from spawner.settings.jobs import job_settings
-    from spawner.swarm.jobs import SwarmJobEngine
+    from spawner.settings.pool_jobs import job_settings
 
     s = load_settings({"GPUHUB_SPAWNER": "swarm", "GPUHUB_POOL_DB_URL": "postgresql+psycopg://u:p@db/gpupool",
                        "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_DATA_DIR": str(tmp_path),
@@ -182,7 +182,7 @@ def test_jobs_on_swarm_get_the_swarm_engine_and_the_spawners_home_storage(tmp_pa
     assert js.engine == "swarm" and js.host == ""  # any node's GPUs
     assert js.home_volume_driver_options == {"type": "nfs", "device": ":/homes/{username}"}
     assert js.cpu_constraints == ["node.role==worker"]
-    engine = make_engine(js)
+    engine = make_job_engine(js)
     assert isinstance(engine, SwarmJobEngine)
     assert engine.home_volume_create_kwargs("ann") == {"driver": "local",
                                                         "driver_opts": {"type": "nfs", "device": ":/homes/ann"}}
@@ -199,7 +199,12 @@ def test_swarm_settings_choose_gpu_swarm():
         "GPUHUB_HUB_CONNECT_IP": "10.0.1.2", "GPUHUB_AUTHENTICATOR": "dummy", "GPUHUB_DUMMY_PASSWORD": "x",
         "GPUHUB_CULL": "false", "GPUHUB_POOL_PAGE": "false",
         "GPUHUB_SWARM_HOME_OPTIONS": '{"type": "nfs", "o": "addr=10.0.0.5", "device": ":/homes/{username}"}'}))
-    assert c.JupyterHub.spawner_class == "spawner.swarm.GPUSwarmSpawner"
+    assert c.JupyterHub.spawner_class == "gpu-swarm"
+    from importlib.metadata import entry_points
+
+    from spawner.engines.swarm import GPUSwarmSpawner
+
+    assert entry_points(group="jupyterhub.spawners")["gpu-swarm"].load() is GPUSwarmSpawner
     assert (c.JupyterHub.hub_ip, c.JupyterHub.hub_connect_ip) == ("0.0.0.0", "10.0.1.2")
     assert c.GPUSwarmSpawner.home_volume_driver_options["device"] == ":/homes/{username}"
 
@@ -251,3 +256,19 @@ def test_a_hub_lends_only_from_the_nodes_that_carry_its_labels(tmp_path):
     assert "SwarmInventory" not in unset
     with pytest.raises(SettingsError, match="GPUHUB_SWARM_NODE_LABELS"):
         load_settings({**env, "GPUHUB_SWARM_NODE_LABELS": "gpuhub.pool"})
+
+
+def test_the_swarm_spawners_old_dotted_name_still_works_with_a_deprecation_warning():
+    # The docs once said `spawner.swarm.GPUSwarmSpawner`: a hub config that names it keeps working.
+    import importlib
+    import sys
+    import warnings
+
+    from spawner.engines.swarm import GPUSwarmSpawner
+
+    sys.modules.pop("spawner.swarm", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("spawner.swarm")
+    assert old.GPUSwarmSpawner is GPUSwarmSpawner
+    assert any(issubclass(w.category, DeprecationWarning) and "gpu-swarm" in str(w.message) for w in caught)

@@ -13,8 +13,8 @@ from tornado import web
 
 from spawner.cli.doctor_checks import OK, WARN
 from spawner.cli.doctor_swarm import guard_result
-from spawner.swarm.generic_guard import GuardCheck, verdict_of
-from spawner.swarm.spawner import GPUSwarmSpawner
+from spawner.engines.swarm.generic_guard import GuardCheck, verdict_of
+from spawner.engines.swarm.spawner import GPUSwarmSpawner
 
 
 def node(host, engine, role="worker"):
@@ -43,7 +43,7 @@ def test_no_manager_listed_is_not_a_yes():
 
 
 def test_the_verdict_is_kept_between_spawns_and_looked_up_again_later(monkeypatch):
-    from spawner.swarm import generic_guard
+    from spawner.engines.swarm import generic_guard
 
     class Manager:
         calls = 0

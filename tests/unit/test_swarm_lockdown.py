@@ -9,7 +9,7 @@ import pytest
 
 from spawner.cli.doctor_checks import FAIL, OK, WARN
 from spawner.cli.doctor_swarm import node_result
-from spawner.swarm.lockdown import NodeLockdown, Verdict, probe_spec, spec_carries_it, verdict_of, version_tuple
+from spawner.engines.swarm.lockdown import NodeLockdown, Verdict, probe_spec, spec_carries_it, verdict_of, version_tuple
 
 
 def node(host, engine="20.10.24+dfsg1", uuids=(), state="ready", availability="active"):
@@ -57,7 +57,7 @@ def test_the_probe_runs_as_nobody_without_capabilities_gpus_or_restarts():
 
 
 def test_verdicts_are_kept_and_only_missing_ones_probed(monkeypatch):
-    import spawner.swarm.lockdown as lockdown
+    import spawner.engines.swarm.lockdown as lockdown
 
     probed = []
 
@@ -93,9 +93,9 @@ def test_the_doctor_line_per_node():
 
 def test_a_swarm_jobs_unit_avoids_the_refused_nodes_and_asks_for_no_new_privileges_where_it_can():
     """The jobs' engine applies the servers' lock-down check to each unit's service spec."""
+    from spawner.engines.swarm.job_services import SwarmJobEngine
     from spawner.jobs.engine import UnitSpec
-    from spawner.jobs.settings import JobSettings
-    from spawner.swarm.jobs import SwarmJobEngine
+    from spawner.jobs.runner_settings import JobSettings
 
     engine = SwarmJobEngine(JobSettings(engine="swarm", prefix="gpuhub", cpu_constraints=["node.role==worker"]))
     spec = UnitSpec(name="gpuhub-job-7", image="img", command=["true"], user="1000:100", env={}, labels={},

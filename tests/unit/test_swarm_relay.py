@@ -1,4 +1,4 @@
-"""The relay that keeps Swarm servers apart (swarm/relay.py): its environment rewriting, its
+"""The relay that keeps Swarm servers apart (engines/swarm/relay.py): its environment rewriting, its
 spec, and its program, run here as the relay runs it (`python3 -c`), on loopback."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from spawner.swarm import relay
+from spawner.engines.swarm import relay
 
 pytestmark = pytest.mark.unit
 

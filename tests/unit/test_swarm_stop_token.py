@@ -1,4 +1,4 @@
-"""The token a new hub process makes to ask an adopted Swarm server to exit (swarm/stopping.py).
+"""The token a new hub process makes to ask an adopted Swarm server to exit (engines/swarm/stopping.py).
 
 Real JupyterHub ORM (an in-memory database): the token belongs to the server's user, carries
 only access to that one server, expires soon, and is gone once the stop was tried.
@@ -14,7 +14,7 @@ import pytest
 from jupyterhub import orm, roles
 from jupyterhub.utils import utcnow
 
-from spawner.swarm import stopping
+from spawner.engines.swarm import stopping
 
 pytestmark = pytest.mark.unit
 

@@ -89,7 +89,7 @@ def initialized_hub(tmp_path):
 
 
 def test_hub_app_has_a_start_future_resolved_when_it_has_started(initialized_hub):
-    # spawner/reconciler.py awaits it, so the first pass runs once the hub is up: made by
+    # spawner/engines/common/reconciler.py awaits it, so the first pass runs once the hub is up: made by
     # initialize(), still pending until start() sets it.
     import asyncio
 
@@ -112,7 +112,7 @@ def test_spawn_limit_is_read_from_the_tornado_settings_by_that_key(initialized_h
     assert read(SimpleNamespace(settings={})) == 0
 
 def test_dockerspawner_eval_if_callable_takes_one_value():
-    # spawner/docker/spawner.py evaluates per-user options with it, as DockerSpawner does.
+    # spawner/engines/docker/spawner.py evaluates per-user options with it, as DockerSpawner does.
     params = list(inspect.signature(DockerSpawner._eval_if_callable).parameters)
     assert params == ["self", "x"]
     spawner = DockerSpawner()
@@ -125,7 +125,7 @@ def _user(name="a.b"):
 
 @pytest.mark.parametrize("cls", [DockerSpawner, SwarmSpawner])
 def test_dockerspawner_inspects_its_object_through_get_object(cls):
-    # spawner/lending/docker_common.py wraps get_object() to keep the container's (or the
+    # spawner/engines/common/container_spawner.py wraps get_object() to keep the container's (or the
     # service's) labels for poll(), which adopts the lease they name; on Swarm, poll() reaches
     # the service through get_task(), which inspects it with get_object().
     import asyncio
@@ -143,7 +143,7 @@ def test_dockerspawner_inspects_its_object_through_get_object(cls):
     assert asked == [spawner]
 
 def test_dockerspawner_renders_templates_of_one_object_in_the_user_s_namespace():
-    # spawner/swarm/spawner.py (the home mount and its driver options) and spawner/homes.py (the
+    # spawner/engines/swarm/spawner.py (the home mount and its driver options) and spawner/engines/common/homes.py (the
     # home volume's name) render `{username}` through DockerSpawner._render_templates.
     params = list(inspect.signature(DockerSpawner._render_templates).parameters)
     assert params == ["self", "obj", "ns"]
@@ -153,7 +153,7 @@ def test_dockerspawner_renders_templates_of_one_object_in_the_user_s_namespace()
     assert spawner._render_templates("/home/{username}") == "/home/a-2eb"
 
 def test_traitlets_finds_a_configurables_sections_through_section_names():
-    # spawner/lending/docker_common.py adds the `GPUDockerSpawner` section to the Swarm spawner's
+    # spawner/engines/common/container_spawner.py adds the `GPUDockerSpawner` section to the Swarm spawner's
     # by overriding Configurable.section_names; loading and reloading config must both ask it.
     from traitlets import Int
     from traitlets.config import Config, Configurable
@@ -235,7 +235,7 @@ def test_dockerspawner_escapes_a_user_name_with_its_own_escape():
     assert DockerSpawner().escape is DockerSpawner._escape
 
 def test_dockerspawner_legacy_escape_is_its_old_escape_by_behaviour():
-    # spawner/docker/jobs.py and spawner/settings/jobs.py follow `escape = "legacy"` with
+    # spawner/engines/common/job_containers.py and spawner/settings/pool_jobs.py follow `escape = "legacy"` with
     # DockerSpawner._legacy_escape (escapism with `_` and upper-case hex), so a job of a hub that
     # kept the old volume names mounts the same home as the user's server.
     assert isinstance(inspect.getattr_static(DockerSpawner, "_legacy_escape"), staticmethod)
@@ -247,7 +247,7 @@ def test_dockerspawner_legacy_escape_is_its_old_escape_by_behaviour():
 
 
 def test_dockerspawner_object_name_default_renders_the_name_template():
-    # spawner/lending/docker_common.py asks DockerSpawner._object_name_default for the name that
+    # spawner/engines/common/container_spawner.py asks DockerSpawner._object_name_default for the name that
     # start() will give the container (service), to refuse one that is a batch job's name.
     assert DockerSpawner._trait_default_generators["object_name"] is DockerSpawner._object_name_default
     spawner = DockerSpawner(name_template="{prefix}-{username}-x", prefix="lab", name="",
@@ -256,7 +256,7 @@ def test_dockerspawner_object_name_default_renders_the_name_template():
 
 
 def test_a_user_makes_a_scoped_expiring_token_and_the_orm_finds_it_by_value():
-    # spawner/swarm/stopping.py asks an adopted server to exit with a token it makes through
+    # spawner/engines/swarm/stopping.py asks an adopted server to exit with a token it makes through
     # JupyterHub's User wrapper (passed through to orm.User.new_api_token, as User.spawn does)
     # and deletes it again after finding it with orm.APIToken.find.
     from jupyterhub import orm
@@ -280,3 +280,28 @@ def test_a_user_makes_a_scoped_expiring_token_and_the_orm_finds_it_by_value():
         assert orm.APIToken.find(db, token) is None
     finally:
         db.close()
+
+
+def test_docker_py_privates_the_log_followers_use_are_there_by_behaviour():
+    # engines/common/docker_api.py: a Swarm service's followed logs (no public call for them)
+    # and the socket under a log stream (its read timeout cleared, so a quiet job's follower waits).
+    import docker
+    from docker.types.daemon import CancellableStream
+
+    api = docker.APIClient(base_url="tcp://127.0.0.1:9", version="1.41")
+    try:
+        assert api._url("/services/{0}/logs", "gpuhub-job-7").endswith("/v1.41/services/gpuhub-job-7/logs")
+        for name in ("_get", "_raise_for_status", "_multiplexed_response_stream_helper"):
+            assert callable(getattr(api, name)), name
+    finally:
+        api.close()
+    stream = CancellableStream(iter(()), SimpleNamespace(raw=None))
+    assert hasattr(stream, "_response")
+
+
+def test_a_log_stream_whose_socket_cannot_be_found_is_said_in_the_log_not_swallowed(caplog):
+    from spawner.engines.common.docker_api import no_read_timeout
+
+    with caplog.at_level("WARNING", logger="gpu-pool.docker-api"):
+        assert no_read_timeout(SimpleNamespace(_response=SimpleNamespace(raw=None))) is False
+    assert "read timeout" in caplog.text

@@ -266,7 +266,7 @@ schedules_table = Table(
 
 
 # The newest reading of each GPU by the per-node agent (`gpu-pool agent`, see
-# spawner/inventory/agent.py): one row per GPU, overwritten, stamped with the database's
+# spawner/cli/agent.py): one row per GPU, overwritten, stamped with the database's
 # clock so readers on other machines judge its age by one clock.
 readings_table = Table(
     "gpu_pool_readings",

@@ -30,8 +30,8 @@ from tornado import web
 from ...pool.ledger.off_loop import ledger_call
 from ...pool.models import EndReason, PoolError
 from ...reauth import PASSWORD_FIELD, token_authenticated
+from ...services.hub_api import HubAPI, HubUnavailable
 from .. import ADMIN_SCOPE, scripts, views
-from ..hubapi import HubAPI, HubUnavailable
 from ..service_config import PoolPageSettings
 from .base import LEDGER_TIMEOUT, NO_EXEC, APIHandler, BaseHandler
 

@@ -15,7 +15,7 @@ from ...pool import GPUPool
 from ...pool.ledger.off_loop import ledger_call
 from ...pool.models import InvalidRequest, PoolError, PoolUnavailable, UnknownGPU
 from ...pool.validation import MAX_ID
-from ...service_auth import AsksTheHubFirst
+from ...services.callers import AsksTheHubFirst
 from .. import ADMIN_SCOPE, EXEC_SCOPE, views
 
 log = logging.getLogger("gpu-pool-page")

@@ -17,8 +17,8 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ...pool.models import PoolError
+from ...services.hub_api import HubUnavailable
 from .. import views
-from ..hubapi import HubUnavailable
 from .base import APIHandler, BaseHandler, path_id
 
 MAX_BODY = 4096

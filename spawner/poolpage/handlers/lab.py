@@ -25,8 +25,8 @@ from ...culling.policy import is_gpu_server, server_idle_limit
 from ...pool.ledger.job_records import QUEUED, RUNNING
 from ...pool.models import EndReason, PoolError, iso
 from ...profiles import ProfileConfigError, load_profiles
+from ...services.hub_api import HubUnavailable
 from .. import views
-from ..hubapi import HubUnavailable
 from ..server_reclaim import borrowed_part
 from .actions import hub_api
 from .base import APIHandler, log

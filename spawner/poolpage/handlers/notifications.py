@@ -32,7 +32,7 @@ from ...notify.settings import BrowserNotifications, Notifications, WebhookNotif
 from ...pool.ledger.events import EVENTS
 from ...pool.ledger.outbox import EMAIL
 from ...pool.ledger.schema import NAME_MAX
-from ..hubapi import HubUnavailable
+from ...services.hub_api import HubUnavailable
 from .actions import hub_api
 from .base import LEDGER_TIMEOUT, APIHandler, Unframed, ledger_call, log
 from .wait import settings_of

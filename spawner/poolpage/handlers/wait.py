@@ -20,8 +20,8 @@ from ...culling.policy import cull_deadline
 from ...pool import ENV_DB_URL, ledger_env
 from ...pool.ledger.job_records import QUEUED, RUNNING, STARTING, JobLedger, is_job_server, job_id_of
 from ...pool.models import PoolError, iso
+from ...services.hub_api import HubUnavailable, ServerReads
 from .. import estimate, views
-from ..hubapi import HubUnavailable, ServerReads
 from ..server_reclaim import borrowed_part
 from ..service_config import PoolPageSettings
 from .actions import hub_api

@@ -14,24 +14,19 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from ..containers import ContainerLimits, gpu_host_config, hardened_host_config
-from ..homes import prepare_home_volume
-from ..jobs.engine import CREATED, ENDED, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
-from ..jobs.settings import JobSettings
-from ..labels import HOLDING_STATES, LABEL_JOB, LABEL_POOL
+from ...jobs.engine import CREATED, ENDED, RUNNING, UNKNOWN, UnitGone, UnitSpec, UnitState, wait_until_ended
+from ...jobs.runner_settings import JobSettings
+from .containers import ContainerLimits, gpu_host_config, hardened_host_config
+from .docker_api import docker_api, no_read_timeout
 from .firewall import BRIDGE_NAME_OPTION, job_bridge_name
+from .homes import prepare_home_volume
+from .labels import HOLDING_STATES, LABEL_JOB, LABEL_POOL
 
 POLL_SECONDS = 0.5
-_DOCKER = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpu-jobs-docker")
+DOCKER_THREADS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpu-jobs-docker")
 
 
-def docker_api(timeout: float = 60):
-    import docker
-
-    return docker.APIClient(**docker.utils.kwargs_from_env(), timeout=timeout)
-
-
-class _HomeOwner:
+class HomeOwner:
     """What homes.prepare_home_volume asks of a spawner, for a job's user: the same rules."""
 
     def __init__(self, engine: DockerJobEngine, user: str, has_directory_identity: bool):
@@ -98,7 +93,7 @@ class DockerJobEngine:
         """A (blocking) Docker API call on the engine's own threads."""
         # self.api inside the thread too: making the client asks the daemon its version.
         return await asyncio.get_running_loop().run_in_executor(
-            _DOCKER, lambda: getattr(self.api, method)(*args, **kwargs))
+            DOCKER_THREADS, lambda: getattr(self.api, method)(*args, **kwargs))
 
     def home_volume_create_kwargs(self, user: str) -> dict:
         return {}
@@ -210,7 +205,7 @@ class DockerJobEngine:
         api = docker_api(timeout)
         try:
             source = api.logs(name, stream=True, follow=True)
-            _no_read_timeout(source)
+            no_read_timeout(source)
         except docker.errors.NotFound:
             api.close()
             raise UnitGone(name) from None
@@ -266,15 +261,5 @@ class DockerJobEngine:
         return mountpoint
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
-        await prepare_home_volume(_HomeOwner(self, user, directory_identity), image, uid, gid)
+        await prepare_home_volume(HomeOwner(self, user, directory_identity), image, uid, gid)
         return render_user(self.settings.home_volume, user, self.settings.home_name_escape)
-
-
-def _no_read_timeout(source) -> None:
-    """Clear the socket timeout of a docker-py log stream (another transport keeps it)."""
-    try:
-        sock_fp = source._response.raw._fp.fp
-        sock = (sock_fp.raw if hasattr(sock_fp, "raw") else sock_fp)._sock
-        sock.settimeout(None)
-    except AttributeError:
-        pass

@@ -6,7 +6,7 @@ and the pass runs once per GPU node the Swarm inventory knows, with the same
 guarantees: no lease without a task, no task with GPUs without a lease, only
 this ledger's services touched.  Removing a service counts as done only once
 Swarm reports none of its tasks still running; until then the lease stays.  Each pass
-also removes the relays and own overlays (swarm/relay.py) of servers whose service is
+also removes the relays and own overlays (engines/swarm/relay.py) of servers whose service is
 gone: a stop removes them itself, a hub killed mid-stop (or mid-start) leaves them.
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import time
 
-from ..docker.reconcile import reconcile
-from ..labels import LABEL_LEASE, LABEL_POOL, pool_identity
-from ..reconciler import ReconcileReport
+from ..common.labels import LABEL_LEASE, LABEL_POOL, pool_identity
+from ..common.reconcile_containers import reconcile
+from ..common.reconciler import ReconcileReport
 from .relay import sweep
 from .tasks import lease_tasks, node_states, task_holds
 

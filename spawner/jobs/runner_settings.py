@@ -8,6 +8,7 @@ by the hub from its final config) and builds containers exactly as the spawner w
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from ..profiles import Profile, load_profiles
@@ -15,20 +16,13 @@ from ..profiles import Profile, load_profiles
 
 def spawner_default(name: str):
     """The servers' spawner's default for option `name` (the jobs mirror it)."""
-    from ..lending.docker_common import GPUContainerSpawner
+    from ..engines.common.container_spawner import GPUContainerSpawner
 
     return GPUContainerSpawner.class_traits()[name].default_value
 
 
-def swarm_spawner_default(name: str):
-    """The Swarm engine's own default for option `name` (the Swarm jobs mirror it)."""
-    from ..swarm.spawner import GPUSwarmSpawner
-
-    return GPUSwarmSpawner.class_traits()[name].default_value
-
-
 def reconciler_default(name: str):
-    from ..reconciler import Reconciler
+    from ..engines.common.reconciler import Reconciler
 
     return Reconciler.class_traits()[name].default_value
 
@@ -58,7 +52,9 @@ class JobSettings:
     home_root_volume_options: dict = field(default_factory=dict)
     cpu_constraints: list = field(default_factory=list)
     # c.GPUSwarmSpawner.node_down_grace: how long a cluster waits for a worker's quiet node.
-    node_down_grace: float = field(default_factory=lambda: swarm_spawner_default("node_down_grace"))
+    # The hub hands over the Swarm engine's value (settings/pool_jobs.py); on one host no node
+    # goes quiet, so nothing is waited for.
+    node_down_grace: float = math.inf
     max_seconds: int = 86400
     log_max_bytes: int = 1024 * 1024
     queue_timeout: float = 86400.0

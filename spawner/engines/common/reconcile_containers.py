@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from ..labels import HOLDING_STATES, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
-from ..pool import EndReason, GPUPool
-from ..pool.ledger.job_records import is_job_server
-from ..reconciler import ReconcileReport
+from ...pool import EndReason, GPUPool
+from ...pool.ledger.job_records import is_job_server
+from .labels import HOLDING_STATES, LABEL_GPUS, LABEL_HOST, LABEL_LEASE, LABEL_POOL, pool_identity
+from .reconciler import ReconcileReport
 
 # When this process (the hub) started: leases older than that cannot belong
 # to a spawn of this process that has not yet recorded its lease.

@@ -1,6 +1,6 @@
 """GPUDockerSpawner: per-user JupyterLab containers that see exactly their leased GPUs.
 
-The Docker engine, on `lending.docker_common.GPUContainerSpawner` (what it
+The Docker engine, on `engines.common.container_spawner.GPUContainerSpawner` (what it
 shares with the Swarm engine: homes, lock-down checks, labels, adoption) and
 dockerspawner's `DockerSpawner`: it turns a lease into an NVIDIA device
 request by UUID, locks the container down (non-root, no capabilities,
@@ -17,14 +17,13 @@ import docker.errors
 from dockerspawner import DockerSpawner
 from tornado import web
 
-from ..containers import gpu_host_config, hardened_host_config, lease_labels
-from ..homes import prepare_home_volume
-from ..labels import HOLDING_STATES, LABEL_CONFIG, LABEL_LEASE, LABEL_POOL, pool_identity
-from ..lending.docker_common import GPUContainerSpawner
-from ..lending.spawner import shared_pool  # noqa: F401 (shared_pool: public API)
-from ..profiles import Profile
-from ..readiness import wait_for_server
-from .reconcile import reconcile
+from ...profiles import Profile
+from ..common.container_spawner import GPUContainerSpawner
+from ..common.containers import gpu_host_config, hardened_host_config, lease_labels
+from ..common.homes import prepare_home_volume
+from ..common.labels import HOLDING_STATES, LABEL_CONFIG, LABEL_LEASE, LABEL_POOL, pool_identity
+from ..common.readiness import wait_for_server
+from ..common.reconcile_containers import reconcile
 
 
 def _deep_merge(base: dict, override: dict) -> dict:

@@ -14,8 +14,8 @@ import signal
 import threading
 from collections.abc import Callable
 
+from ..inventory.machine import Inventory, InventoryError
 from ..pool import PoolError, PoolUnavailable
-from .machine import Inventory, InventoryError
 
 log = logging.getLogger("gpu-pool.agent")
 

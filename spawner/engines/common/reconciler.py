@@ -2,8 +2,8 @@
 
 Runs inside the hub once it has started (after JupyterHub has loaded and
 polled every server it knew) and then every `interval` seconds.  One pass is
-the engine's own (`reconcile_pass` on the spawner class: spawner/docker/reconcile.py
-judges one host's containers, spawner/swarm/reconcile.py every node's tasks).
+the engine's own (`reconcile_pass` on the spawner class: spawner/engines/common/reconcile_containers.py
+judges one host's containers, spawner/engines/swarm/reconcile.py every node's tasks).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
-from .metrics import RECONCILE_PASSES
-from .pool import GPUPool, PoolError
+from ...metrics import RECONCILE_PASSES
+from ...pool import GPUPool, PoolError
 
 
 @dataclass
@@ -102,8 +102,8 @@ def start_in_hub(config=None) -> None:
     if not JupyterHub.initialized():
         return
     app = JupyterHub.instance()
-    from .lending.admission import take_over_spawn_limit
-    from .lending.spawner import GPULendingSpawner, shared_pool
+    from ...lending.admission import take_over_spawn_limit
+    from ...lending.spawner import GPULendingSpawner, shared_pool
 
     def tracked() -> set[int]:
         ids = set()

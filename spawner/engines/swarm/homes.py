@@ -10,7 +10,7 @@ from __future__ import annotations
 import docker.errors
 from tornado import web
 
-from ..homes import create_helper, helper_bounds, wait_for_exit
+from ..common.homes import create_helper, helper_bounds, wait_for_exit
 
 # (homes root volume, user directory) this process has made or found: a directory once made
 # stays (it is the user's home), so later starts skip the helper container.

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..labels import PREFIX
+from ..common.labels import PREFIX
 
 # The Engine API (on the manager) whose service specs carry no-new-privileges, and the
 # Docker Engine (on each node) that honours it.
@@ -90,7 +90,7 @@ def probe_spec(image: str, manager_api: str) -> dict:
     """The probe service's task template: a server's lock-down, nobody, no GPU, no network, no restart."""
     from docker.types import ContainerSpec, Resources, RestartPolicy, TaskTemplate
 
-    from ..containers import HELPER_PIDS_LIMIT, hardened_host_config
+    from ..common.containers import HELPER_PIDS_LIMIT, hardened_host_config
 
     spec = ContainerSpec(image=image, command=["/bin/sh", "-c", "grep -q '^NoNewPrivs:[[:space:]]*1$' /proc/self/status"],
                          user="65534:65534", env={"NVIDIA_VISIBLE_DEVICES": "void"},

@@ -13,7 +13,7 @@ reclaim's notice (`signal`), with the spec's stop grace (a borrowed job's: GPUPo
 is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
 Homes are prepared on the manager (the Docker engine's rules, on shared storage).
 A unit runs only on a node whose tasks get no-new-privileges: the spec asks for it where
-the manager's API can say so, and the nodes the lock-down probe refused (swarm/lockdown.py,
+the manager's API can say so, and the nodes the lock-down probe refused (engines/swarm/lockdown.py,
 the servers' own check) are left out of the lease and of the placement.
 """
 
@@ -26,9 +26,9 @@ import threading
 import time
 from collections.abc import Mapping
 
-from ..docker.jobs import DockerJobEngine, _HomeOwner, render_user
-from ..jobs.engine import ENDED, RUNNING, UNKNOWN, JobRefused, UnitGone, UnitSpec, UnitState, wait_until_ended
-from ..labels import LABEL_JOB, LABEL_POOL, LABEL_USER
+from ...jobs.engine import ENDED, RUNNING, UNKNOWN, JobRefused, UnitGone, UnitSpec, UnitState, wait_until_ended
+from ..common.job_containers import DockerJobEngine, HomeOwner, render_user
+from ..common.labels import LABEL_JOB, LABEL_POOL, LABEL_USER
 from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
 from .relay import overlay_options
@@ -394,17 +394,12 @@ class SwarmJobEngine(DockerJobEngine):
         """The service's logs, follow=True, as a stream that close() ends (docker-py's own
         CancellableStream over the response, as its container logs have)."""
         import docker.errors
-        from docker.types.daemon import CancellableStream
 
-        from ..docker.jobs import _no_read_timeout, docker_api
+        from ..common.docker_api import docker_api, follow_service_logs
 
         api = docker_api(timeout)
         try:
-            response = api._get(api._url("/services/{0}/logs", name), stream=True,
-                                params={"follow": True, "stdout": True, "stderr": True, "tail": "all"})
-            api._raise_for_status(response)
-            source = CancellableStream(api._multiplexed_response_stream_helper(response), response)
-            _no_read_timeout(source)
+            source = follow_service_logs(api, name)
             # Swarm's follow does not end when the task does (nor when its service goes):
             # end it once Swarm says the unit ended, after a moment for its last output.
             source = _Follow(source)
@@ -419,7 +414,7 @@ class SwarmJobEngine(DockerJobEngine):
         return api, source
 
     def _close_when_ended(self, name: str, source, timeout: float) -> None:
-        from ..docker.jobs import docker_api
+        from ..common.docker_api import docker_api
 
         api = docker_api(timeout)
         reader = SwarmJobEngine(self.settings, api)
@@ -477,11 +472,11 @@ class SwarmJobEngine(DockerJobEngine):
 
     async def prepare_home(self, user: str, image: str, uid: int, gid: int, directory_identity: bool) -> str:
         """The user's directory under the shared homes root, then the home volume (on the manager)."""
-        owner = _HomeOwner(self, user, directory_identity)
+        owner = HomeOwner(self, user, directory_identity)
         await make_home_directory(owner, self.settings.home_root_volume_options, self.settings.prefix, image, uid, gid)
         return await super().prepare_home(user, image, uid, gid, directory_identity)
 
     async def _on_thread(self, fn, *args):
-        from ..docker.jobs import _DOCKER
+        from ..common.job_containers import DOCKER_THREADS
 
-        return await asyncio.get_running_loop().run_in_executor(_DOCKER, lambda: fn(*args))
+        return await asyncio.get_running_loop().run_in_executor(DOCKER_THREADS, lambda: fn(*args))

@@ -6,7 +6,7 @@ pinned to that node by a placement constraint, and its task gets exactly
 those GPUs through `NVIDIA_VISIBLE_DEVICES` (the GPU nodes run `nvidia` as
 their default runtime; Swarm services cannot take device requests).  CPU
 servers get `void`.  What is not the engine it shares with the Docker engine
-through `lending.docker_common.GPUContainerSpawner` (profiles, leases,
+through `engines.common.container_spawner.GPUContainerSpawner` (profiles, leases,
 lock-down, home ownership, and every c.GPUDockerSpawner option, which applies
 here too), never the Docker engine's own methods; it answers `lease_holders`
 from Swarm's tasks.
@@ -35,15 +35,15 @@ from dockerspawner import SwarmSpawner
 from tornado import web
 from traitlets import Bool, Dict, Float, List, Unicode, default
 
-from ..containers import hardened_host_config, lease_labels
-from ..homes import create_helper, helper_bounds, prepare_home_volume
-from ..labels import LABEL_POOL, pool_identity
-from ..lending.docker_common import GPUContainerSpawner
-from ..pool import PoolError
-from ..pool.history.queries import counts as counts_of
-from ..pool.leasing.placement import host_demand
-from ..profiles import Profile, options_form_html
-from ..readiness import wait_for_server
+from ...pool import PoolError
+from ...pool.history.queries import counts as counts_of
+from ...pool.leasing.placement import host_demand
+from ...profiles import Profile, options_form_html
+from ..common.container_spawner import GPUContainerSpawner
+from ..common.containers import hardened_host_config, lease_labels
+from ..common.homes import create_helper, helper_bounds, prepare_home_volume
+from ..common.labels import LABEL_POOL, pool_identity
+from ..common.readiness import wait_for_server
 from .generic_guard import GUARD
 from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
@@ -142,7 +142,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         `network_name` is), and a small relay container on the manager, on both that
         overlay and the servers' one, forwards the hub's connections to the server
         (only from the hub's address) and the server's to the hub's ports named in
-        its environment (swarm/relay.py).  A server then reaches the hub, its proxy
+        its environment (engines/swarm/relay.py).  A server then reaches the hub, its proxy
         and services, never another user's server.  False: every server on
         `network_name`, where any server reaches any other's listening ports.
         """,
@@ -168,7 +168,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         super().__init__(*args, **kwargs)
         if self.pool.is_sqlite:
             raise ValueError(SQLITE_REFUSED)
-        # The reconciler and the lease's release read tasks through swarm/tasks.py, with this grace.
+        # The reconciler and the lease's release read tasks through engines/swarm/tasks.py, with this grace.
         DOWN_NODES.grace = self.node_down_grace
 
     # Each reconcile pass covers every node of the Swarm (used by reconcile.start_in_hub).
@@ -182,7 +182,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
 
     def lease_hosts(self, profile: Profile) -> list[str] | None:
         """The GPU nodes whose labels match the profile's `node_labels` (None: any node), less
-        those that would run the server without no-new-privileges (swarm/lockdown.py)."""
+        those that would run the server without no-new-privileges (engines/swarm/lockdown.py)."""
         wanted = dict(profile.node_labels)
         hosts = self.pool.inventory.hosts_matching(wanted)  # every GPU node when nothing is wanted
         if wanted and not hosts:
@@ -260,7 +260,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         env["NVIDIA_VISIBLE_DEVICES"] = ",".join(self.gpu_uuids) if self.gpu_uuids else "void"
         networks = [NetworkAttachmentConfig(self.network_name)] if self.network_name else []
         if self._isolated():
-            # Its own overlay, and the relay to the hub (swarm/relay.py), before its task starts.
+            # Its own overlay, and the relay to the hub (engines/swarm/relay.py), before its task starts.
             env, own = await self._make_relay(env)
             networks = [NetworkAttachmentConfig(own)]
         hardening = hardened_host_config()
@@ -271,7 +271,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
                 "cap_add": None, "cap_drop": hardening["cap_drop"]}
         container_spec = ContainerSpec(**spec)
         if version_tuple((await self.docker("version")).get("ApiVersion")) >= SPEC_API:
-            # Docker 25+: the task asks for it itself; older nodes are checked (swarm/lockdown.py).
+            # Docker 25+: the task asks for it itself; older nodes are checked (engines/swarm/lockdown.py).
             container_spec["Privileges"] = {**(container_spec.get("Privileges") or {}), "NoNewPrivileges": True}
         self._guarded = bool(self.gpu_uuids) and await self._use_guard()
         resources = Resources(
@@ -413,7 +413,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
             self.log.warning("Could not note the quiet node of lease %s: %s", self.lease_id, exc)
 
     async def _use_guard(self) -> bool:
-        """generic_resource_guard, where every manager can carry it (swarm/generic_guard.py)."""
+        """generic_resource_guard, where every manager can carry it (engines/swarm/generic_guard.py)."""
         if not self.generic_resource_guard:
             return False
         verdict = await asyncio.to_thread(GUARD.verdict, self.client)
@@ -468,7 +468,7 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         return ip, self.port
 
     async def stop(self, now=False):
-        # Asked first, the server exits before Swarm's slow task shutdown (swarm/stopping.py).
+        # Asked first, the server exits before Swarm's slow task shutdown (engines/swarm/stopping.py).
         if not now:
             await ask_server_to_exit(self)
         await super().stop(now=now)

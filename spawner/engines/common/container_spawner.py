@@ -23,13 +23,13 @@ from dockerspawner import DockerSpawner
 from tornado import web
 from traitlets import Float, Unicode, default
 
-from ..containers import ContainerLimits, config_digest, is_job_unit_name
-from ..inventory.machine import image_cuda_version
-from ..labels import LABEL_CUDA, LABEL_LEASE, LABEL_POOL, pool_identity
-from ..pool.models import PoolError
-from ..profiles import Profile
-from ..ssh.spawner_access import SSHAccess
-from .spawner import GPULendingSpawner
+from ...inventory.machine import image_cuda_version
+from ...lending.spawner import GPULendingSpawner
+from ...pool.models import PoolError
+from ...profiles import Profile
+from ...ssh.spawner_access import SSHAccess
+from .containers import ContainerLimits, config_digest, is_job_unit_name
+from .labels import LABEL_CUDA, LABEL_LEASE, LABEL_POOL, pool_identity
 
 # The configuration section of these options, whichever engine reads them.
 CONFIG_SECTION = "GPUDockerSpawner"
@@ -102,7 +102,7 @@ class GPUContainerSpawner(SSHAccess, GPULendingSpawner, DockerSpawner):
         self._object_labels: dict[str, str] = {}
         super().__init__(*args, **kwargs)
         self._check_security_config()
-        from ..reconciler import start_in_hub
+        from .reconciler import start_in_hub
 
         start_in_hub()
 

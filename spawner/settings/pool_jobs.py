@@ -9,11 +9,12 @@ from __future__ import annotations
 import socket
 from dataclasses import asdict
 
-from ..containers import ContainerLimits
+from ..engines import engine
+from ..engines.common.containers import ContainerLimits
 from ..jobs import JOBS_SCOPE
 from ..jobs.limits import JobLimits
+from ..jobs.runner_settings import JobSettings, reconciler_default
 from ..jobs.schedules import ScheduleLimits
-from ..jobs.settings import JobSettings, reconciler_default
 from ..poolpage import SERVICE_NAME
 from ..profiles import DEFAULT_PROFILES
 from .part import Part
@@ -44,8 +45,8 @@ def job_settings(c, settings) -> JobSettings:
     swarm = c.GPUSwarmSpawner
     hub_ip = c.JupyterHub.hub_connect_ip if "hub_connect_ip" in c.JupyterHub else ""
     host = c.Inventory.host if "host" in c.Inventory else settings.gpu_host
-    if settings.spawner == "swarm":  # jobs lease GPUs of any node, as servers do
-        return JobSettings(**{**asdict(_settings(c, settings, spawner, hub_ip, "")), "engine": "swarm",
+    if engine(settings.spawner).spans_nodes:  # jobs lease GPUs of any node, as servers do
+        return JobSettings(**{**asdict(_settings(c, settings, spawner, hub_ip, "")), "engine": settings.spawner,
                               "home_volume_driver_options": dict(swarm.get("home_volume_driver_options", {})),
                               "home_root_volume_options": dict(swarm.get("home_root_volume_options", {})),
                               "cpu_constraints": list(swarm.get("cpu_constraints", [])),
@@ -57,14 +58,11 @@ def spawner_option(c, settings, name: str):
     """What the hub's spawner (this engine's class) reads for option `name` from config `c`:
     the most specific section that sets it, as traitlets reads them, else the option's own
     default (written once, on its trait)."""
-    if settings.spawner == "swarm":
-        from ..swarm.spawner import GPUSwarmSpawner as engine
-    else:
-        from ..docker.spawner import GPUDockerSpawner as engine
-    for section in reversed(engine.section_names()):
+    spawner_class = engine(settings.spawner).spawner_class
+    for section in reversed(spawner_class.section_names()):
         if section in c and name in c[section]:
             return c[section][name]
-    return engine.class_traits()[name].default_value
+    return spawner_class.class_traits()[name].default_value
 
 
 def spawner_profiles(c) -> list:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from ..labels import LABEL_GPUS, LABEL_LEASE, LABEL_POOL
+from ..common.labels import LABEL_GPUS, LABEL_LEASE, LABEL_POOL
 
 # Task states in which the container may exist and run (Swarm's task life cycle up to running).
 LIVE_TASK_STATES = frozenset({"new", "allocated", "pending", "assigned", "accepted", "preparing",

@@ -1,6 +1,6 @@
 """Each server on its own overlay, reached through a relay: servers on Swarm cannot reach each other.
 
-On one host, rules of the hub's own keep users' containers apart (docker/firewall.py).  On
+On one host, rules of the hub's own keep users' containers apart (engines/common/firewall.py).  On
 Swarm the servers' traffic between nodes never passes a host's FORWARD chain (it is VXLAN
 between the nodes' overlay namespaces), and Swarm has no network policy.  So no server
 shares a network with another: each server's service is attached only to an overlay of its
@@ -44,7 +44,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from ..labels import LABEL_POOL, PREFIX
+from ..common.labels import LABEL_POOL, PREFIX
 
 # The server an overlay of a server's own, or a relay, belongs to: its service's name.
 LABEL_SERVER_NET = f"{PREFIX}.server-network"
