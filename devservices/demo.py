@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -69,6 +70,19 @@ DEMO_POOL = {
     "booking_notice": 60.0,
     "booking_grace": 120.0,
     "budget_period": 3600.0,
+}
+# Each user's share of the GPUs (GPUHUB_MAX_GPUS_PER_USER): beyond it, a job or a server whose
+# profile may borrow runs on idle GPUs, given back with notice when someone within theirs asks.
+DEMO_SHARE_GPUS = 2
+# The production profiles, and one that may borrow (the demo shows borrowing on its own).
+DEMO_BORROW_PROFILE = {
+    "slug": "tf-gpu-1-borrow",
+    "display_name": "TensorFlow + 1 GPU (may borrow)",
+    "description": "One GPU; past your share, an idle one lent until someone within theirs needs it.",
+    "gpus": 1,
+    "cpu_limit": 2.0,
+    "mem_limit": "8G",
+    "borrow": True,
 }
 DEMO_BUDGET_GPU_HOURS = "0.25"  # GPUHUB_GPU_HOUR_BUDGET: per user, per DEMO_POOL["budget_period"]
 # A "ready" mail after a wait in the queue of this many seconds (the hub's default: 30).
@@ -272,6 +286,8 @@ class Demo:
             "GPUHUB_SIMULATED_GPUS": str(SIMULATED_GPUS),
             "GPUHUB_CPU_IMAGE": cpu_image,
             "GPUHUB_GPU_IMAGE": gpu_image,
+            "GPUHUB_MAX_GPUS_PER_USER": str(DEMO_SHARE_GPUS),
+            "GPUHUB_PROFILES_FILE": str(self.write_profiles(cpu_image, gpu_image)),
             "GPUHUB_AUTHENTICATOR": "ldap",
             "JUPYTERHUB_CRYPT_KEY": crypt_key,
             "PYTHONUNBUFFERED": "1",
@@ -285,6 +301,19 @@ class Demo:
         # The venv's bin (jupyterhub, the culler) first on PATH.
         env["PATH"] = f"{Path(PY).parent}{os.pathsep}{env.get('PATH', '')}"
         return env
+
+    def write_profiles(self, cpu_image: str, gpu_image: str) -> Path:
+        """The production profiles (GPUHUB_CPU_IMAGE / GPUHUB_GPU_IMAGE's) and the demo's one that
+        may borrow, as a GPUHUB_PROFILES_FILE."""
+        from types import SimpleNamespace
+
+        from spawner.settings.hub import default_profiles
+
+        images = SimpleNamespace(cpu_image=cpu_image, gpu_image=gpu_image)
+        profiles = [*default_profiles(images), {**DEMO_BORROW_PROFILE, "image": gpu_image}]
+        path = self.dir / "profiles.json"
+        path.write_text(json.dumps(profiles, indent=1) + "\n")
+        return path
 
     def write_config(self) -> Path:
         """The hub's config: the production one, then the demo's pool limits, then --config."""
@@ -396,8 +425,9 @@ class Demo:
                              "--profile tf-gpu-1 --notebook starter.ipynb); the executed copy lands beside it")
                 lines.append('Schedules: gpu-job schedule create --cron "0 3 * * *" --profile tf-gpu-1 '
                              "--notebook starter.ipynb (fires while your server is stopped; gpu-job schedule list)")
-                lines.append("Borrowing: gpu-job submit --borrow ... runs on idle GPUs beyond your share, "
-                             "given back with notice (SIGTERM) when someone within theirs asks")
+                lines.append(f"Borrowing: your share is {DEMO_SHARE_GPUS} GPUs; past it, the profile "
+                             f"'{DEMO_BORROW_PROFILE['display_name']}' (or gpu-job submit --borrow) runs on an "
+                             "idle GPU, given back with notice (SIGTERM) when someone within theirs asks")
             lines.append(f"Action scripts: {pool}#exec-form (log in as carol: pool admin, in "
                          f"{seed.EXEC_GROUP}, which holds custom:gpu-pool:exec)")
         if env.get("GPUHUB_SSH", "").lower() in ("1", "true", "yes", "on"):

@@ -428,7 +428,8 @@ def test_each_line_of_the_demos_banner_works(demo, tmp_path):
     lines, prefix, ssh_port, hub = demo.lines, demo.prefix, demo.ssh_port, demo.url
     text = "\n".join(lines)
     assert f"your setting: GPUHUB_CONTAINER_PREFIX={prefix}" in text
-    for feature in ("Start a server:", "Pool page:", "Bookings:", "Jobs:", "Action scripts:", "SSH:", "Mail:"):
+    for feature in ("Start a server:", "Pool page:", "Bookings:", "Jobs:", "Borrowing:", "Action scripts:", "SSH:",
+                    "Mail:"):
         assert any(feature in line for line in lines), f"no {feature} line in the banner:\n{text}"
 
     # Every URL of the banner answers (a page, or the hub's login page it sends you to).
@@ -449,6 +450,13 @@ def test_each_line_of_the_demos_banner_works(demo, tmp_path):
                                                         timeout=300)
     assert result.returncode == 0 and "demo-ssh-ok" in result.stdout, (result.stdout, result.stderr)
     assert user in result.stdout
+
+    # The Borrowing line's profile is in the spawn form, said to borrow beyond one's share.
+    borrow_line = next(line for line in lines if "Borrowing:" in line)
+    profile = re.search(r"the profile '([^']+)'", borrow_line).group(1)
+    bob = seed.users_for("openldap")["bob"]  # no server of his runs: the form, not a redirect
+    form = log_in(hub, bob.name, bob.password).get(f"{hub}/hub/spawn", timeout=60).text
+    assert profile in form and "may borrow idle GPUs beyond your share" in form, form[:2000]
 
     # carol (the banner's action-script runner) runs one in alice's server, by the pool page's API.
     carol = seed.users_for("openldap")["carol"]
