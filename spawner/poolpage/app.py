@@ -179,8 +179,9 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             *jobs_api.routes(prefix),
             *schedules_api.routes(prefix),
         ],
-        pool=pool, jobs=jobs, scheduler=scheduler, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
-        limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
+        pool=pool, jobs=jobs, scheduler=scheduler, jinja=jinja, prefix=prefix, base_url=base_url,
+        show_holders=show_holders, limits=limits, page=page, followers=Followers(limits),
+        recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
         notify=notify if notify is not None else EmailNotifications(), notify_key=_key_of(pool),
         notify_events=notify_events, browser_feed=feed,
@@ -238,7 +239,8 @@ async def serve(app: web.Application, port: int) -> None:
     watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
                       app.settings["notify_events"])
     every = app.settings["notify_events"].cull_check_every
-    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once, "GPU-hour budget event(s) queued"),
+    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once,
+                                  "GPU-hour budget event(s) queued"),
                       LedgerWatch(app.settings["pool"], every, booking_watch.run_once, "booking event(s) queued")]
     expiry = LedgerWatch(app.settings["pool"], EXPIRE_EVERY_S, feed.expire, "browser notification(s) expired")
     expiry.start()
