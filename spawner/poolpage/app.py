@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -72,7 +73,7 @@ class QueueAPI(APIHandler):
 
 
 class UsageAPI(APIHandler):
-    async def usage(self) -> tuple[dict, object, object]:
+    async def usage(self) -> tuple[dict, datetime | None, datetime | None]:
         viewer = self.require_viewer()
         since, until = self.period()
         return views.usage_for(await self.call(self.pool.usage, since, until), viewer), since, until
@@ -119,6 +120,7 @@ class PageHandler(BaseHandler):
     @web.authenticated
     async def get(self):
         viewer = self.viewer()
+        assert viewer is not None  # @web.authenticated: a current user
         gpus = views.gpu_rows(await self.ledger(self.pool.gpus), viewer)
         queue = views.queue_rows(await self.ledger(self.pool.queue), viewer)
         # The newest leases and the all-time total (rolled up): the page's cost never grows with history.
