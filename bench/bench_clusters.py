@@ -186,8 +186,8 @@ def bench_ledger(rounds: int) -> None:
           "gang: GPUPool.acquire_gang (one grant per cluster). baseline: each worker's lease asked for "
           f"on its own, one after another (what a cluster without gangs does; a wait gives up after "
           f"{BASELINE_TIMEOUT:g} s, so a deadlock ends)")
-    print("| way | round | served | clusters seen holding part of their GPUs | deadlocks (clusters that timed out) | most GPUs lent | "
-          "cluster wait median / p95 s | single wait median / p95 s | all done s |")
+    print("| way | round | served | clusters seen holding part of their GPUs | deadlocks (clusters that timed out) "
+          "| most GPUs lent | cluster wait median / p95 s | single wait median / p95 s | all done s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for way, n in [(w, n) for w in ("gang", "baseline") for n in range(rounds)]:
         contention_round(way, n)

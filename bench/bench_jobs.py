@@ -130,7 +130,8 @@ def main() -> None:
             print(f"\nJob POST -> container running vs docker run, {args.rounds} rounds, image {image}")
             print("| path | median s | min s | max s |")
             print("|---|---|---|---|")
-            print(f"| job (REST POST, queue, lease, home, container) | {job_s:.3f} | {min(jobs):.3f} | {max(jobs):.3f} |")
+            print(f"| job (REST POST, queue, lease, home, container) | {job_s:.3f} | {min(jobs):.3f} "
+                  f"| {max(jobs):.3f} |")
             print(f"| docker run -d | {run_s:.3f} | {min(runs):.3f} | {max(runs):.3f} |")
             print(f"| ratio | {job_s / run_s:.2f} (goal <= 1.2) | | |")
 
@@ -151,7 +152,8 @@ def main() -> None:
             print("| how | lease s | GPU-hours | vs job |")
             print("|---|---|---|---|")
             print(f"| job ({job['state']}) | {held_job * 3600:.1f} | {held_job:.5f} | 1.00 |")
-            print(f"| notebook: spawn, train, stop at once | {held_nb * 3600:.1f} | {held_nb:.5f} | {held_nb / held_job:.2f} |")
+            print(f"| notebook: spawn, train, stop at once | {held_nb * 3600:.1f} | {held_nb:.5f} "
+                  f"| {held_nb / held_job:.2f} |")
             print(f"| notebook left to the culler (+{CULL_TIMEOUT_GPU} s idle) | {culled * 3600:.1f} | {culled:.5f} | "
                   f"{culled / held_job:.1f} |")
         finally:

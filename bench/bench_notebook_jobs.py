@@ -65,8 +65,9 @@ def main() -> None:
             hub.start_server("bench", {"profile": "tf-cpu"}, timeout=180)
             box = [c for c in hub.containers(client) if c.name == f"{hub.prefix}-bench"][0]
             text = json.dumps(NOTEBOOK).replace("'", "'\"'\"'")
-            code, out = box.exec_run(["sh", "-c", f"printf '%s' '{text}' > small.ipynb && printf '%s' \"$0\" > small.py",
-                                      SCRIPT], workdir="/home/jovyan")
+            code, out = box.exec_run(
+                ["sh", "-c", f"printf '%s' '{text}' > small.ipynb && printf '%s' \"$0\" > small.py", SCRIPT],
+                workdir="/home/jovyan")
             assert code == 0, out
 
             def scheduler() -> tuple[float, int]:

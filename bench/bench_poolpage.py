@@ -75,7 +75,8 @@ def fill(pool: GPUPool, leases: int) -> None:
         for i in range(200):
             t = now - timedelta(seconds=rng.uniform(600, 7 * 86400))
             conn.execute(insert(queue_log_table).values(id=100000 + i, user_name=f"user{i % 20}", count=1,
-                                                        enqueued_at=t, left_at=t + timedelta(seconds=rng.uniform(5, 900)),
+                                                        enqueued_at=t,
+                                                        left_at=t + timedelta(seconds=rng.uniform(5, 900)),
                                                         outcome="served"))
         conn.execute(update(leases_table).values(server_name=""))
 

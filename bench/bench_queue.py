@@ -71,7 +71,8 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as d:
         phases = asyncio.run(main(args.waiters, args.spawns, f"sqlite:///{d}/ledger.sqlite", args.rounds))
     base = median(phases["empty queue"])
-    print(f"\nSpawn path: acquire(1 GPU on a free host), {args.spawns} per queue state in {args.rounds} alternating rounds, SQLite, one event loop\n")
+    print(f"\nSpawn path: acquire(1 GPU on a free host), {args.spawns} per queue state in {args.rounds} "
+          "alternating rounds, SQLite, one event loop\n")
     print(f"| {'queue':<20} | {'median ms':>9} | {'p90 ms':>7} | {'vs empty':>8} |")
     print(f"|{'-' * 22}|{'-' * 11}|{'-' * 9}|{'-' * 10}|")
     for name, lat in phases.items():

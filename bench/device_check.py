@@ -4,7 +4,8 @@ On a GPU machine, from the repository root, in one command (Python 3.12, nvidia-
 PyTorch there; traitlets and SQLAlchemy carried as wheels in .whl/, see
 docs/contributing/device-check.md for how to download them):
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target .whl/site .whl/*.whl && PYTHONPATH=.whl/site PYTHONUNBUFFERED=1 timeout 240 python3 bench/device_check.py
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target .whl/site .whl/*.whl &&
+        PYTHONPATH=.whl/site PYTHONUNBUFFERED=1 timeout 240 python3 bench/device_check.py
 
 Here, with no GPU: the same code against the project's NVML stand-in (devservices/fake_nvml.py),
 the busy phase played by the stand-in's utilisation and a clock that does not wait:

@@ -39,10 +39,10 @@ Metrics (see `Metrics`): GPU-hours lent / capacity; busy / lent; waits of intera
 and jobs (p50/p95/p99; a request that gave up counts with the time it waited); Jain's index of
 each user's work done against the work they were due (their offered busy GPU-hours, cut to a
 max-min fair share of the capacity when demand exceeds it); bookings honoured (every attendee
-served within `HONOURED_WAIT` of arriving); busy servers culled by the idle rule (must be 0); idle servers culled, and of them those whose
-user came back for more of the session's work (a new spawn, the kernels' state lost);
-stops by budget or booking; cancelled work (requests that gave up or were refused, and the busy
-GPU-hours they and the stops lost).
+served within `HONOURED_WAIT` of arriving); busy servers culled by the idle rule (must be 0); idle
+servers culled, and of them those whose user came back for more of the session's work (a new spawn,
+the kernels' state lost); stops by budget or booking; cancelled work (requests that gave up or were
+refused, and the busy GPU-hours they and the stops lost).
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ class ReplayInventory(StaticInventory):
 
 def inventory(hosts: int, per_host: int) -> ReplayInventory:
     return ReplayInventory(host="node-0", gpus_list=[
-        {"uuid": f"GPU-{h:02d}-{i:02d}", "index": i, "host": f"node-{h}"} for h in range(hosts) for i in range(per_host)])
+        {"uuid": f"GPU-{h:02d}-{i:02d}", "index": i, "host": f"node-{h}"}
+        for h in range(hosts) for i in range(per_host)])
 
 
 # --- a request's life in the replay ---------------------------------------------------------------
@@ -660,8 +661,8 @@ def _minutes(s: float) -> str:
 def table(rows: list[Metrics]) -> str:
     lines = [
         "| policy | lent / capacity | busy / lent | interactive wait p50 / p95 / p99 (min) | job wait p50 / p95 / p99 "
-        "(min) | Jain | bookings honoured | busy culled | idle culled (came back) | budget / booking stops | gave up / refused "
-        "| busy GPU-h lost | GPU-h free / lent idle while requests waited | replay (s) |",
+        "(min) | Jain | bookings honoured | busy culled | idle culled (came back) | budget / booking stops "
+        "| gave up / refused | busy GPU-h lost | GPU-h free / lent idle while requests waited | replay (s) |",
         "|" + "---|" * 14,
     ]
     for m in rows:

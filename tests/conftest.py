@@ -53,7 +53,8 @@ FIXED_PORT_UNITS = {
                                 "tests/integration/test_swarm_isolation.py"}),
 }
 LONG_MODULES_FIRST = [  # by their time in a run (longest first)
-    "test_failure_paths.py", "test_swarm.py", "test_apt_install.py", "test_gpu_spawner.py", "test_jobs.py", "test_auth_hub.py",
+    "test_failure_paths.py", "test_swarm.py", "test_apt_install.py", "test_gpu_spawner.py", "test_jobs.py",
+    "test_auth_hub.py",
     "test_culling.py", "test_ssh.py", "test_poolpage_actions.py", "test_browser.py", "test_poolpage_browser.py",
     "test_install.py", "test_tensorflow_hub.py", "test_poolpage.py", "test_reconcile.py",
 ]

@@ -94,8 +94,8 @@ class Doctor:
 
     def run(self) -> list[Result]:
         for step in (self.check_settings, self.check_nvml, self.check_inventory, self.check_docker,
-                     self.check_host_rules, self.check_gpu_container, self.check_images, self.check_ledger, self.check_swarm_nodes,
-                     self.check_directory, self.check_data_dir):
+                     self.check_host_rules, self.check_gpu_container, self.check_images, self.check_ledger,
+                     self.check_swarm_nodes, self.check_directory, self.check_data_dir):
             try:
                 step()
             except Exception as e:  # a check that broke is a failed check, never a traceback

@@ -82,7 +82,8 @@ def node_results(api, image: str | None, prefix: str, readings, log, guard: bool
     nodes = api.nodes()
     live = [n for n in nodes if (n.get("Status") or {}).get("State") == "ready"
             and (n.get("Spec") or {}).get("Availability") == "active"
-            and not spec_carries_it(manager_api, ((n.get("Description") or {}).get("Engine") or {}).get("EngineVersion"))]
+            and not spec_carries_it(manager_api,
+                                    ((n.get("Description") or {}).get("Engine") or {}).get("EngineVersion"))]
     verdicts = LOCKDOWN.verdicts(api, live, image, prefix, log) if live and image else {}
     results = [guard_result(nodes)] if guard else []
     for node in sorted(nodes, key=node_name):

@@ -113,7 +113,8 @@ def check_submission(body: Any, profiles: list[Profile], user_groups, default_ma
     `max_workers` is JobLimits.max_workers (1: clusters refused); `max_parameters_bytes`
     JobLimits.max_parameters_bytes (a notebook's parameters as JSON; None: the command's own bound)."""
     if not isinstance(body, dict):
-        raise BadJob('The body must be a JSON object such as {"profile": "tf-gpu-1", "command": ["python", "train.py"]}')
+        raise BadJob('The body must be a JSON object such as '
+                     '{"profile": "tf-gpu-1", "command": ["python", "train.py"]}')
     extra = sorted(shown(k) for k in body if k not in ALLOWED_KEYS)
     if extra:
         raise BadJob(f"Unsupported field(s) {', '.join(repr(k) for k in extra)}: a job takes only "

@@ -143,7 +143,8 @@ class JobRunner:
         await reconcile_forever(self)
 
     async def _take_up(self) -> None:
-        held = {lease.server_name: lease for lease in await self.call(self.pool.leases, None, self.settings.host or None)}
+        held = {lease.server_name: lease
+                for lease in await self.call(self.pool.leases, None, self.settings.host or None)}
         # Oldest first: jobs holding GPUs keep their running places, queued ones queue in order.
         for job in sorted(await self.call(self.ledger.jobs, None, True, 10000), key=lambda j: j.id):
             if job.host != self.settings.host or job.id in self._tasks:

@@ -514,6 +514,7 @@ class GPULendingSpawner(Spawner):
             # apply_user_options always runs first in JupyterHub >= 5.3; be safe anyway.
             await self._apply_profile(self.user_options or {})
             profile = self.profile
+            assert profile is not None  # _apply_profile sets it or raises
         self._progress_events = []
         self._end_reason = None
         self.container_identity()  # refuses a root identity before any lease

@@ -57,7 +57,8 @@ def describe(entry: Entry, links: Links) -> tuple[str, list[tuple[str, str]], st
         server = p.get("server_name") or ""
         # The sender tells a grant once the server is ready (ready.py), with the server's own link.
         path = p.get("server_url") or url_path_join(links.hub, "hub", "spawn-pending", entry.user, server)
-        title = f"Your GPU{'s are' if int(p.get('gpus') or 1) > 1 else ' is'} ready: your server {server or '(default)'} is running"
+        title = (f"Your GPU{'s are' if int(p.get('gpus') or 1) > 1 else ' is'} ready: "
+                 f"your server {server or '(default)'} is running")
         rows = [("Server", server or "(default)"), ("GPUs", str(p.get("gpus"))), ("Host", str(p.get("host"))),
                 ("Waited in the queue", _hours(float(p.get("waited_s") or 0)))]
         return title, rows, path
@@ -147,7 +148,8 @@ def compose(entries: list[Entry], to: str, sender: str, links: Links, domain: st
     text_lines: list[str] = []
     html_parts: list[str] = []
     if len(parts) > 1:
-        text_lines += [f"{len(parts)} things happened since the last mail (sent together: at most a few mails an hour).", ""]
+        text_lines += [f"{len(parts)} things happened since the last mail (sent together: at most a few mails "
+                       "an hour).", ""]
         html_parts.append(f"<p>{len(parts)} things happened since the last mail (sent together: at most a few mails "
                           "an hour).</p>")
     for title, rows, link in parts:

@@ -3,10 +3,10 @@ and the user's webhook URL (none by default).
 
 "auto" (the default) tells by e-mail and webhook only what a person away from the tab would
 miss: a server ready after a wait of `Notifications.ready_after` seconds or more, a job that ran
-`AUTO_AFTER_S` or more, and every other event (cull warnings, reclaims of borrowed GPUs, GPU-hour budgets at 80 % and
-100 %, bookings).  In the browser (a notification while a pool page
-is open, which costs nothing) "auto" tells every event.  A document is checked whole (`parse`): anything unknown is refused
-with a message naming it, and nothing is changed.  The ledger keeps
+`AUTO_AFTER_S` or more, and every other event (cull warnings, reclaims of borrowed GPUs, GPU-hour
+budgets at 80 % and 100 %, bookings).  In the browser (a notification while a pool page is open,
+which costs nothing) "auto" tells every event.  A document is checked whole (`parse`): anything
+unknown is refused with a message naming it, and nothing is changed.  The ledger keeps
 `{"events": {...}, "webhook": url-or-null}` (a document of the first slice, the events alone, is
 read as such).
 """

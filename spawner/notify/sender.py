@@ -204,7 +204,8 @@ class Sender:
         store = self.pool._store
         loop = asyncio.get_running_loop()
         outcome = await loop.run_in_executor(
-            self._executor, lambda: self._send(msg, s, lambda: store.write(lambda conn: outbox.begin(store, conn, ids))))
+            self._executor,
+            lambda: self._send(msg, s, lambda: store.write(lambda conn: outbox.begin(store, conn, ids))))
         what = f"{len(entries)} event(s) ({', '.join(events)}) for {user}"
         if outcome.result == smtp.SENT:
             await self._ledger(self._write, outbox.finish, ids, outbox.SENT, None, msg["Message-ID"])

@@ -34,7 +34,8 @@ class EmailNotifications(Configurable):
         Check the SMTP server's TLS certificate against the system's CA bundle (or `ca_file`).
         Turn off only for a relay with a self-signed certificate on a trusted network.
         """)
-    ca_file = Unicode("", config=True, help="A PEM file of CA certificates to check the SMTP server's against (empty: the system's).")
+    ca_file = Unicode("", config=True, help="A PEM file of CA certificates to check the SMTP server's against "
+                                            "(empty: the system's).")
     username = Unicode("", config=True, help="The account to log in to the SMTP server with (empty: no login).")
     password_file = Unicode("", config=True, help="""
         A file holding the SMTP account's password (its first line), e.g. a Docker secret

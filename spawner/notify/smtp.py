@@ -53,7 +53,8 @@ def send(msg: EmailMessage, s: EmailNotifications, before_data: Callable[[], Non
         conn.ehlo()
         if s.security == "starttls":
             if not conn.has_extn("starttls"):
-                return Outcome(RETRY, f"{s.smtp_host}:{s.smtp_port} does not offer STARTTLS (EmailNotifications.security)")
+                return Outcome(RETRY, f"{s.smtp_host}:{s.smtp_port} does not offer STARTTLS "
+                                      "(EmailNotifications.security)")
             conn.starttls(context=_context(s))
             conn.ehlo()
         password = s.password()
@@ -66,7 +67,8 @@ def send(msg: EmailMessage, s: EmailNotifications, before_data: Callable[[], Non
         if code not in (250, 251):
             return Outcome(FAILED if code >= 500 else RETRY, f"RCPT TO refused: {_reply(code, text)}")
     except smtplib.SMTPAuthenticationError as e:
-        return Outcome(FAILED, f"the SMTP server refused the login of {s.username!r}: {_reply(e.smtp_code, e.smtp_error)}")
+        return Outcome(FAILED, f"the SMTP server refused the login of {s.username!r}: "
+                               f"{_reply(e.smtp_code, e.smtp_error)}")
     except (OSError, smtplib.SMTPException, ssl.SSLError) as e:
         _close(conn)
         return Outcome(RETRY, f"{s.smtp_host}:{s.smtp_port}: {type(e).__name__}: {e}"[:300])

@@ -475,8 +475,8 @@ class GPUPool(PoolLeasing, PoolAdministration, PoolFairUse, PoolQueries, PoolRea
         return proposal.value
 
     @validate(
-        "lock_timeout", "connect_timeout", "poll_interval", "heartbeat_interval", "waiter_stale_after", "statement_timeout",
-        "call_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+        "lock_timeout", "connect_timeout", "poll_interval", "heartbeat_interval", "waiter_stale_after",
+        "statement_timeout", "call_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
     )
     def _check_positive(self, proposal):
         if not proposal.value > 0:

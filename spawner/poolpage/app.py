@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -72,7 +73,7 @@ class QueueAPI(APIHandler):
 
 
 class UsageAPI(APIHandler):
-    async def usage(self) -> tuple[dict, object, object]:
+    async def usage(self) -> tuple[dict, datetime | None, datetime | None]:
         viewer = self.require_viewer()
         since, until = self.period()
         return views.usage_for(await self.call(self.pool.usage, since, until), viewer), since, until
@@ -119,6 +120,7 @@ class PageHandler(BaseHandler):
     @web.authenticated
     async def get(self):
         viewer = self.viewer()
+        assert viewer is not None  # @web.authenticated: a current user
         gpus = views.gpu_rows(await self.ledger(self.pool.gpus), viewer)
         queue = views.queue_rows(await self.ledger(self.pool.queue), viewer)
         # The newest leases and the all-time total (rolled up): the page's cost never grows with history.
@@ -179,8 +181,9 @@ def make_app(pool: GPUPool, prefix: str, base_url: str, show_holders: bool, jobs
             *jobs_api.routes(prefix),
             *schedules_api.routes(prefix),
         ],
-        pool=pool, jobs=jobs, scheduler=scheduler, jinja=jinja, prefix=prefix, base_url=base_url, show_holders=show_holders,
-        limits=limits, page=page, followers=Followers(limits), recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
+        pool=pool, jobs=jobs, scheduler=scheduler, jinja=jinja, prefix=prefix, base_url=base_url,
+        show_holders=show_holders, limits=limits, page=page, followers=Followers(limits),
+        recheck=recheck or PasswordRecheck(None), lab_profiles=lab_api.lab_profiles(jobs, page),
         cookie_secret=os.urandom(32), xsrf_cookies=False, default_handler_class=NotFound,
         notify=notify if notify is not None else EmailNotifications(), notify_key=_key_of(pool),
         notify_events=notify_events, browser_feed=feed,
@@ -238,7 +241,8 @@ async def serve(app: web.Application, port: int) -> None:
     watch = CullWatch(app.settings["pool"], hub_api(app), insight_settings(app).cull_rules,
                       app.settings["notify_events"])
     every = app.settings["notify_events"].cull_check_every
-    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once, "GPU-hour budget event(s) queued"),
+    ledger_watches = [LedgerWatch(app.settings["pool"], every, budget_watch.run_once,
+                                  "GPU-hour budget event(s) queued"),
                       LedgerWatch(app.settings["pool"], every, booking_watch.run_once, "booking event(s) queued")]
     expiry = LedgerWatch(app.settings["pool"], EXPIRE_EVERY_S, feed.expire, "browser notification(s) expired")
     expiry.start()

@@ -21,9 +21,9 @@ from statistics import median
 from typing import Protocol
 
 NOTE = ("Estimates: each lent GPU is expected back at the first end known for it (an idle cull, a maximum "
-        "age, a job's timeout, someone else's booking, its holder's GPU-hour budget running out) or after a typical lease (the median of past leases "
-        "that ran as long), whichever is sooner; a GPU booked by someone else is free again when the booking "
-        "ends. Servers stopped early or kept busy change them.")
+        "age, a job's timeout, someone else's booking, its holder's GPU-hour budget running out) or after a "
+        "typical lease (the median of past leases that ran as long), whichever is sooner; a GPU booked by "
+        "someone else is free again when the booking ends. Servers stopped early or kept busy change them.")
 
 Slot = tuple[str, str]  # (host, uuid) of one GPU
 

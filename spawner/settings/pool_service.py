@@ -111,7 +111,8 @@ def pool_part(settings, bridge_ip: str, base_url: str = "/") -> Part:
         # profile, stop one (an admin ending a lease).
         {"name": SERVICE_ROLE,
          "description": "The GPU pool page: list running servers and stop one when a pool admin ends its lease"
-                        + ("; it reads users' groups and directory identity to run their jobs" if settings.jobs else ""),
+                        + ("; it reads users' groups and directory identity to run their jobs"
+                           if settings.jobs else ""),
          "scopes": list(SERVICE_SCOPES),
          "services": [SERVICE_NAME]},
     )

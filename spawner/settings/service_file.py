@@ -1,8 +1,9 @@
 """The gpu-pool service's settings file: what the hub writes for it, from its final config.
 
 One file of traitlets config sections (poolpage/service_config.py reads it): the page's
-settings, its limits, the notification e-mail's settings and, with jobs, the jobs' settings.  Registered by apply_settings after
-every part of the service is configured; written by the hub once every config file is loaded.
+settings, its limits, the notification e-mail's settings and, with jobs, the jobs' settings.
+Registered by apply_settings after every part of the service is configured; written by the hub
+once every config file is loaded.
 """
 
 from __future__ import annotations

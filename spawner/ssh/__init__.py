@@ -15,8 +15,9 @@ Modules: settings (SSHGateway, the admin's limits), server_keys (per-server keys
 and where a server's sshd is, shared by spawner and gateway), spawner_access (the
 spawner's part), logins (who is connecting), throttle (slowing guessing),
 hub_client (the hub's REST API), server_access (whether a login's roles reach its
-server), bridge (channels relayed to the container), gateway (the SSH server), key_store and keys_api (registered public keys), app (the
-service process).  What the hub's config says about the service is settings/ssh_service.py.
+server), bridge (channels relayed to the container), gateway (the SSH server), key_store and
+keys_api (registered public keys), app (the service process).  What the hub's config says about
+the service is settings/ssh_service.py.
 """
 
 SERVICE_NAME = "gpu-ssh"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import asyncssh
 
@@ -28,10 +29,10 @@ class UpstreamSession(asyncssh.SSHClientSession):
 
     def data_received(self, data, datatype):
         self.down.touch()
-        self.down.chan.write(data, datatype)
+        self.down.channel.write(data, datatype)
 
     def eof_received(self):
-        self.down.chan.write_eof()
+        self.down.channel.write_eof()
         return True
 
     def exit_status_received(self, status):
@@ -41,10 +42,10 @@ class UpstreamSession(asyncssh.SSHClientSession):
         self.exit_signal = (signal, core_dumped, msg, lang)
 
     def pause_writing(self):
-        self.down.chan.pause_reading()
+        self.down.channel.pause_reading()
 
     def resume_writing(self):
-        self.down.chan.resume_reading()
+        self.down.channel.resume_reading()
 
     def connection_lost(self, exc):
         self.down.upstream_closed(self)
@@ -64,6 +65,13 @@ class DownstreamSession(asyncssh.SSHServerSession):
         self._closed = False
         self._early: list[bytes] = []  # what the client sent before the container's side opened
         self._early_eof = False
+
+    @property
+    def channel(self) -> asyncssh.SSHServerChannel:
+        """The person's channel: asyncssh sets it (connection_made) before the session starts,
+        so before the container's side opens."""
+        assert self.chan is not None
+        return self.chan
 
     def touch(self) -> None:
         self.gw.touch()
@@ -103,11 +111,11 @@ class DownstreamSession(asyncssh.SSHServerSession):
     async def _open_upstream(self):
         try:
             upstream = await self.gw.upstream(self.chan)
-            kwargs = {}
+            kwargs: dict[str, Any] = {}
             if self.term:
                 term_type, term_size, term_modes = self.term
                 kwargs.update(term_type=term_type, term_size=term_size, term_modes=term_modes)
-            env = dict(self.chan.get_environment())
+            env = dict(self.channel.get_environment())
             self.up_chan, _ = await upstream.create_session(
                 lambda: UpstreamSession(self), command=self.command, subsystem=self.subsystem,
                 env=env or (), encoding=None, **kwargs)
@@ -126,7 +134,7 @@ class DownstreamSession(asyncssh.SSHServerSession):
         self._early = []
         if self._early_eof:
             self.up_chan.write_eof()
-        self.chan.resume_reading()
+        self.channel.resume_reading()
 
     def _fail(self, message: str) -> None:
         if self._closed or self.chan is None:

@@ -33,7 +33,10 @@ LOOPBACK = {"localhost", "127.0.0.1", "::1", "ip6-localhost"}
 # OpenSSH clients would pick first if offered (bench/bench_ssh.py), and every relayed byte is
 # decrypted and encrypted again on each leg.  Every maintained client has it (OpenSSH >= 6.2, PuTTY >= 0.76).
 CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-HOST_KEY_TYPES: tuple[tuple[str, str, dict[str, Any]], ...] = (("ssh_host_ed25519_key", "ssh-ed25519", {}), ("ssh_host_rsa_key", "ssh-rsa", {"key_size": 3072}))
+HOST_KEY_TYPES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("ssh_host_ed25519_key", "ssh-ed25519", {}),
+    ("ssh_host_rsa_key", "ssh-rsa", {"key_size": 3072}),
+)
 
 
 class UserFacingError(RuntimeError):

@@ -162,6 +162,7 @@ def make_app(store: KeyStore, prefix: str, ssh_port: int, ssh_host: str, max_key
             (api, KeysAPI),
             (api + r"/([^/]+)", KeyAPI),
         ],
-        key_store=store, recheck=recheck, prefix=prefix, ssh_port=ssh_port, ssh_host=ssh_host, max_keys=max_keys, jinja=jinja,
+        key_store=store, recheck=recheck, prefix=prefix, ssh_port=ssh_port, ssh_host=ssh_host, max_keys=max_keys,
+        jinja=jinja,
         cookie_secret=os.urandom(32), xsrf_cookies=False,
     )

@@ -3,7 +3,7 @@ sshd listens for the gateway.  A mixin of the engines' spawner (both Docker and 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlparse
 
 from traitlets import Int, Unicode
@@ -51,7 +51,7 @@ class SSHAccess(Configurable):
         return ServerKeys(self.ssh_state_dir, self.user.name, self.name or "")
 
     def get_env(self):
-        env = super().get_env()
+        env = cast(Any, super()).get_env()  # the Spawner's (a mixin's next class)
         keys = self._ssh_keys()
         if keys is not None:
             env.update(keys.container_env(self.ssh_container_port, self.user.name))
@@ -61,7 +61,7 @@ class SSHAccess(Configurable):
         keys = self._ssh_keys()
         if keys is not None:
             keys.withdraw()
-        result = await super().start()
+        result = await cast(Any, super()).start()  # the Spawner's
         address = _start_address(result)
         if keys is not None and address:
             keys.publish(Endpoint(host=address, port=self.ssh_container_port,
@@ -72,4 +72,4 @@ class SSHAccess(Configurable):
         keys = self._ssh_keys()
         if keys is not None:
             keys.withdraw()
-        super().clear_state()
+        cast(Any, super()).clear_state()  # the Spawner's

@@ -397,7 +397,8 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
     opened = {"at": 0.0, "times": 0}
 
     def notebook_in_front(d) -> bool:
-        if not d.find_elements(*by_css(".jp-FileBrowser")) or d.find_elements(*by_css(".jp-FileBrowser.jp-mod-restoring")):
+        if (not d.find_elements(*by_css(".jp-FileBrowser"))
+                or d.find_elements(*by_css(".jp-FileBrowser.jp-mod-restoring"))):
             return False  # JupyterLab still restoring its layout and file browser
         if any(e.is_displayed() for e in d.find_elements(*by_css(".jp-NotebookPanel:not(.lm-mod-hidden) .cm-content"))):
             return True
@@ -421,7 +422,8 @@ def test_the_first_day_tutorial_on_the_demo(demo, browser, docker_client):
 
     # Each picture of the page is one of these screenshots, and each screenshot is on the page.
     page = TUTORIAL.read_text()
-    assert sorted(re.findall(r"\(images/(first-day-[\w-]+\.png)\)", page)) == sorted(p.name for p in pictures.glob("*.png"))
+    assert (sorted(re.findall(r"\(images/(first-day-[\w-]+\.png)\)", page))
+            == sorted(p.name for p in pictures.glob("*.png")))
 
 
 def test_each_line_of_the_demos_banner_works(demo, tmp_path):

@@ -190,7 +190,8 @@ def _probe_containers(docker_client, prefix: str, since: float) -> list[str]:
     """Names of the doctor's containers made since `since` whose name starts with `prefix`
     (the daemon's own event log, read up to now: the doctor has finished by then)."""
     events = docker_client.events(since=int(since), until=int(time.time()) + 1, decode=True,
-                                  filters={"type": "container", "event": "create", "label": f"{LABEL_DOCTOR}=gpu-probe"})
+                                  filters={"type": "container", "event": "create",
+                                           "label": f"{LABEL_DOCTOR}=gpu-probe"})
     names = [e["Actor"]["Attributes"].get("name", "") for e in events]
     return [n for n in names if n.startswith(prefix)]
 

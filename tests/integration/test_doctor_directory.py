@@ -53,7 +53,8 @@ def check(env: dict[str, str]) -> dict:
 def test_a_directory_set_up_right_passes_every_step(env_for, openldap):
     result = check(env_for())
     assert result["status"] == "ok", result
-    assert f"ldap://{openldap.host}:{openldap.port} (StartTLS), TLS verified with {openldap.ca_file}" in result["detail"]
+    assert (f"ldap://{openldap.host}:{openldap.port} (StartTLS), TLS verified with {openldap.ca_file}"
+            in result["detail"])
     assert f"bound as {openldap.bind_dn}" in result["detail"]
     assert f"groups found: {openldap.allowed_group}, {openldap.admin_group}" in result["detail"]
     ldaps = check(env_for(GPUHUB_DIRECTORY_TLS="ldaps", GPUHUB_DIRECTORY_PORT=str(openldap.ldaps_port)))

@@ -152,7 +152,8 @@ def test_a_reconcile_pass_during_a_stop_leaves_the_lease_to_the_stop(make_hub, d
     # Once the container is removed, the next listing (the stop's check) takes 3 s:
     # about three reconcile passes.
     docker_faults.after("DELETE", r"/containers/[^/]+$",
-                        lambda: docker_faults.after("GET", r"/containers/json$", lambda: time.sleep(3)))  # a slow answer
+                        lambda: docker_faults.after("GET", r"/containers/json$",
+                                                    lambda: time.sleep(3)))  # a slow answer
     hub.stop_server("slow", token=hub.user_token("slow"))
     wait_for(lambda: not hub.ledger().lease(lease_id).active, timeout=30, what="the lease to end", hub=hub)
     assert hub.ledger().lease(lease_id).end_reason == "stopped", hub.log_tail(40)

@@ -119,7 +119,8 @@ def test_a_cluster_waits_holding_nothing_then_starts_whole_and_one_failure_ends_
         r = jobs_api(hub, "POST", "", pat, json={"profile": "tf-gpu-2", "command": ["true"], "workers": workers})
         assert r.status_code == 400, (workers, r.text)
         assert message in r.json()["message"] and "Traceback" not in r.text, (workers, r.text)
-    assert not hub.ledger().leases() and not hub.ledger().queue() and jobs_api(hub, "GET", "", pat).json() == {"jobs": []}
+    assert (not hub.ledger().leases() and not hub.ledger().queue()
+            and jobs_api(hub, "GET", "", pat).json() == {"jobs": []})
 
     # 3 of 4 GPUs free: a cluster of 2 x 2 GPUs waits, as one queue entry, holding nothing.
     hub.start_server("bob", {"profile": "tf-gpu-1"})
@@ -252,8 +253,9 @@ def test_a_job_reads_ended_only_once_its_containers_are_gone(make_hub, docker_cl
     for attempt in range(3):
         for workers in (1, 2):
             j = submit(hub, pat, {"profile": "tf-gpu-1", "command": ["true"], "workers": workers})
-            done = wait_for(lambda j=j: (now := job(hub, pat, j["id"]))["state"] not in ("queued", "starting", "running")
-                            and now, timeout=120, interval=0.05, what=f"job {j['id']} to end", hub=hub)
+            done = wait_for(lambda j=j: (now := job(hub, pat, j["id"]))["state"]
+                            not in ("queued", "starting", "running") and now,
+                            timeout=120, interval=0.05, what=f"job {j['id']} to end", hub=hub)
             assert done["state"] == "succeeded", done
             name = f"{hub.prefix}-job-{j['id']}"
             found = [c.name for c in job_containers(hub, docker_client, j["id"])

@@ -85,8 +85,9 @@ def shows_deadline(browser, hub, user: str, timeout: int = GPU_TIMEOUT) -> bool:
 def test_lab_extension_in_chromium(make_hub, browser, tmp_path):
     utilization = tmp_path / "utilization.json"
     utilization.write_text("{}")
-    hub = make_hub(env={**ADMIN_ENV, "GPUHUB_JOBS": "false", "GPUHUB_CULL": "true", "GPUHUB_CULL_TIMEOUT_GPU": str(GPU_TIMEOUT),
-                        "GPUHUB_CULL_TIMEOUT_CPU": str(CPU_TIMEOUT), "GPUHUB_GPU_IDLE_PERCENT": "0",
+    hub = make_hub(env={**ADMIN_ENV, "GPUHUB_JOBS": "false", "GPUHUB_CULL": "true",
+                        "GPUHUB_CULL_TIMEOUT_GPU": str(GPU_TIMEOUT), "GPUHUB_CULL_TIMEOUT_CPU": str(CPU_TIMEOUT),
+                        "GPUHUB_GPU_IDLE_PERCENT": "0",
                         "GPUHUB_SIMULATED_UTILIZATION_FILE": str(utilization)})
     for name in ("pat", "bob", "cy", "ada"):
         hub.create_user(name)

@@ -25,7 +25,8 @@ NOTEBOOK = {
          "outputs": [],
          "source": "epochs = 1\n"},
         {"id": "train", "cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-         "source": "import os\nprint(f\"trained for {epochs} epochs on {os.environ.get('NVIDIA_VISIBLE_DEVICES')}\")\n"},
+         "source": "import os\n"
+                   "print(f\"trained for {epochs} epochs on {os.environ.get('NVIDIA_VISIBLE_DEVICES')}\")\n"},
     ],
     "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
     "nbformat": 4, "nbformat_minor": 5,
@@ -150,7 +151,8 @@ def test_a_one_minute_schedule_fires_with_the_server_stopped_and_makes_an_ordina
     # The pool page lists it: to pat (theirs), to the admin (everyone's), not to bob.
     def page(user):
         return logged_in(hub, user).get(f"{hub.url}/services/gpu-pool/", timeout=30).text
-    mine = wait_for(lambda: (p := page("pat")) and 'id="schedules"' in p and p, hub=hub, what="pat's schedule on the page")
+    mine = wait_for(lambda: (p := page("pat")) and 'id="schedules"' in p and p, hub=hub,
+                    what="pat's schedule on the page")
     assert "tick" in mine and "<code>* * * * *</code>" in mine
     assert "tick" in page("ada") and 'id="schedules"' not in page("bob")
     assert [s["user"] for s in schedules_api(hub, "GET", "?all=1", tokens["ada"]).json()["schedules"]] == ["pat"]

@@ -94,8 +94,10 @@ def open_notebook_and_create_a_job(b, hub, path: str) -> None:
     b.wait(lambda d: "| Idle" in text_of(b, "#jp-main-statusbar"), LAB_TIMEOUT + KERNEL_TIMEOUT,
            "the notebook did not open with an idle kernel")
     click(b, '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-NotebookPanel-toolbar [data-jp-item-name="create-job"] '
-             'jp-button', LAB_TIMEOUT, "the notebook's toolbar has no 'Create a notebook job' button (Jupyter Scheduler)")
-    shown = b.wait(lambda d: (f := d.find_elements(*by_css("#jp-create-job-inputFile"))) and f[0].get_attribute("value"),
+             'jp-button', LAB_TIMEOUT,
+          "the notebook's toolbar has no 'Create a notebook job' button (Jupyter Scheduler)")
+    shown = b.wait(lambda d: ((f := d.find_elements(*by_css("#jp-create-job-inputFile")))
+                              and f[0].get_attribute("value")),
                    60, "the job form did not open with its Input file filled")
     assert shown == path, shown
 

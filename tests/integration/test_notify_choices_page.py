@@ -50,7 +50,8 @@ def test_choices_page_sets_choices_with_xsrf_and_confirms_an_own_address(make_hu
         driver.get(f"{hub.url}/services/gpu-pool/")
         click(ana, "#notify-choices", 60, "the pool page has no Notifications button")
         ana.wait(lambda d: d.find_elements(*by_css('select[name="granted.email"]')), 60, "no choices page")
-        ana.wait(lambda d: "from the directory" in text_of(ana, "#address-now"), 30, "the page did not load the choices")
+        ana.wait(lambda d: "from the directory" in text_of(ana, "#address-now"), 30,
+                 "the page did not load the choices")
         assert DIRECTORY in text_of(ana, "#address-now")
         driver.execute_script("document.querySelector('select[name=\"granted.email\"]').value = 'always'")
         click(ana, "#save")

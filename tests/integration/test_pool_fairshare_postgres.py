@@ -1,4 +1,5 @@
-"""Fair-share and the rolled-up history on a real PostgreSQL ledger (the SQLite twins: tests/unit/test_pool_fairshare.py)."""
+"""Fair-share and the rolled-up history on a real PostgreSQL ledger (the SQLite twins:
+tests/unit/test_pool_fairshare.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The GPU pool page in real Chromium: a user looks, an admin drains a GPU and runs a script.
 
 A user logs in through the hub's login form, opens the page from the hub's
-Services menu (an admin from the "GPU pool" link in the hub's bar) and sees the GPUs, their own lease and the charts, with no admin
-buttons.  An admin drains a free GPU from the page (through its confirmation
+Services menu (an admin from the "GPU pool" link in the hub's bar) and sees the GPUs, their
+own lease and the charts, with no admin buttons.  An admin drains a free GPU from the page (through its confirmation
 page) and sees the spawn form's free count drop, then runs an action script in
 the user's server from the page (a multi-line script, typed into the page's textarea).  Screenshots of each step go to
 test-artifacts/test_pool_page_in_chromium.../.

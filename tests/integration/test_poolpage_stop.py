@@ -31,7 +31,8 @@ def sigint_ignored() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def start_service(directory: Path, settings: dict | None = None, docker_host: str = "") -> tuple[subprocess.Popen, Path]:
+def start_service(directory: Path, settings: dict | None = None,
+                  docker_host: str = "") -> tuple[subprocess.Popen, Path]:
     """The service as the hub starts it, from a hub that ignores SIGINT."""
     port = free_port()
     config = directory / "gpu-pool-service.json"

@@ -35,7 +35,8 @@ def test_the_job_reconciler_leaves_alone_a_job_that_starts_while_it_looks(tmp_pa
 
     host, tag = "jobs-order-host", secrets.token_hex(3)
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=2, host=host))
-    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jo{tag}"), make_job_engine(js))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jo{tag}"),
+                       make_job_engine(js))
     made = []
     read_leases = pool.leases
 

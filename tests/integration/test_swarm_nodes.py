@@ -136,7 +136,8 @@ def test_a_stopped_server_exits_by_itself_before_swarm_signals_it(make_swarm_hub
     # The worker's own record of the container's end: it exited with 0 after Jupyter's
     # shutdown, and Swarm never had to send it a signal (a `kill` event).
     events = wait_for(lambda: (out := node.docker("events", "--since", since, "--until", "0s", "--filter",
-                                                  f"container={cid}", "--format", "{{.Action}} {{json .Actor.Attributes}}"))
+                                                  f"container={cid}",
+                                                  "--format", "{{.Action}} {{json .Actor.Attributes}}"))
                       and "destroy" in out and out, what="the container's events")
     actions = [line.split(" ", 1)[0] for line in events.splitlines()]
     assert "kill" not in actions, events

@@ -54,7 +54,8 @@ def age(pool, seconds):
 
     def move(conn):
         for r in conn.execute(readings_table.select()).all():
-            conn.execute(update(readings_table).where((readings_table.c.host == r.host) & (readings_table.c.uuid == r.uuid))
+            conn.execute(update(readings_table)
+                         .where((readings_table.c.host == r.host) & (readings_table.c.uuid == r.uuid))
                          .values(at=r.at - timedelta(seconds=seconds)))
     pool._write(move)
 

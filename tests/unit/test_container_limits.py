@@ -75,7 +75,8 @@ def _runner(tmp_path, api, limit):
     from spawner.pool import GPUPool
 
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    return pool, JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, log_max_bytes=limit), make_job_engine(js, api))
+    return pool, JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, log_max_bytes=limit),
+                           make_job_engine(js, api))
 
 
 def test_a_job_log_is_read_by_its_tail_never_whole(tmp_path):

@@ -189,8 +189,9 @@ def test_a_missing_notebook_image_gets_the_exact_command_that_builds_it(tmp_path
     d.check_images()
     fixes = {r.check: r.fix for r in d.results}
     repo = Path(__file__).resolve().parents[2]  # this checkout is the package's clone
-    assert fixes[f"image {DEFAULT_GPU_IMAGE}"] == f"build it: PYTHON={sys.executable} {repo}/images/build-images.sh cuda"
-    assert fixes[f"image {DEFAULT_CPU_IMAGE}"] == f"build it: PYTHON={sys.executable} {repo}/images/build-images.sh mkl"
+    build = f"build it: PYTHON={sys.executable} {repo}/images/build-images.sh"
+    assert fixes[f"image {DEFAULT_GPU_IMAGE}"] == f"{build} cuda"
+    assert fixes[f"image {DEFAULT_CPU_IMAGE}"] == f"{build} mkl"
     assert "docker load" in fixes["image registry.example/own:1.0"]
 
 

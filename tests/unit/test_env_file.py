@@ -81,7 +81,8 @@ def test_every_port_the_hub_opens_is_in_the_example_with_its_default():
     from spawner.settings.hub import standing_default
 
     example = parse_env_file(EXAMPLE.read_text())
-    ports = {f"GPUHUB_{f.name.upper()}": str(standing_default(f.name)) for f in fields(Settings) if f.name.endswith("_port")}
+    ports = {f"GPUHUB_{f.name.upper()}": str(standing_default(f.name))
+             for f in fields(Settings) if f.name.endswith("_port")}
     assert ports.keys() >= {"GPUHUB_HUB_PORT", "GPUHUB_PROXY_API_PORT", "GPUHUB_POOL_PAGE_PORT"}
     assert {name: example.get(name) for name in ports} == ports
     assert example["GPUHUB_BIND_URL"] == Settings.bind_url

@@ -132,8 +132,9 @@ def _watch(quiet_turns, grace, turns):
     runner.reclaims = Reclaims(runner)  # nothing asked back
     job = Job(id=7, user="pat", groups=(), profile="p", command=("true",), workdir="", timeout_s=60, host="",
               uid=1000, gid=100, state="running", lease_id=1, container=None, gpu_uuids=("G0", "G1"),
-              exit_code=None, message=None, submitted_at=None, started_at=None, ended_at=None, workers=2, units=({"worker": 0, "lease_id": 1, "host": "gpu-a", "gpus": ["G0"]},
-                                                  {"worker": 1, "lease_id": 2, "host": "gpu-b", "gpus": ["G1"]}))
+              exit_code=None, message=None, submitted_at=None, started_at=None, ended_at=None, workers=2,
+              units=({"worker": 0, "lease_id": 1, "host": "gpu-a", "gpus": ["G0"]},
+                     {"worker": 1, "lease_id": 2, "host": "gpu-b", "gpus": ["G1"]}))
 
     async def main():
         loop = asyncio.get_running_loop()

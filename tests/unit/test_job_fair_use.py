@@ -31,7 +31,8 @@ def test_a_job_past_its_holders_budget_is_stopped_with_the_reason(tmp_path):
         over = running_job(runner, "carol", past_lease(pool, "carol", now - 41 * H, None))
         within = running_job(runner, "dave", past_lease(pool, "dave", now - 2 * H, None))
         assert asyncio.run(runner.fair_use.round()) == [over.id]  # dave is within his budget
-        assert "its GPU-hour budget is used up (You have used 41.0 of your 40 GPU-hours" in runner.fair_use.message(over)
+        assert ("its GPU-hour budget is used up (You have used 41.0 of your 40 GPU-hours"
+                in runner.fair_use.message(over))
         assert runner.fair_use.end_reason(over, CANCELLED) == EndReason.BUDGET
         assert runner.fair_use.end_reason(within, CANCELLED) == EndReason.JOB_CANCELLED  # only its owner's cancel
         assert runner.fair_use.message(within) == "cancelled while running"

@@ -21,7 +21,8 @@ def test_a_job_cancelled_in_the_gpu_queue_leaves_room_for_the_next(tmp_path):
     host = "places-host"
     pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=1, host=host))
     pool.sync_inventory()
-    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host, limits={"max_running": 1}), make_job_engine(js))
+    runner = JobRunner(pool, js := JobSettings(profiles=DEFAULT_PROFILES, host=host, limits={"max_running": 1}),
+                       make_job_engine(js))
     profile = runner.profiles["tf-gpu-1"]
     sub = Submission(profile=profile, command=("true",), workdir="", timeout_s=60)
 

@@ -293,8 +293,8 @@ def test_the_jobs_mirror_the_servers_home_options_whose_defaults_are_written_onc
     assert JobSettings().home_volume == traits["home_volume_name"].default_value
     # Set by the deployment, or in a section the servers read after c.GPUDockerSpawner (Swarm's).
     c = Config()
-    swarm = _settings(tmp_path, GPUHUB_SPAWNER="swarm", GPUHUB_HUB_CONNECT_IP="10.0.1.2", GPUHUB_HOME_VOLUME="lab-{username}",
-                      GPUHUB_POOL_DB_URL="postgresql+psycopg://u:p@db/ledger")
+    swarm = _settings(tmp_path, GPUHUB_SPAWNER="swarm", GPUHUB_HUB_CONNECT_IP="10.0.1.2",
+                      GPUHUB_HOME_VOLUME="lab-{username}", GPUHUB_POOL_DB_URL="postgresql+psycopg://u:p@db/ledger")
     apply_settings(c, swarm)
     c.GPUDockerSpawner.home_mount_point = "/home/docker-section"
     c.GPUSwarmSpawner.home_mount_point = "/home/swarm-section"

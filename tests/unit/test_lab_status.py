@@ -53,7 +53,8 @@ def lease(server: str, ended: datetime | None, reason: str | None, lease_id: int
 
 
 def test_an_ended_lease_is_told_for_an_hour_and_only_for_its_server():
-    history = [lease("", NOW - timedelta(minutes=5), "admin", 1), lease("other", NOW - timedelta(minutes=1), "stopped", 2)]
+    history = [lease("", NOW - timedelta(minutes=5), "admin", 1),
+               lease("other", NOW - timedelta(minutes=1), "stopped", 2)]
     assert ended_part(history, "", NOW) == {"id": 1, "ended_at": "2026-12-01T11:55:00+00:00", "reason": "admin",
                                             "by_admin": True}
     assert ended_part(history, "other", NOW)["by_admin"] is False

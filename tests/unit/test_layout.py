@@ -169,7 +169,8 @@ def test_nothing_below_the_engines_imports_them():
     # The pool and the inventory stand below every engine.  The one exception is named, with
     # its reason in its module (inventory/swarm.py: a task's GPUs are never offered).
     graph = _spawner_graph()
-    below = _arrows(graph, "spawner.pool", ("spawner.engines",)) + _arrows(graph, "spawner.inventory", ("spawner.engines",))
+    below = (_arrows(graph, "spawner.pool", ("spawner.engines",))
+             + _arrows(graph, "spawner.inventory", ("spawner.engines",)))
     assert below == ["spawner.inventory.swarm imports spawner.engines.swarm.tasks"]
 
 

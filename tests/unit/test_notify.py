@@ -120,7 +120,8 @@ def rows(pool, user: str | None = None, channels: tuple[str, ...] = (outbox.EMAI
 
 def outbox_states(pool) -> str:
     """Each e-mail row's state, tries and last error: what a failed count is explained by."""
-    return "\n".join(f"{r['id']} {r['event']} {r['state']} attempts={r['attempts']} next_at={r['next_at']} {r['error'] or ''}"
+    return "\n".join(f"{r['id']} {r['event']} {r['state']} attempts={r['attempts']} next_at={r['next_at']} "
+                     f"{r['error'] or ''}"
                      for r in rows(pool, channels=(outbox.EMAIL,)))
 
 
@@ -452,7 +453,8 @@ def test_the_smtp_password_is_never_logged_nor_in_the_outbox(tmp_path, caplog):
 def certificate(tmp_path_factory):
     d = tmp_path_factory.mktemp("tls")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+                    "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
                    check=True, capture_output=True)
     return d / "cert.pem", d / "key.pem"
 

@@ -73,7 +73,8 @@ def test_a_set_address_gets_mail_only_after_its_link_is_confirmed(tmp_path, smtp
         assert urlsplit(link).path == "/services/gpu-pool/notifications/confirm"
         doc = requests.get(api, headers=BOB, timeout=10).json()
         assert doc["address"] == "bob@example.org"  # not yet
-        assert doc["own_address"]["confirmed"] is None and [p["address"] for p in doc["own_address"]["pending"]] == [HOME]
+        assert doc["own_address"]["confirmed"] is None
+        assert [p["address"] for p in doc["own_address"]["pending"]] == [HOME]
         assert job_ended_mail_goes_to(pool, smtp_server.port, smtp_server.inbox) == ["bob@example.org"]
 
         # A GET (a mail scanner) shows a button and confirms nothing.
@@ -121,7 +122,8 @@ def test_an_expired_link_is_refused(tmp_path, smtp_server):
             assert refused.status_code == 410 and "expired" in refused.text
         # A link signed with the real key, expiry in the past: refused too (the expiry is checked, not only signed).
         key = directory.secret(pool)
-        old = signing.confirm_url(key, url.split("/services/")[0], "/services/gpu-pool/", "bob", HOME, int(time.time()) - 5)
+        old = signing.confirm_url(key, url.split("/services/")[0], "/services/gpu-pool/", "bob", HOME,
+                                  int(time.time()) - 5)
         assert requests.post(old, timeout=10).status_code == 410
         assert requests.get(url + "api/notifications", headers=BOB, timeout=10).json()["address"] == "bob@example.org"
     pool.close()

@@ -150,7 +150,8 @@ def test_a_booking_tells_its_booker_soon_and_ready_and_the_holder_of_its_gpu_whe
     assert booking_watch.run_once(store) == 0
     pool.release(held.id, EndReason.BOOKING)
     assert booking_watch.run_once(store) == 1 and booking_watch.run_once(store) == 0
-    assert [(r["event"], r["payload"]["kind"]) for r in rows(pool, "bob")] == [("booking", "ready"), ("booking", "soon")]
+    assert ([(r["event"], r["payload"]["kind"]) for r in rows(pool, "bob")]
+            == [("booking", "ready"), ("booking", "soon")])
     assert len(rows(pool, "alice")) == 1
     told = [describe(outbox.Entry(r["id"], "bob", r["event"], "email", r["payload"], r["created_at"], 1), links)
             for r in rows(pool, "bob")]

@@ -243,5 +243,6 @@ def test_a_version_7_ledger_gains_the_workers_column_in_place(tmp_path):
     finally:
         pool.close()
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == str(SCHEMA_VERSION)
+        version = conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar()
+        assert version == str(SCHEMA_VERSION)
     engine.dispose()

@@ -273,5 +273,6 @@ def test_older_ledgers_gain_the_audit_and_queue_tables_in_place(tmp_path, old):
     finally:
         pool.close()
     with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar() == str(SCHEMA_VERSION)
+        version = conn.execute(sa.text("SELECT value FROM gpu_pool_meta WHERE key='schema_version'")).scalar()
+        assert version == str(SCHEMA_VERSION)
     engine.dispose()

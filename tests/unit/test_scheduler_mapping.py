@@ -23,7 +23,8 @@ def m():
 
 
 def test_run_now_is_a_notebook_job_of_the_chosen_profile_with_typed_parameters(m):
-    create = {"input_uri": "work/train.ipynb", "runtime_environment_name": "tf-gpu-1 (TensorFlow + 1 GPU: 1 GPU, 0 free)",
+    create = {"input_uri": "work/train.ipynb",
+              "runtime_environment_name": "tf-gpu-1 (TensorFlow + 1 GPU: 1 GPU, 0 free)",
               "name": "train",
               "parameters": {"epochs": "5", "rate": "0.1", "tag": "run a", "fast": "true"},
               "output_formats": ["ipynb", "html"], "compute_type": None}

@@ -129,7 +129,8 @@ def test_the_parts_build_the_same_config_in_any_order(tmp_path, monkeypatch):
     def scopes_unordered(values):
         out = unordered(values)
         out["JupyterHub", "load_roles"] = sorted(
-            json.dumps({**r, "scopes": sorted(r["scopes"])}, sort_keys=True) for r in values["JupyterHub", "load_roles"])
+            json.dumps({**r, "scopes": sorted(r["scopes"])}, sort_keys=True)
+            for r in values["JupyterHub", "load_roles"])
         out["JupyterHub", "services"] = sorted(
             json.dumps({**s, "oauth_client_allowed_scopes": sorted(s.get("oauth_client_allowed_scopes", []))},
                        sort_keys=True) for s in values["JupyterHub", "services"])

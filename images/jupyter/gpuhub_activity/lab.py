@@ -122,7 +122,8 @@ class LabStatus(LoggingConfigurable):
             except ValueError:
                 message = ""
             self.log.warning("gpuhub: the pool service answered %s %s", response.code, message)
-            return self._extra({"available": False, "message": f"GPU status: the pool service answered {response.code}"})
+            return self._extra({"available": False,
+                                "message": f"GPU status: the pool service answered {response.code}"})
         data = self._extra({"available": True, **json.loads(response.body)})
         self._remember(data)
         self._cached = (time.monotonic(), data)

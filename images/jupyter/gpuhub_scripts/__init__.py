@@ -85,7 +85,8 @@ def script_handler():
             try:
                 result = await run_script(script, timeout)
             except FileNotFoundError:
-                raise web.HTTPError(501, "This image has no `timeout` command (coreutils), so no script runs here") from None
+                raise web.HTTPError(
+                    501, "This image has no `timeout` command (coreutils), so no script runs here") from None
             self.log.info("Ran an action script (%d bytes): exit %s", len(script.encode()), result["exit_code"])
             self.finish(json.dumps(result))
 

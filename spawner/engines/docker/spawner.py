@@ -12,6 +12,7 @@ Homes are named volumes (`homes.py`).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Any
 
 import docker.errors
 from dockerspawner import DockerSpawner
@@ -41,6 +42,10 @@ class GPUDockerSpawner(GPUContainerSpawner, DockerSpawner):
 
     # Each reconcile pass judges this host's containers (reconciler.start_in_hub runs it).
     reconcile_pass = staticmethod(reconcile)
+
+    if TYPE_CHECKING:  # DockerSpawner's options (it ships no types), swapped around create_object
+        extra_create_kwargs: Any
+        extra_host_config: Any
 
     # -------------------------------------------------------------- container
 

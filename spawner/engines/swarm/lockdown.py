@@ -92,7 +92,8 @@ def probe_spec(image: str, manager_api: str) -> dict:
 
     from ..common.containers import HELPER_PIDS_LIMIT, hardened_host_config
 
-    spec = ContainerSpec(image=image, command=["/bin/sh", "-c", "grep -q '^NoNewPrivs:[[:space:]]*1$' /proc/self/status"],
+    spec = ContainerSpec(image=image,
+                         command=["/bin/sh", "-c", "grep -q '^NoNewPrivs:[[:space:]]*1$' /proc/self/status"],
                          user="65534:65534", env={"NVIDIA_VISIBLE_DEVICES": "void"},
                          labels={LABEL_PROBE: "1"}, cap_drop=hardened_host_config()["cap_drop"])
     if version_tuple(manager_api) >= SPEC_API:

@@ -340,7 +340,8 @@ def make(conn, now: datetime, *, user: str, group: str | None, count: int, start
     # last chosen by anyone's (an admin's booking from now stops fewer people).
     in_use = lent_to_others(conn, user)
 
-    def pick(start: datetime, end: datetime, avoid: frozenset[tuple[str, str]] = frozenset()) -> tuple[str, list[str]] | None:
+    def pick(start: datetime, end: datetime,
+             avoid: frozenset[tuple[str, str]] = frozenset()) -> tuple[str, list[str]] | None:
         for h in hosts:
             taken = {u for b in existing if b.host == h and _window(b, start, end) for u in b.gpu_uuids}
             free = [u for u in by_host.get(h, []) if u not in taken and (h, u) not in avoid]

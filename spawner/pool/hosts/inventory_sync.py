@@ -81,6 +81,7 @@ def check_host_identity(conn, units: list[GPU]) -> None:
         f"GPU {clashes[0][1]}{more} of this host is in the GPU ledger under host name '{old}', but this hub "
         f"calls its host '{new}' (c.Inventory.host; by default the machine's host name). Lending it under "
         f"both names could give one GPU to two users, so the pool refuses to start. If this machine was "
-        f"renamed or the hub's container recreated, either set c.Inventory.host = '{old}' (or GPUHUB_GPU_HOST={old}), or stop the hub "
-        f"and move the ledger's records to the new name: gpu-pool rehome '{old}' '{new}'"
+        f"renamed or the hub's container recreated, either set c.Inventory.host = '{old}' "
+        f"(or GPUHUB_GPU_HOST={old}), or stop the hub and move the ledger's records to the new name: "
+        f"gpu-pool rehome '{old}' '{new}'"
     )

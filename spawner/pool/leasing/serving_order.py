@@ -124,7 +124,8 @@ def fifo_why(position: int) -> str:
     """The FIFO queue's `why`: only arrival counts."""
     head = f"{ordinal(position)} in the queue"
     n = position - 1
-    return f"{head}: next to be served" if n <= 0 else f"{head}: {_requests(n)} that came earlier {_are(n)} ahead of you"
+    return (f"{head}: next to be served" if n <= 0
+            else f"{head}: {_requests(n)} that came earlier {_are(n)} ahead of you")
 
 
 def _requests(n: int) -> str:

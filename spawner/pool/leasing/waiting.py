@@ -118,7 +118,8 @@ class QueueWatch:
                     if loop.time() - last_beat >= self.heartbeat_interval:
                         last_beat = loop.time()
                         await loop.run_in_executor(LEDGER_EXECUTOR, self.beat, list(mine))
-                    views: dict[int, View] | PoolError | None = await loop.run_in_executor(LEDGER_EXECUTOR, self.look, mine, known)
+                    views: dict[int, View] | PoolError | None = await loop.run_in_executor(
+                        LEDGER_EXECUTOR, self.look, mine, known)
                     if failing:
                         self.log.info("GPU ledger answers again; %d request(s) keep waiting", len(mine))
                         failing = False
@@ -344,7 +345,8 @@ class Wait:
 
     async def _call_on_wait(self, on_wait, position: int, wanted: int, free: int, why: str) -> None:
         try:
-            result = on_wait(position, wanted, free, why=why) if _takes_why(on_wait) else on_wait(position, wanted, free)
+            result = (on_wait(position, wanted, free, why=why) if _takes_why(on_wait)
+                      else on_wait(position, wanted, free))
             if inspect.isawaitable(result):
                 await result
         except asyncio.CancelledError:

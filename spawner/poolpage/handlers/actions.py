@@ -228,6 +228,8 @@ class ExecAPI(APIHandler):
         if not answers_at_once(len(servers), timeout):
             self.write_json(run_reply(self, run), status=202)
             return
+        if run.task is None:  # start_exec always sets it
+            raise RuntimeError(f"Run {run.id} was started without its task")
         await asyncio.shield(run.task)
         self.write_json(run.as_dict())
 

@@ -146,6 +146,7 @@ class BookingForm(BaseHandler):
     @web.authenticated
     async def post(self):
         viewer = self.viewer()  # (HubOAuth checks the form's XSRF token on this cookie-authenticated POST)
+        assert viewer is not None  # @web.authenticated: a current user
         fields = {k: self.get_body_argument(k, "").strip() for k in ("count", "starts_at", "ends_at", "group")}
         try:
             count = int(fields["count"] or "1")

@@ -162,7 +162,8 @@ class LabAPI(APIHandler):
                     log.warning("Cull deadline without the queue: %s", exc)
             deadline = s.deadline(srv, busy)
             part.update(at=iso(deadline) if deadline else None, last_activity=iso(srv.last_activity),
-                        idle_limit_s=server_idle_limit(srv.state, s.cull_timeout_cpu, s.cull_timeout, s.cull_rules, busy),
+                        idle_limit_s=server_idle_limit(srv.state, s.cull_timeout_cpu, s.cull_timeout,
+                                                       s.cull_rules, busy),
                         contended=busy)
             if is_gpu_server(srv.state) and s.gpu_idle_percent > 0:
                 # The culler's other rule (GPUCullPolicy): GPUs under this for this long, whatever

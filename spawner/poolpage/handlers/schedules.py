@@ -33,7 +33,8 @@ class SchedulesMixin(JobsMixin):
 
     async def owned_schedule(self, schedule_id: str) -> tuple[Schedule, str]:
         name, admin = self.job_user()
-        found = await self.call(self.scheduler.ledger.get, path_id(schedule_id, f"No schedule {schedule_id[:40]} of yours"))
+        found = await self.call(self.scheduler.ledger.get,
+                                path_id(schedule_id, f"No schedule {schedule_id[:40]} of yours"))
         if found is None or (found.user != name and not admin):
             raise web.HTTPError(404, f"No schedule {schedule_id} of yours")
         return found, name

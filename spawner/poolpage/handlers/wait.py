@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from jupyterhub.utils import url_path_join
@@ -52,7 +53,8 @@ class Settings:
         self.simulated_gpus = page.simulated_gpus
         self.utilization_file = page.utilization_file
         self.db_url = db_url
-        self._reader = self._no_reader = None
+        self._reader: Callable[[str, str], float | None] | None = None
+        self._no_reader: bool | None = None
 
     def deadline(self, server, contended: bool = False) -> datetime | None:
         """When the culler stops `server` (a hubapi.Server) if it stays idle: the policy's
