@@ -99,3 +99,130 @@ def test_a_users_server_cannot_reach_another_users_server_on_swarm(make_swarm_hu
     print([line for line in hub.log_tail(200).splitlines() if "bea's server exited" in line])
     assert docker("ps", "-aq", "--filter", f"name=^{bea}-relay$") == ""
     wait_for(lambda: docker(*own) == "", 90, "bea's own overlay to be removed", hub)
+
+
+# Run in a container: whether it has a default route, then per target "route IP" (does the
+# kernel have a route to IP: a UDP connect, which sends nothing), "get URL" ("$HUB": its own
+# JUPYTERHUB_API_URL) or "connect HOST:PORT" (a CONNECT through its HTTPS_PROXY: the answer's
+# status line); {name: answer, or "ERR <why>"}.
+NET_PROBE = r"""
+import json, os, socket, sys, urllib.request
+routes = [line.split() for line in open("/proc/net/route").read().splitlines()[1:]]
+out = {"a default route": "yes" if any(r[1] == "00000000" for r in routes) else "ERR none"}
+for name, target in json.loads(sys.argv[1]).items():
+    kind, _, where = target.partition(" ")
+    try:
+        if kind == "route":
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((where, 80))
+                out[name] = "route from " + s.getsockname()[0]
+        elif kind == "get":
+            url = os.environ.get("JUPYTERHUB_API_URL", "") if where == "$HUB" else where
+            out[name] = urllib.request.urlopen(url, timeout=3).read().decode(errors="replace")[:300]
+        else:
+            host, port = os.environ["HTTPS_PROXY"].split("//")[1].rstrip("/").rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as c:
+                c.sendall(("CONNECT %s HTTP/1.1\r\n\r\n" % where).encode())
+                out[name] = c.recv(300).decode(errors="replace").split("\r\n")[0]
+    except Exception as exc:
+        out[name] = "ERR %s %s" % (type(exc).__name__, getattr(exc, "errno", "") or "")
+print(json.dumps(out))
+"""
+NODE_SECRET = "node-secret-51ad"
+
+
+def _serve_secret_on(address: str):
+    """An HTTP listener of this machine (the manager node) on `address`, serving NODE_SECRET."""
+    import http.server
+    import threading
+
+    class Secret(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(NODE_SECRET.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((address, 0), Secret)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_services(
+        make_swarm_hub, swarm_cluster, notebook_image):
+    """dan's server on a GPU worker has no route out at all (none to 169.254.169.254) and gets
+    nothing from a port listening on its node's own addresses (the worker's, its
+    docker_gwbridge's) or the manager's, while the hub's API answers through the relay; the
+    relay's HTTPS proxy refuses the same destinations.  The same from a container on the
+    manager attached as a server's task there is (only to dan's own overlay: the harness's
+    manager runs no servers, its dockerd does not enforce no-new-privileges), and from a job."""
+    from .test_jobs import jobs_api, submit, wait_state
+    from .test_poolpage import wait_for_page
+
+    hub = make_swarm_hub(profiles_config(notebook_image), env={"GPUHUB_POOL_PAGE": "true"})
+    a100 = next(n for n in swarm_cluster.nodes if n.labels["gpu.model"] == "a100")
+    port = 18931
+    listener = f"gpuhub-node-listener-{swarm_cluster.session}"
+    a100.docker("run", "-d", "--rm", "--name", listener, "--network", "host", "--entrypoint", "sh", notebook_image, "-c",
+                f"mkdir -p /tmp/s && echo {NODE_SECRET} > /tmp/s/secret.txt && "
+                f"exec python3 -m http.server {port} --directory /tmp/s")
+    manager = _serve_secret_on(swarm_cluster.manager_addr)
+    try:
+        gwbridge = a100.docker("network", "inspect", "docker_gwbridge", "-f", "{{(index .IPAM.Config 0).Gateway}}")
+        node_urls = {"the a100 node's own port": f"http://{a100.ip}:{port}/secret.txt",
+                     "the a100 node's port on docker_gwbridge": f"http://{gwbridge}:{port}/secret.txt",
+                     "the manager node's own port": f"http://{swarm_cluster.manager_addr}:{manager.server_port}/"}
+        # The listeners run (the worker's seen from its own namespace).
+        wait_for(lambda: NODE_SECRET in a100.docker("exec", listener, "python3", "-c",
+                 f"import urllib.request; print(urllib.request.urlopen('http://{a100.ip}:{port}/secret.txt').read())",
+                 check=False), what="the a100 node's listener")
+        targets = {"a route to 169.254.169.254": "route 169.254.169.254",
+                   **{name: f"get {url}" for name, url in node_urls.items()},
+                   "the hub": "get $HUB",
+                   "the proxy to 169.254.169.254": "connect 169.254.169.254:80",
+                   "the proxy to the a100 node": f"connect {a100.ip}:{port}",
+                   "the proxy to the manager": f"connect {swarm_cluster.manager_addr}:{manager.server_port}",
+                   "the proxy to the relay's overlay address": "connect jupyterhub:8081"}
+
+        def judge(who: str, seen: dict) -> None:
+            print(who, seen)
+            assert '"version"' in seen.pop("the hub"), seen  # the hub's API, through the relay
+            proxied = {name: seen.pop(name) for name in list(seen) if name.startswith("the proxy")}
+            reached = {name: answer for name, answer in seen.items() if not answer.startswith("ERR")}
+            assert reached == {}, f"{who} reached: {reached}"
+            assert all(answer.startswith("HTTP/1.1 403 Refused") for answer in proxied.values()), proxied
+
+        hub.create_user("dan")
+        hub.start_server("dan", {"profile": "a100"})
+        service = f"{hub.prefix}-dan"
+        node, cid = wait_for(lambda: swarm_cluster.task_container(service), what="dan's task")
+        assert node is a100
+        env = dict(line.split("=", 1) for line in node.docker("exec", cid, "env").splitlines() if "=" in line)
+        judge("dan's server", json.loads(node.docker("exec", cid, "python3", "-c", NET_PROBE, json.dumps(targets),
+                                                     timeout=120)))
+        # On the manager: a container attached as dan's task is, to his server's own overlay.
+        [own] = docker("network", "ls", "-q", "--filter", f"label={LABEL_SERVER_NET}={service}").split()
+        out = docker("run", "--rm", "--network", own, "--label",
+                     f"org.jupyter.gpuhub.swarm-harness={swarm_cluster.session}",
+                     *[a for key in ("JUPYTERHUB_API_URL", "HTTPS_PROXY") if key in env
+                       for a in ("-e", f"{key}={env[key]}")],
+                     "--entrypoint", "python3", notebook_image, "-c", NET_PROBE, json.dumps(targets), timeout=120)
+        judge("a container on the manager on dan's overlay", json.loads(out))
+        # A job (no job_network: an internal overlay of its own) reaches none of them either.
+        token = hub.user_token("dan")
+        wait_for_page(hub, token)
+        job_targets = {name: target for name, target in targets.items()
+                       if not target.startswith("connect") and name != "the hub"}
+        job = submit(hub, token, {"profile": "t4", "command": ["python3", "-c", NET_PROBE, json.dumps(job_targets)]})
+        done = wait_state(hub, token, job["id"], ("succeeded", "failed"), timeout=120)
+        log = jobs_api(hub, "GET", f"/{job['id']}/logs", token).text
+        assert done["state"] == "succeeded", log
+        seen = json.loads(log.strip().splitlines()[-1])
+        print("dan's job", seen)
+        reached = {name: answer for name, answer in seen.items() if not answer.startswith("ERR")}
+        assert reached == {}, f"dan's job reached: {reached}"
+    finally:
+        manager.shutdown()
+        a100.docker("rm", "-f", listener, check=False)
