@@ -129,6 +129,20 @@ def forwarder(rule):
     return handle
 
 
+def gateways():
+    """The IPv4 gateways of this container's routes (/proc/net/route: little-endian hex)."""
+    found = set()
+    try:
+        with open("/proc/net/route") as table:
+            for line in table.read().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] != "00000000":
+                    found.add(str(ipaddress.IPv4Address(bytes.fromhex(fields[2])[::-1])))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
 def refused(address):
     """Why the proxy will not connect to `address` (an IP), or "" when it may."""
     ip = ipaddress.ip_address(address.split("%")[0])
@@ -205,7 +219,8 @@ async def main():
         await asyncio.start_server(forwarder(rule), "0.0.0.0", rule["listen"], reuse_address=True)
     if PROXY:
         PROXY["allow"] = [ipaddress.ip_network(n, strict=False) for n in PROXY["allow"]]
-        PROXY["refuse"] = set(PROXY["refuse"])
+        # The relay's own gateways (docker_gwbridge's: its node) are refused as the nodes are.
+        PROXY["refuse"] = set(PROXY["refuse"]) | gateways()
         await asyncio.start_server(proxy, "0.0.0.0", PROXY["listen"], reuse_address=True)
     print("relay ready", flush=True)
     await asyncio.Event().wait()

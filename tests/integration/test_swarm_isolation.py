@@ -5,6 +5,10 @@ node: their Jupyter servers' version (by service name and by every address of th
 and a secret line bea serves on another port.  A container on the servers' overlay that is
 neither (a job's, say) probes bea's server too, and the relay that stands between the hub
 and bea's server (swarm/relay.py).  amy still reaches the hub through her environment's URL.
+
+dan's server has no route out (its own overlay is internal): not 169.254.169.254, no port of its
+node or the manager, only the hub through its relay and, through the relay's HTTPS proxy, an
+address the admin allowed (a "mirror").
 """
 
 from __future__ import annotations
@@ -123,7 +127,22 @@ for name, target in json.loads(sys.argv[1]).items():
             host, port = os.environ["HTTPS_PROXY"].split("//")[1].rstrip("/").rsplit(":", 1)
             with socket.create_connection((host, int(port)), timeout=5) as c:
                 c.sendall(("CONNECT %s HTTP/1.1\r\n\r\n" % where).encode())
-                out[name] = c.recv(300).decode(errors="replace").split("\r\n")[0]
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 2000:
+                    chunk = c.recv(1)
+                    if not chunk:
+                        break
+                    head += chunk
+                out[name] = head.decode(errors="replace").split("\r\n")[0]
+                if kind == "tunnel" and " 200 " in out[name]:  # then HTTP through the tunnel
+                    c.sendall(b"GET /secret.txt HTTP/1.0\r\n\r\n")
+                    body = b""
+                    while True:
+                        chunk = c.recv(4096)
+                        if not chunk:
+                            break
+                        body += chunk
+                    out[name] += " | " + body.decode(errors="replace").strip().splitlines()[-1]
     except Exception as exc:
         out[name] = "ERR %s %s" % (type(exc).__name__, getattr(exc, "errno", "") or "")
 print(json.dumps(out))
@@ -131,8 +150,8 @@ print(json.dumps(out))
 NODE_SECRET = "node-secret-51ad"
 
 
-def _serve_secret_on(address: str):
-    """An HTTP listener of this machine (the manager node) on `address`, serving NODE_SECRET."""
+def _serve_secret_on(address: str, secret: str = NODE_SECRET):
+    """An HTTP listener of this machine (the manager node) on `address`, serving `secret`."""
     import http.server
     import threading
 
@@ -140,7 +159,7 @@ def _serve_secret_on(address: str):
         def do_GET(self):  # noqa: N802 (http.server's name)
             self.send_response(200)
             self.end_headers()
-            self.wfile.write(NODE_SECRET.encode())
+            self.wfile.write(secret.encode())
 
         def log_message(self, *args):
             pass
@@ -155,13 +174,22 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
     """dan's server on a GPU worker has no route out at all (none to 169.254.169.254) and gets
     nothing from a port listening on its node's own addresses (the worker's, its
     docker_gwbridge's) or the manager's, while the hub's API answers through the relay; the
-    relay's HTTPS proxy refuses the same destinations.  The same from a container on the
+    relay's HTTPS proxy refuses the same destinations and reaches a "mirror" on a network the
+    admin allowed (`outbound_proxy_networks`).  The same from a container on the
     manager attached as a server's task there is (only to dan's own overlay: the harness's
     manager runs no servers, its dockerd does not enforce no-new-privileges), and from a job."""
     from .test_jobs import jobs_api, submit, wait_state
     from .test_poolpage import wait_for_page
 
-    hub = make_swarm_hub(profiles_config(notebook_image), env={"GPUHUB_POOL_PAGE": "true"})
+    # A "mirror" on a network of the lab's that the admin lets the proxy reach: a listener on
+    # the gateway of a bridge of its own on this machine (the manager).
+    mirror_net = f"gpuhub-mirror-{swarm_cluster.session}"
+    docker("network", "create", "--label", f"org.jupyter.gpuhub.swarm-harness={swarm_cluster.session}", mirror_net)
+    [ipam] = json.loads(docker("network", "inspect", mirror_net))[0]["IPAM"]["Config"]
+    mirror = _serve_secret_on(ipam["Gateway"], f"mirror-{NODE_SECRET}")
+    hub = make_swarm_hub(profiles_config(notebook_image)
+                         + f"c.GPUSwarmSpawner.outbound_proxy_networks = [{ipam['Subnet']!r}]\n",
+                         env={"GPUHUB_POOL_PAGE": "true"})
     a100 = next(n for n in swarm_cluster.nodes if n.labels["gpu.model"] == "a100")
     port = 18931
     listener = f"gpuhub-node-listener-{swarm_cluster.session}"
@@ -189,11 +217,15 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
         def judge(who: str, seen: dict) -> None:
             print(who, seen)
             assert '"version"' in seen.pop("the hub"), seen  # the hub's API, through the relay
+            # The allowed mirror, through the relay's proxy: connected, and HTTP through the tunnel.
+            assert seen.pop("the mirror, through the proxy") == \
+                f"HTTP/1.1 200 Connection established | mirror-{NODE_SECRET}", seen
             proxied = {name: seen.pop(name) for name in list(seen) if name.startswith("the proxy")}
             reached = {name: answer for name, answer in seen.items() if not answer.startswith("ERR")}
             assert reached == {}, f"{who} reached: {reached}"
             assert all(answer.startswith("HTTP/1.1 403 Refused") for answer in proxied.values()), proxied
 
+        targets["the mirror, through the proxy"] = f"tunnel {ipam['Gateway']}:{mirror.server_port}"
         hub.create_user("dan")
         hub.start_server("dan", {"profile": "a100"})
         service = f"{hub.prefix}-dan"
@@ -214,7 +246,7 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
         token = hub.user_token("dan")
         wait_for_page(hub, token)
         job_targets = {name: target for name, target in targets.items()
-                       if not target.startswith("connect") and name != "the hub"}
+                       if not target.startswith(("connect", "tunnel")) and name != "the hub"}
         job = submit(hub, token, {"profile": "t4", "command": ["python3", "-c", NET_PROBE, json.dumps(job_targets)]})
         done = wait_state(hub, token, job["id"], ("succeeded", "failed"), timeout=120)
         log = jobs_api(hub, "GET", f"/{job['id']}/logs", token).text
@@ -226,3 +258,5 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
     finally:
         manager.shutdown()
         a100.docker("rm", "-f", listener, check=False)
+        mirror.shutdown()
+        docker("network", "rm", mirror_net, check=False)
