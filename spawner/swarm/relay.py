@@ -15,7 +15,14 @@ network_name).  The relay is a TCP forwarder and nothing else:
   run too): a job or any other container on the hub's overlay gets nothing;
 - on the server's overlay it answers as `jupyterhub` and forwards the ports of the hub's
   URLs in the server's environment (the hub's API, the gpu-pool service) to the hub: the
-  server's environment names `jupyterhub` instead of the hub's address.
+  server's environment names `jupyterhub` instead of the hub's address;
+- with GPUSwarmSpawner.outbound_proxy, it is the server's HTTPS proxy (PROXY_PORT, named in
+  the server's HTTPS_PROXY): `CONNECT host:port` only, to an address that is not link-local,
+  not a node's, not the relay's gateway, and public or in outbound_proxy_networks.
+
+The server's own overlay is internal: Docker gives its task no docker_gwbridge and so no
+route out at all (no cloud metadata address, no node's ports, whatever the node's firewall);
+the relay, on the servers' overlay too, has the route the proxy uses.
 
 Why a relay rather than joining the hub's container to each server's overlay: a hub deployed
 as a Swarm service (`docker stack deploy`, hub_config/swarm-stack.yml) runs in a container

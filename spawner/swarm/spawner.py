@@ -176,8 +176,10 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         help="""
         Networks (CIDRs, e.g. `["10.20.0.0/24"]`) that are not public and that the
         relay's HTTPS proxy (`outbound_proxy`) still connects to: a package mirror on
-        the lab's own network.  Link-local addresses and the Swarm nodes' own
-        addresses are refused even when a network here holds them.
+        the lab's own network.  Link-local addresses, the Swarm nodes' addresses and
+        the relay's gateway are refused even when a network here holds them; any other
+        address of a node a network here holds (a Docker bridge's gateway, e.g.
+        172.17.0.1) is not: list the mirror's own network, or its /32.
         """,
     )
 
