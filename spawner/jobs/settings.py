@@ -59,6 +59,10 @@ class JobSettings:
     cpu_constraints: list = field(default_factory=list)
     # c.GPUSwarmSpawner.node_down_grace: how long a cluster waits for a worker's quiet node.
     node_down_grace: float = field(default_factory=lambda: swarm_spawner_default("node_down_grace"))
+    # c.GPUSwarmSpawner.outbound_proxy(_networks): a Swarm job with `job_network` goes out through
+    # a proxy of its own, as a server does through its relay (swarm/relay.py).
+    outbound_proxy: bool = field(default_factory=lambda: swarm_spawner_default("outbound_proxy"))
+    outbound_proxy_networks: list = field(default_factory=list)
     max_seconds: int = 86400
     log_max_bytes: int = 1024 * 1024
     queue_timeout: float = 86400.0

@@ -58,6 +58,10 @@ LABEL_SERVER_NET = f"{PREFIX}.server-network"
 LABEL_RELAY = f"{PREFIX}.server-relay"
 # The name the relay answers to on the server's own overlay, in place of the hub's address.
 HUB_ALIAS = "jupyterhub"
+# A job's proxy (a relay with the proxy only) on the job's own overlay: its container's label
+# (naming the overlay) and the name the job reaches it by.
+LABEL_JOB_PROXY = f"{PREFIX}.job-proxy"
+JOB_PROXY_ALIAS = "gpuhub-proxy"
 RELAY_MAX_CONNECTIONS = 256
 # The relay's HTTPS proxy's port (GPUSwarmSpawner.outbound_proxy), on the server's own overlay.
 PROXY_PORT = 3128
@@ -249,6 +253,11 @@ def new_network_name(service: str) -> str:
     start, so that a stopped run's overlay, removed in the background once its task is gone, is
     never the one a quick restart of the same server attaches to (its label names the server)."""
     return f"{service}-net-{secrets.token_hex(3)}"
+
+
+def proxy_of(network: str) -> str:
+    """The proxy container of a job's own overlay `network` (a job with `job_network`)."""
+    return f"{network}-proxy"
 
 
 def relay_of(service: str) -> str:

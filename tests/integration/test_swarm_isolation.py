@@ -18,7 +18,7 @@ import json
 import pytest
 
 from devservices.swarm_hub import profiles_config
-from spawner.swarm.relay import LABEL_SERVER_NET
+from spawner.swarm.relay import JOB_PROXY_ALIAS, LABEL_JOB_PROXY, LABEL_SERVER_NET
 from tests.fixtures.hub import wait_for
 from tests.fixtures.swarm import docker
 
@@ -187,8 +187,11 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
     docker("network", "create", "--label", f"org.jupyter.gpuhub.swarm-harness={swarm_cluster.session}", mirror_net)
     [ipam] = json.loads(docker("network", "inspect", mirror_net))[0]["IPAM"]["Config"]
     mirror = _serve_secret_on(ipam["Gateway"], f"mirror-{NODE_SECRET}")
+    # tf-gpu-1's jobs and clusters go out (job_network); t4's have no network.
     hub = make_swarm_hub(profiles_config(notebook_image)
-                         + f"c.GPUSwarmSpawner.outbound_proxy_networks = [{ipam['Subnet']!r}]\n",
+                         + f"c.GPUSwarmSpawner.outbound_proxy_networks = [{ipam['Subnet']!r}]\n"
+                         + "c.GPUDockerSpawner.profiles = [dict(p, job_network=True) if p['slug'] == 'tf-gpu-1' "
+                           "else p for p in c.GPUDockerSpawner.profiles]\n",
                          env={"GPUHUB_POOL_PAGE": "true"})
     a100 = next(n for n in swarm_cluster.nodes if n.labels["gpu.model"] == "a100")
     port = 18931
@@ -214,9 +217,10 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
                    "the proxy to the manager": f"connect {swarm_cluster.manager_addr}:{manager.server_port}",
                    "the proxy to the relay's overlay address": "connect jupyterhub:8081"}
 
-        def judge(who: str, seen: dict) -> None:
+        def judge(who: str, seen: dict, hub_too: bool = True) -> None:
             print(who, seen)
-            assert '"version"' in seen.pop("the hub"), seen  # the hub's API, through the relay
+            if hub_too:
+                assert '"version"' in seen.pop("the hub"), seen  # the hub's API, through the relay
             # The allowed mirror, through the relay's proxy: connected, and HTTP through the tunnel.
             assert seen.pop("the mirror, through the proxy") == \
                 f"HTTP/1.1 200 Connection established | mirror-{NODE_SECRET}", seen
@@ -255,6 +259,22 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
         print("dan's job", seen)
         reached = {name: answer for name, answer in seen.items() if not answer.startswith("ERR")}
         assert reached == {}, f"dan's job reached: {reached}"
+        # A job and a cluster whose profile has job_network: an internal overlay of their own
+        # too, and out only through a proxy of its own, as a server.
+        out_targets = {name: target for name, target in targets.items() if name != "the hub"}
+        out_targets["the proxy to the relay's overlay address"] = f"connect {JOB_PROXY_ALIAS}:8081"
+        for body in ({}, {"workers": 2}):
+            job = submit(hub, token, {"profile": "tf-gpu-1", **body,
+                                      "command": ["python3", "-c", NET_PROBE, json.dumps(out_targets)]})
+            done = wait_state(hub, token, job["id"], ("succeeded", "failed"), timeout=180)
+            log = jobs_api(hub, "GET", f"/{job['id']}/logs", token).text
+            assert done["state"] == "succeeded", log
+            lines = [line[line.index("{"):] for line in log.splitlines() if '{"a default route"' in line]
+            assert len(lines) == (body.get("workers") or 1), log
+            for line in lines:
+                judge(f"dan's job_network job {body}", json.loads(line), hub_too=False)
+            wait_for(lambda: docker("ps", "-aq", "--filter", f"label={LABEL_JOB_PROXY}") == "", 60,
+                     "the job's proxy to be removed", hub)
     finally:
         manager.shutdown()
         a100.docker("rm", "-f", listener, check=False)
