@@ -7,7 +7,10 @@ those uuids in `NVIDIA_VISIBLE_DEVICES` (`void` without GPUs; the GPU nodes run
 `nvidia` as their default runtime), non-root, no capabilities, pids and log bounds,
 the user's home as a volume of the `local` driver with the hub's shared-storage
 options, and a unit without a network an internal overlay of its own (Swarm cannot
-attach a task to no network: it would join its node's bridge, with a route out).  A unit's exit code is its task's, its output the service's logs; stopping
+attach a task to no network: it would join its node's bridge, with a route out).  Every job
+overlay is internal (a route out would reach the metadata address and the nodes' ports through
+docker_gwbridge); with `job_network` (a one-container job's own overlay, not the servers', or a
+cluster's) its units go out through a proxy container of that overlay's (swarm/relay.py).  A unit's exit code is its task's, its output the service's logs; stopping
 scales it to 0 replicas (its log stays until it is removed); so does the SIGTERM of a
 reclaim's notice (`signal`), with the spec's stop grace (a borrowed job's: GPUPool.reclaim_grace).  A task on a node that
 is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
