@@ -208,10 +208,15 @@ async def proxy(reader, writer):
         if not infos or any(why):
             await answer(writer, "403 Refused: " + next((w for w in why if w), "no address"))
             return
-        try:
-            up_reader, up_writer = await asyncio.wait_for(
-                asyncio.open_connection(infos[0][4][0], port), 10)
-        except (OSError, asyncio.TimeoutError):
+        # IPv4 first (a container often has no IPv6 route), each address in turn.
+        up_reader = up_writer = None
+        for address in sorted({info[4][0] for info in infos}, key=lambda a: ":" in a):
+            try:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, port), 10)
+                break
+            except (OSError, asyncio.TimeoutError):
+                continue
+        if up_writer is None:
             await answer(writer, "502 Could not connect")
             return
         try:

@@ -203,6 +203,7 @@ def test_the_relays_proxy_connects_only_where_it_may():
         # An allowed network (a lab's mirror): connected, and bytes flow both ways.
         assert _connect_through(port, f"127.0.0.1:{echo}") == (b"HTTP/1.1 200 Connection established", b"echo:hi")
         assert _connect_through(port, f"localhost:{echo}")[0].startswith(b"HTTP/1.1 200")
+        assert _connect_through(port, f"[::1]:{echo}")[0].startswith(b"HTTP/1.1 403")  # IPv6 loopback: not allowed
         # Refused before any connection: the metadata address, a node's address (even inside
         # an allowed network), a private address outside the allowed ones.
         assert _connect_through(port, "169.254.169.254:80")[0].startswith(b"HTTP/1.1 403 Refused: a link-local")
