@@ -3,8 +3,9 @@
 A job with `workers` N > 1 gets N leases of its profile's GPUs in one grant
 (GPUPool.acquire_gang: all or nothing, one queue entry), then one unit per worker on
 its lease's host, all on a network of their own that only they share (internal: no
-route out, no hub; with the profile's `job_network`, a route out through the host's NAT and,
-on one Docker host, the hub's API under the host's rules, engines/common/firewall.py; never the hub's
+route out, no hub; with the profile's `job_network`, on one Docker host a route out through the
+host's NAT and the hub's API under the host's rules, engines/common/firewall.py, on Swarm an
+HTTPS proxy of the network's own, engines/swarm/job_services.py; never the hub's
 shared network, where any user's server would reach the workers' unauthenticated gRPC port).
 Each worker gets `TF_CONFIG` naming every worker by a stable name
 (its unit name, an alias on that network) and its own index; worker 0 is the chief.

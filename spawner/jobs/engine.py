@@ -124,8 +124,10 @@ class JobEngine(Protocol):
     async def create_network(self, name: str, labels: Mapping[str, str], outbound: bool = False) -> None:
         """A network for the units of one job, on every host the engine may place them, that no
         other container joins; nothing if it exists.  Internal (no route out) unless `outbound`
-        (a profile with `job_network`: a route out through the host's NAT, and on one Docker
-        host the hub's API and the gpu-pool service, under the host's rules, engines/common/firewall.py)."""
+        (a profile with `job_network`: on one Docker host a route out through the host's NAT and
+        the hub's API and the gpu-pool service, under the host's rules, engines/common/firewall.py;
+        on Swarm internal all the same, its units going out through a proxy of its own,
+        engines/swarm/job_services.py)."""
 
     async def remove_network(self, name: str) -> bool:
         """True once it is gone."""

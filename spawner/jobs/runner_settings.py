@@ -55,6 +55,11 @@ class JobSettings:
     # The hub hands over the Swarm engine's value (settings/pool_jobs.py); on one host no node
     # goes quiet, so nothing is waited for.
     node_down_grace: float = math.inf
+    # c.GPUSwarmSpawner.outbound_proxy(_networks): a Swarm job with `job_network` goes out through
+    # a proxy of its own, as a server does through its relay (engines/swarm/relay.py).  The hub
+    # hands over the Swarm engine's values (settings/pool_jobs.py); None: that engine's default.
+    outbound_proxy: bool | None = None
+    outbound_proxy_networks: list = field(default_factory=list)
     max_seconds: int = 86400
     log_max_bytes: int = 1024 * 1024
     queue_timeout: float = 86400.0

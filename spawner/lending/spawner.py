@@ -75,7 +75,9 @@ class GPULendingSpawner(Spawner):
         (the longest timeout a job may ask; default GPUHUB_JOB_MAX_SECONDS) and
         `job_network` (true: a one-container job joins the hub's Docker network,
         as a server; a cluster's own network, which only its workers share, gets
-        a route out; default false: no network, a cluster's network internal).  For culling, `idle_timeout` (seconds of
+        a route out; on Swarm both get an internal overlay of their own and HTTPS
+        out through a proxy, as servers; default false: no network, a cluster's
+        network internal).  For culling, `idle_timeout` (seconds of
         inactivity before its servers are culled, instead of the hub's GPU or CPU
         timeout) and `max_age` (seconds after which its servers are stopped
         whatever their activity).  `borrow` (default false): true lets a server of

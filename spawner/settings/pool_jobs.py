@@ -50,7 +50,9 @@ def job_settings(c, settings) -> JobSettings:
                               "home_volume_driver_options": dict(swarm.get("home_volume_driver_options", {})),
                               "home_root_volume_options": dict(swarm.get("home_root_volume_options", {})),
                               "cpu_constraints": list(swarm.get("cpu_constraints", [])),
-                              "node_down_grace": float(spawner_option(c, settings, "node_down_grace"))})
+                              "node_down_grace": float(spawner_option(c, settings, "node_down_grace")),
+                              "outbound_proxy": bool(spawner_option(c, settings, "outbound_proxy")),
+                              "outbound_proxy_networks": list(swarm.get("outbound_proxy_networks", []))})
     return _settings(c, settings, spawner, hub_ip, host or socket.gethostname())  # the inventory's own default
 
 

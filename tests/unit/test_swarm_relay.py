@@ -47,6 +47,22 @@ def test_the_spec_forwards_the_servers_ports_from_the_hub_only_and_refuses_a_cla
         relay.relay_spec("gpuhub-amy", [8081], "gpuhub-hub", [8081])
 
 
+def test_the_proxy_spec_refuses_every_nodes_address_and_names_the_relay_in_the_servers_environment():
+    nodes = [{"Status": {"Addr": "172.17.0.1"}, "ManagerStatus": {"Addr": "172.17.0.1:2377"}},
+             {"Status": {"Addr": "172.17.0.3"}}, {"Status": {"Addr": "0.0.0.0"}},
+             {"Status": {}, "ManagerStatus": {"Addr": "[fd00::5]:2377"}}]
+    proxy = relay.proxy_spec(nodes, ["10.20.0.0/24"])
+    assert proxy == {"listen": relay.PROXY_PORT, "refuse": ["172.17.0.1", "172.17.0.3", "fd00::5"],
+                     "allow": ["10.20.0.0/24"]}
+    spec = relay.relay_spec("gpuhub-amy", [8888], "gpuhub-hub", [8081], proxy)
+    assert spec["proxy"] == proxy
+    with pytest.raises(ValueError, match="3128"):
+        relay.relay_spec("gpuhub-amy", [3128], "gpuhub-hub", [8081], proxy)
+    env = relay.proxy_env("http://jupyterhub:3128")
+    assert env["HTTPS_PROXY"] == env["https_proxy"] == "http://jupyterhub:3128"
+    assert "jupyterhub" in env["NO_PROXY"].split(",") and "HTTP_PROXY" not in env
+
+
 def test_created_age_reads_dockers_times():
     now = 1_800_000_000.0
     assert relay.created_age(now - 40, now) == pytest.approx(40)
@@ -158,3 +174,47 @@ def test_the_sweep_removes_only_what_a_gone_server_left_and_is_old_enough():
     relay.sweep(api, "pool", min_age=30)
     # amy's server runs, new's start may still be making its service, cy's task still shuts down.
     assert api.removed == ["r-bea", "n-bea"]
+
+
+def _connect_through(port: int, target: str, request: bytes | None = None) -> tuple[bytes, bytes]:
+    """(the proxy's answer line, what b"hi" then brings back) for CONNECT `target`."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request or f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head and (chunk := s.recv(1)):
+            head += chunk
+        echoed = b""
+        if head.startswith(b"HTTP/1.1 200"):
+            s.sendall(b"hi")
+            s.shutdown(socket.SHUT_WR)
+            while chunk := s.recv(100):
+                echoed += chunk
+        return head.split(b"\r\n", 1)[0], echoed
+
+
+def test_the_relays_proxy_connects_only_where_it_may():
+    echo, port = _echo_server(), _free_port()
+    spec = {"forwards": [], "allow": [], "max_connections": 4,
+            "proxy": {"listen": port, "refuse": ["127.0.0.3"], "allow": ["127.0.0.0/30"]}}
+    proc = subprocess.Popen([sys.executable, "-c", relay.RELAY_PROGRAM, json.dumps(spec)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "relay ready"
+        # An allowed network (a lab's mirror): connected, and bytes flow both ways.
+        assert _connect_through(port, f"127.0.0.1:{echo}") == (b"HTTP/1.1 200 Connection established", b"echo:hi")
+        assert _connect_through(port, f"localhost:{echo}")[0].startswith(b"HTTP/1.1 200")
+        assert _connect_through(port, f"[::1]:{echo}")[0].startswith(b"HTTP/1.1 403")  # IPv6 loopback: not allowed
+        # Refused before any connection: the metadata address, a node's address (even inside
+        # an allowed network), a private address outside the allowed ones.
+        assert _connect_through(port, "169.254.169.254:80")[0].startswith(b"HTTP/1.1 403 Refused: a link-local")
+        node_refused = b"HTTP/1.1 403 Refused: an address of a Swarm node"
+        assert _connect_through(port, f"127.0.0.3:{echo}")[0].startswith(node_refused)
+        assert _connect_through(port, "10.1.2.3:443")[0].startswith(b"HTTP/1.1 403 Refused: not a public address")
+        assert _connect_through(port, "[::ffff:169.254.169.254]:80")[0].startswith(b"HTTP/1.1 403")
+        # Only CONNECT; garbage is a 400.
+        plain_get = b"GET http://127.0.0.1:%d/ HTTP/1.1\r\n\r\n" % echo
+        assert _connect_through(port, "", plain_get)[0].startswith(b"HTTP/1.1 405")
+        assert _connect_through(port, "", b"CONNECT nonsense HTTP/1.1\r\n\r\n")[0].startswith(b"HTTP/1.1 400")
+    finally:
+        proc.kill()
+        proc.wait()

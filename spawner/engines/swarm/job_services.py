@@ -7,10 +7,13 @@ those uuids in `NVIDIA_VISIBLE_DEVICES` (`void` without GPUs; the GPU nodes run
 `nvidia` as their default runtime), non-root, no capabilities, pids and log bounds,
 the user's home as a volume of the `local` driver with the hub's shared-storage
 options, and a unit without a network an internal overlay of its own (Swarm cannot
-attach a task to no network: it would join its node's bridge, with a route out).  A unit's
-exit code is its task's, its output the service's logs; stopping scales it to 0 replicas
-(its log stays until it is removed); so does the SIGTERM of a reclaim's notice (`signal`),
-with the spec's stop grace (a borrowed job's: GPUPool.reclaim_grace).  A task on a node that
+attach a task to no network: it would join its node's bridge, with a route out).  Every job
+overlay is internal (a route out would reach the metadata address and the nodes' ports through
+docker_gwbridge); with `job_network` (a one-container job's own overlay, not the servers', or a
+cluster's) its units go out through a proxy container of that overlay's (engines/swarm/relay.py).
+A unit's exit code is its task's, its output the service's logs; stopping scales it to 0
+replicas (its log stays until it is removed); so does the SIGTERM of a reclaim's notice
+(`signal`), with the spec's stop grace (a borrowed job's: GPUPool.reclaim_grace).  A task on a node that
 is down may still run: it reads UNKNOWN, and holds its GPUs, until the node confirms.
 Homes are prepared on the manager (the Docker engine's rules, on shared storage).
 A unit runs only on a node whose tasks get no-new-privileges: the spec asks for it where
@@ -26,13 +29,26 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 from ...jobs.engine import ENDED, RUNNING, UNKNOWN, JobRefused, UnitGone, UnitSpec, UnitState, wait_until_ended
+from ..common.containers import hardened_host_config
 from ..common.job_containers import DockerJobEngine, HomeOwner, render_user
 from ..common.labels import LABEL_JOB, LABEL_POOL, LABEL_USER
 from .homes import make_home_directory
 from .lockdown import SPEC_API, refused_nodes, version_tuple
-from .relay import overlay_options
+from .relay import (
+    JOB_PROXY_ALIAS,
+    LABEL_JOB_PROXY,
+    PROXY_PORT,
+    RELAY_MAX_CONNECTIONS,
+    RELAY_MEMORY,
+    overlay_options,
+    program_command,
+    proxy_env,
+    proxy_of,
+    proxy_spec,
+)
 from .tasks import LIVE_TASK_STATES, task_labels
 
 log = logging.getLogger("gpu-pool-page")
@@ -57,6 +73,10 @@ MAY_STILL_RUN = LIVE_TASK_STATES | {"orphaned", "remove"}
 
 # The label of a unit's own internal overlay (a unit without a network), naming the unit.
 LABEL_ISOLATED = "org.jupyter.gpuhub.isolated-unit"
+
+
+# The label of a job's own overlay that goes out through a proxy (`job_network`, engines/swarm/relay.py).
+LABEL_PROXIED = "org.jupyter.gpuhub.proxied-network"
 
 
 def isolated_network(unit: str) -> str:
@@ -298,6 +318,8 @@ class SwarmJobEngine(DockerJobEngine):
             self.api.remove_service(service_id)
         if not self._confirm_ended(service_id, CONFIRM_SECONDS):
             return False
+        with contextlib.suppress(docker.errors.NotFound):  # its proxy (`job_network`), if any
+            self.api.remove_container(proxy_of(isolated_network(unit)), force=True)
         with contextlib.suppress(docker.errors.APIError):  # none (it had a network), or already gone
             self.api.remove_network(isolated_network(unit))
         return True
@@ -351,10 +373,20 @@ class SwarmJobEngine(DockerJobEngine):
             raise JobRefused(f"GPU node {spec.host} would run the job without no-new-privileges ({why}). "
                              "Ask an administrator: `gpu-pool doctor` on the Swarm manager names the fix.")
         spec_nnp = await self._spec_carries_nnp()
+        if spec.network is not None and spec.network == self.settings.network:
+            # `job_network` for one container: not the servers' overlay (a route out through its
+            # node's docker_gwbridge: the metadata address, the nodes' ports), but an internal
+            # overlay of its own with a proxy out, as a server has (engines/swarm/relay.py).
+            await self.create_network(isolated_network(spec.name), {**spec.labels, LABEL_ISOLATED: spec.name},
+                                      outbound=True)
+            spec = replace(spec, network=isolated_network(spec.name))
         if spec.network is None:
             # Swarm cannot attach a task to no network (it would join its node's default bridge,
             # with a route out): a unit without one gets an internal overlay of its own.
             await self.create_network(isolated_network(spec.name), {**spec.labels, LABEL_ISOLATED: spec.name})
+        elif await self._proxied(spec.network):
+            await self._start_proxy(spec.network, spec.image, spec.labels.get(LABEL_POOL, ""))
+            spec = replace(spec, env={**spec.env, **proxy_env(f"http://{JOB_PROXY_ALIAS}:{PROXY_PORT}")})
         await self.docker("create_service", **self.service_args(
             spec, {node: host for node, (host, _) in refused.items()}, spec_nnp))
 
@@ -438,6 +470,10 @@ class SwarmJobEngine(DockerJobEngine):
         return await self._on_thread(self._units, pool_id)
 
     async def create_network(self, name: str, labels: Mapping[str, str], outbound: bool = False) -> None:
+        """Internal always: a task on an overlay with a route out could reach the cloud metadata
+        address and every node's ports through its node's docker_gwbridge.  `outbound`: its units
+        go out through a proxy of the overlay's own (create), when c.GPUSwarmSpawner.outbound_proxy
+        is on; off, they reach nothing outside."""
         import docker.errors
 
         try:
@@ -448,8 +484,66 @@ class SwarmJobEngine(DockerJobEngine):
             if self.settings.network:
                 with contextlib.suppress(docker.errors.NotFound):
                     servers = await self.docker("inspect_network", self.settings.network)
-            await self.docker("create_network", name, driver="overlay", attachable=True, internal=not outbound,
-                              labels=dict(labels), options=overlay_options(servers))
+            proxied = outbound and self.outbound_proxy and bool(self.settings.network)
+            await self.docker("create_network", name, driver="overlay", attachable=True, internal=True,
+                              labels={**labels, **({LABEL_PROXIED: "true"} if proxied else {})},
+                              options=overlay_options(servers))
+
+    @property
+    def outbound_proxy(self) -> bool:
+        """c.GPUSwarmSpawner.outbound_proxy as the hub handed it over, else its own default."""
+        if self.settings.outbound_proxy is not None:
+            return self.settings.outbound_proxy
+        from .spawner import GPUSwarmSpawner
+
+        return GPUSwarmSpawner.class_traits()["outbound_proxy"].default_value
+
+    async def _proxied(self, network: str) -> bool:
+        import docker.errors
+
+        try:
+            info = await self.docker("inspect_network", network)
+        except docker.errors.NotFound:
+            return False
+        return (info.get("Labels") or {}).get(LABEL_PROXIED) == "true"
+
+    async def _start_proxy(self, network: str, image: str, pool_id: str) -> None:
+        """The proxy of the job's own overlay `network` (once, whichever unit comes first): a relay
+        (engines/swarm/relay.py) with the proxy only, on the manager, on `network` as JOB_PROXY_ALIAS and
+        on the servers' overlay for its route out; `image`'s python3 as nobody, locked down."""
+        import docker.errors
+
+        name = proxy_of(network)
+        with contextlib.suppress(docker.errors.NotFound):
+            await self.docker("inspect_container", name)
+            return
+        program = {"forwards": [], "allow": [], "max_connections": RELAY_MAX_CONNECTIONS,
+                   "proxy": proxy_spec(await self.docker("nodes"), self.settings.outbound_proxy_networks)}
+        command = program_command(program)
+        try:
+            made = await self.docker(
+                "create_container", image, entrypoint=command[:3], command=command[3:], user="65534:65534",
+                name=name, labels={LABEL_JOB_PROXY: network, LABEL_POOL: pool_id},
+                environment={"NVIDIA_VISIBLE_DEVICES": "void"},
+                host_config=self.api.create_host_config(
+                    network_mode=network, read_only=True, mem_limit=RELAY_MEMORY,
+                    restart_policy={"Name": "unless-stopped"}, **hardened_host_config(),
+                    **self.container_limits.host_config(helper=True)),
+                networking_config=self.api.create_networking_config(
+                    {network: self.api.create_endpoint_config(aliases=[JOB_PROXY_ALIAS])}))
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # another unit of the cluster made it just now
+                return
+            raise
+        await self.docker("connect_container_to_network", made["Id"], self.settings.network)
+        await self.docker("start", made["Id"])
+
+    async def remove_network(self, name: str) -> bool:
+        import docker.errors
+
+        with contextlib.suppress(docker.errors.NotFound):
+            await self.docker("remove_container", proxy_of(name), force=True)
+        return await super().remove_network(name)
 
     async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         """The nodes carrying every label of `node_labels` (None: any node), less those whose

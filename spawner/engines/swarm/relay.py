@@ -15,7 +15,14 @@ network_name).  The relay is a TCP forwarder and nothing else:
   run too): a job or any other container on the hub's overlay gets nothing;
 - on the server's overlay it answers as `jupyterhub` and forwards the ports of the hub's
   URLs in the server's environment (the hub's API, the gpu-pool service) to the hub: the
-  server's environment names `jupyterhub` instead of the hub's address.
+  server's environment names `jupyterhub` instead of the hub's address;
+- with GPUSwarmSpawner.outbound_proxy, it is the server's HTTPS proxy (PROXY_PORT, named in
+  the server's HTTPS_PROXY): `CONNECT host:port` only, to an address that is not link-local,
+  not a node's, not the relay's gateway, and public or in outbound_proxy_networks.
+
+The server's own overlay is internal: Docker gives its task no docker_gwbridge and so no
+route out at all (no cloud metadata address, no node's ports, whatever the node's firewall);
+the relay, on the servers' overlay too, has the route the proxy uses.
 
 Why a relay rather than joining the hub's container to each server's overlay: a hub deployed
 as a Swarm service (`docker stack deploy`, hub_config/swarm-stack.yml) runs in a container
@@ -51,7 +58,13 @@ LABEL_SERVER_NET = f"{PREFIX}.server-network"
 LABEL_RELAY = f"{PREFIX}.server-relay"
 # The name the relay answers to on the server's own overlay, in place of the hub's address.
 HUB_ALIAS = "jupyterhub"
+# A job's proxy (a relay with the proxy only) on the job's own overlay: its container's label
+# (naming the overlay) and the name the job reaches it by.
+LABEL_JOB_PROXY = f"{PREFIX}.job-proxy"
+JOB_PROXY_ALIAS = "gpuhub-proxy"
 RELAY_MAX_CONNECTIONS = 256
+# The relay's HTTPS proxy's port (GPUSwarmSpawner.outbound_proxy), on the server's own overlay.
+PROXY_PORT = 3128
 RELAY_MEMORY = "96m"
 # How long a stopped server's overlay is retried for removal (Swarm refuses while its task
 # still shuts down); after that the reconciler removes it.
@@ -61,9 +74,10 @@ NETWORK_DROP_SECONDS = 60.0
 # joins every accepted connection to host:port; one with "check" accepts only a peer whose
 # address is one of the "allow" hosts' (resolved again at most once a second on a miss).
 RELAY_PROGRAM = r'''
-import asyncio, json, socket, sys, time
+import asyncio, ipaddress, json, socket, sys, time
 
 SPEC = json.loads(sys.argv[1])
+PROXY = SPEC.get("proxy") or {}
 SLOTS = asyncio.Semaphore(SPEC["max_connections"])
 ALLOWED = {"at": -1e9, "ips": set()}
 
@@ -126,9 +140,104 @@ def forwarder(rule):
     return handle
 
 
+def gateways():
+    """The IPv4 gateways of this container's routes (/proc/net/route: little-endian hex)."""
+    found = set()
+    try:
+        with open("/proc/net/route") as table:
+            for line in table.read().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] != "00000000":
+                    found.add(str(ipaddress.IPv4Address(bytes.fromhex(fields[2])[::-1])))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def refused(address):
+    """Why the proxy will not connect to `address` (an IP), or "" when it may."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if getattr(ip, "ipv4_mapped", None):
+        ip = ip.ipv4_mapped
+    if ip.is_link_local:
+        return "a link-local address (the cloud metadata service)"
+    if str(ip) in PROXY["refuse"]:
+        return "an address of a Swarm node"
+    if any(ip in net for net in PROXY["allow"]):
+        return ""
+    if not ip.is_global:
+        return "not a public address"
+    return ""
+
+
+async def answer(writer, status):
+    try:
+        writer.write(("HTTP/1.1 " + status + "\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").encode())
+        await writer.drain()
+    except OSError:
+        pass
+    close(writer)
+
+
+async def proxy(reader, writer):
+    if SLOTS.locked():
+        close(writer)
+        return
+    async with SLOTS:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            method, target = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")[:2]
+        except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            await answer(writer, "400 Bad Request")
+            return
+        if method != "CONNECT":
+            await answer(writer, "405 Only CONNECT host:port (HTTPS) is proxied")
+            return
+        host, _, port = target.rpartition(":")
+        host, port = host.strip("[]"), int(port) if port.isdigit() else 0
+        if not host or not 0 < port < 65536:
+            await answer(writer, "400 Bad Request: CONNECT host:port")
+            return
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            await answer(writer, "502 Name not resolved")
+            return
+        # Every address the name has must be allowed: none is tried that is not.
+        why = [refused(info[4][0]) for info in infos]
+        if not infos or any(why):
+            await answer(writer, "403 Refused: " + next((w for w in why if w), "no address"))
+            return
+        # IPv4 first (a container often has no IPv6 route), each address in turn.
+        up_reader = up_writer = None
+        for address in sorted({info[4][0] for info in infos}, key=lambda a: ":" in a):
+            try:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(address, port), 10)
+                break
+            except (OSError, asyncio.TimeoutError):
+                continue
+        if up_writer is None:
+            await answer(writer, "502 Could not connect")
+            return
+        try:
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except OSError:
+            pass
+        finally:
+            close(up_writer)
+            close(writer)
+
+
 async def main():
     for rule in SPEC["forwards"]:
         await asyncio.start_server(forwarder(rule), "0.0.0.0", rule["listen"], reuse_address=True)
+    if PROXY:
+        PROXY["allow"] = [ipaddress.ip_network(n, strict=False) for n in PROXY["allow"]]
+        # The relay's own gateways (docker_gwbridge's: its node) are refused as the nodes are.
+        PROXY["refuse"] = set(PROXY["refuse"]) | gateways()
+        await asyncio.start_server(proxy, "0.0.0.0", PROXY["listen"], reuse_address=True)
     print("relay ready", flush=True)
     await asyncio.Event().wait()
 
@@ -151,6 +260,11 @@ def new_network_name(service: str) -> str:
     return f"{service}-net-{secrets.token_hex(3)}"
 
 
+def proxy_of(network: str) -> str:
+    """The proxy container of a job's own overlay `network` (a job with `job_network`)."""
+    return f"{network}-proxy"
+
+
 def relay_of(service: str) -> str:
     """The relay container of the server whose service is `service`."""
     return f"{service}-relay"
@@ -168,14 +282,46 @@ def through_relay(env: Mapping[str, str], hub_host: str) -> dict[str, str]:
     return {key: pattern.sub(f"://{HUB_ALIAS}", str(value)) for key, value in env.items()}
 
 
-def relay_spec(service: str, server_ports: list[int], hub_host: str, to_hub: list[int]) -> dict:
-    """What the relay program forwards (see RELAY_PROGRAM)."""
-    clash = set(server_ports) & set(to_hub)
+def relay_spec(service: str, server_ports: list[int], hub_host: str, to_hub: list[int],
+               proxy: Mapping | None = None) -> dict:
+    """What the relay program forwards (see RELAY_PROGRAM); `proxy`: its HTTPS proxy to the
+    outside world (`proxy_spec`), or None for none."""
+    listens = [*server_ports, *to_hub, *([proxy["listen"]] if proxy else [])]
+    clash = sorted({p for p in listens if listens.count(p) > 1})
     if clash:
-        raise ValueError(f"the server's port(s) {sorted(clash)} are also the hub's: the relay cannot forward both")
+        raise ValueError(f"the port(s) {clash} are both the server's, the hub's or the proxy's: "
+                         "the relay cannot forward both")
     forwards = [{"listen": p, "host": service, "port": p, "check": True} for p in server_ports]
     forwards += [{"listen": p, "host": hub_host, "port": p, "check": False} for p in to_hub]
-    return {"forwards": forwards, "allow": [hub_host], "max_connections": RELAY_MAX_CONNECTIONS}
+    spec = {"forwards": forwards, "allow": [hub_host], "max_connections": RELAY_MAX_CONNECTIONS}
+    if proxy:
+        spec["proxy"] = dict(proxy)
+    return spec
+
+
+def node_addresses(nodes: list[Mapping]) -> list[str]:
+    """Every address the Swarm's nodes are known by (`docker node inspect`: each node's own
+    address and a manager's listening address), which the relay's proxy refuses."""
+    found = set()
+    for node in nodes:
+        found.add(((node.get("Status") or {}).get("Addr") or "").strip())
+        manager = ((node.get("ManagerStatus") or {}).get("Addr") or "").strip()
+        found.add(manager.rpartition(":")[0].strip("[]") if ":" in manager else manager)
+    return sorted(a for a in found if a and a != "0.0.0.0")
+
+
+def proxy_spec(nodes: list[Mapping], allowed_networks: list[str]) -> dict:
+    """The relay's HTTPS proxy: on PROXY_PORT, refusing link-local addresses and the nodes'
+    addresses always, and any other address that is not public unless `allowed_networks`
+    (CIDRs) hold it."""
+    return {"listen": PROXY_PORT, "refuse": node_addresses(nodes), "allow": list(allowed_networks)}
+
+
+def proxy_env(proxy_url: str) -> dict[str, str]:
+    """The environment that sends a server's HTTPS clients (pip, conda, git, curl) through the
+    relay's proxy, and nothing meant for the hub."""
+    no_proxy = f"{HUB_ALIAS},localhost,127.0.0.1"
+    return {"HTTPS_PROXY": proxy_url, "https_proxy": proxy_url, "NO_PROXY": no_proxy, "no_proxy": no_proxy}
 
 
 def created_age(created: str, now: float | None = None) -> float:

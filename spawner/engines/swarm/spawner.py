@@ -33,7 +33,7 @@ from docker.types import (
 from docker.utils import parse_bytes
 from dockerspawner import SwarmSpawner
 from tornado import web
-from traitlets import Bool, Dict, Float, List, Unicode, default
+from traitlets import Bool, Dict, Float, List, TraitError, Unicode, default, validate
 
 from ...pool import PoolError
 from ...pool.history.queries import counts as counts_of
@@ -51,12 +51,15 @@ from .relay import (
     HUB_ALIAS,
     LABEL_RELAY,
     LABEL_SERVER_NET,
+    PROXY_PORT,
     RELAY_MEMORY,
     drop_network,
     hub_ports,
     new_network_name,
     overlay_options,
     program_command,
+    proxy_env,
+    proxy_spec,
     relay_of,
     relay_spec,
     through_relay,
@@ -143,10 +146,61 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         overlay and the servers' one, forwards the hub's connections to the server
         (only from the hub's address) and the server's to the hub's ports named in
         its environment (engines/swarm/relay.py).  A server then reaches the hub, its proxy
-        and services, never another user's server.  False: every server on
-        `network_name`, where any server reaches any other's listening ports.
+        and services, never another user's server.  Its own overlay is internal: the
+        server has no route out at all, so neither the cloud metadata address
+        (169.254.169.254) nor any service of a node (its own or another's) is reachable
+        from it; the outside world only through `outbound_proxy`.  False: every server on
+        `network_name`, where any server reaches any other's listening ports, and, through
+        its node's `docker_gwbridge`, the metadata address and every port the node listens on.
         """,
     )
+    outbound_proxy = Bool(
+        True,
+        config=True,
+        help="""
+        With `isolate_servers`, give servers the outside world over HTTPS only, through
+        an HTTPS proxy in their relay: the server's environment gets
+        `HTTPS_PROXY=http://jupyterhub:3128` (and `NO_PROXY` naming the hub), which pip,
+        conda, git and curl follow.  The proxy takes `CONNECT host:port` only, and refuses
+        any destination one of whose addresses is link-local (169.254.0.0/16, the cloud
+        metadata service), an address of a Swarm node, or not public (private, loopback,
+        shared ranges: the lab's own network, other containers) unless
+        `outbound_proxy_networks` holds it.  False: servers reach the hub and nothing else
+        (no package installs from the internet).  Plain HTTP and other protocols never go
+        out either way.
+        """,
+    )
+    outbound_proxy_networks = List(
+        Unicode(),
+        config=True,
+        help="""
+        Networks (CIDRs, e.g. `["10.20.0.0/24"]`) that are not public and that the
+        relay's HTTPS proxy (`outbound_proxy`) still connects to: a package mirror on
+        the lab's own network.  Link-local addresses, the Swarm nodes' addresses and
+        the relay's gateway are refused even when a network here holds them; any other
+        address of a node a network here holds (a Docker bridge's gateway, e.g.
+        172.17.0.1) is not: list the mirror's own network, or its /32.
+        """,
+    )
+
+    @default("outbound_proxy_networks")
+    def _no_private_networks(self) -> list[str]:
+        return []
+
+    @validate("outbound_proxy_networks")
+    def _networks_are_cidrs(self, proposal) -> list[str]:
+        import ipaddress
+
+        bad = []
+        for value in proposal["value"]:
+            try:
+                ipaddress.ip_network(value, strict=False)
+            except ValueError:
+                bad.append(value)
+        if bad:
+            raise TraitError(f"c.GPUSwarmSpawner.outbound_proxy_networks: {bad} are not networks "
+                             "(CIDRs such as 10.20.0.0/24)")
+        return proposal["value"]
 
     @default("inventory_kind")
     def _default_inventory_kind(self):
@@ -328,13 +382,16 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
         shared = {}
         with contextlib.suppress(docker.errors.NotFound):
             shared = await self.docker("inspect_network", self.network_name)
-        await self.docker("create_network", network, driver="overlay", attachable=True,
+        # Internal: no docker_gwbridge for the server's task, so no route out of it at all (no
+        # metadata address, no node's ports); the relay, on the servers' overlay too, has one.
+        await self.docker("create_network", network, driver="overlay", attachable=True, internal=True,
                           labels={LABEL_SERVER_NET: service, LABEL_POOL: pool_id},
                           options=overlay_options(shared))
         with contextlib.suppress(docker.errors.NotFound):  # one left by a start that failed
             await self.docker("remove_container", relay, force=True)
         ports = [self.port] + ([self.ssh_container_port] if self.ssh_state_dir else [])  # the SSH gateway's way in
-        spec = relay_spec(service, ports, hub_host, hub_ports(env, hub_host))
+        proxy = proxy_spec(await self.docker("nodes"), self.outbound_proxy_networks) if self.outbound_proxy else None
+        spec = relay_spec(service, ports, hub_host, hub_ports(env, hub_host), proxy)
         entrypoint = program_command(spec)
         made = await create_helper(
             self, image=self.image, entrypoint=entrypoint[:3], command=entrypoint[3:], user="65534:65534",
@@ -347,7 +404,10 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
                 {network: self.client.create_endpoint_config(aliases=[HUB_ALIAS])}))
         await self.docker("connect_container_to_network", made["Id"], self.network_name)
         await self.docker("start", made["Id"])
-        return through_relay(env, hub_host), network
+        env = through_relay(env, hub_host)
+        if proxy:
+            env.update(proxy_env(f"http://{HUB_ALIAS}:{PROXY_PORT}"))
+        return env, network
 
     async def _relay_ip(self) -> str | None:
         """The relay's address on the servers' overlay (None: this server has no relay)."""
