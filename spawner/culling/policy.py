@@ -251,13 +251,9 @@ class LedgerBudgets:
         self.log = log
 
     def __call__(self, lease_id: int) -> str | None:
-        try:
-            found = self.pool.lease_over_budget(lease_id)
-        except Exception as exc:  # never cull on a ledger that cannot be read
-            if self.log is not None:
-                self.log.warning("Cannot check the GPU-hour budget of lease %s: %s", lease_id, exc)
-            return None
-        return None if found is None else found.message(self.pool.budgets().period_s)
+        from ..pool.fair_use.stops import over_budget
+
+        return over_budget(self.pool, lease_id, self.log)
 
 
 class LedgerBookings:
@@ -268,16 +264,9 @@ class LedgerBookings:
         self.log = log
 
     def __call__(self, lease_id: int) -> str | None:
-        try:
-            found = self.pool.lease_booked_out(lease_id)
-        except Exception as exc:
-            if self.log is not None:
-                self.log.warning("Cannot check the bookings of lease %s: %s", lease_id, exc)
-            return None
-        if found is None:
-            return None
-        return (f"its GPU is booked by someone else from {found.starts_at.strftime('%H:%M')} UTC "
-                f"(booking {found.id})")
+        from ..pool.fair_use.stops import booked_out
+
+        return booked_out(self.pool, lease_id, self.log)
 
 
 class CullerUtilization:

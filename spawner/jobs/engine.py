@@ -1,11 +1,12 @@
 """The jobs runner's engine boundary: what it asks of Docker (one host) or Swarm (many).
 
 The runner decides (queue, lease, limits, timeout, cancel, what the ledger says); an engine
-only runs *units*, the containers of a job, and reports on them.  A job is one unit today; a
-cluster job (several units of one job on named hosts, talking over a network of their own)
-is several `UnitSpec`s with the same job label, each with its `host` and `aliases`, on a
-network made by `create_network`.  Engines apply the lock-down (non-root, no capabilities,
-no-new-privileges, pids and log bounds) to every unit themselves: a spec cannot ask it away.
+only runs *units*, the containers of a job, and reports on them.  A job is a group of units
+(group.py): a plain job's one, or a cluster's workers (several units of one job on named
+hosts, talking over a network of their own: several `UnitSpec`s with the same job label, each
+with its `host` and `aliases`, on a network made by `create_network`).  Engines apply the
+lock-down (non-root, no capabilities, no-new-privileges, pids and log bounds) to every unit
+themselves: a spec cannot ask it away.
 
 - spawner/engines/common/job_containers.py: `DockerJobEngine`, a unit is a container on the hub's own engine;
 - spawner/engines/swarm/job_services.py: `SwarmJobEngine`, a unit is a service (restart none) pinned to its node.

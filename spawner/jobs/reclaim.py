@@ -21,8 +21,6 @@ from ..pool import PoolError
 from ..pool.leasing.reclaim import notice_text
 from ..pool.ledger.job_records import CANCELLED, QUEUED, RUNNING, STARTING, Job, job_id_of
 from ..pool.models import EndReason
-from . import cluster
-from .spec import container_name
 
 log = logging.getLogger("gpu-pool-page")
 # How often the runner reads the reclaim marks (one indexed read of the active borrowed leases).
@@ -58,7 +56,7 @@ class Reclaims:
         noted = []
         for lease in await runner.call(runner.pool.reclaiming, None):
             job_id = job_id_of(lease.server_name)
-            if job_id is None or job_id in self.asked or job_id not in runner._tasks:
+            if job_id is None or job_id in self.asked or not runner.watches(job_id):
                 continue  # a server's (not this slice's), or not a job this runner watches
             self.asked[job_id] = lease.reclaim_at or datetime.now(UTC)
             noted.append(job_id)
@@ -95,13 +93,12 @@ class Reclaims:
         """Stop the job's units, end its leases `reclaimed` once they are confirmed gone, and queue
         it again (or end it cancelled, `requeue` off); the job as recorded, None if it ended."""
         runner = self.runner
-        names = ([cluster.worker_name(runner.settings, job.id, i) for i in range(job.workers)] if job.is_cluster
-                 else [job.container or container_name(runner.settings, job.id)])
+        group = runner.group(job)
         output = await runner.read_log(job)
         earlier = self._kept.get(job.id)
         if earlier and len(earlier) > len(output or ""):
             output = earlier
-        stopped = all(await asyncio.gather(*(runner.stop_unit(job, n) for n in names)))
+        stopped = all(await group.stop())
         after = await runner.read_log(job)
         if after is not None and len(after) >= len(output or ""):
             output = after
@@ -115,10 +112,7 @@ class Reclaims:
                               **({"log": output} if output is not None else {}))
             self.forget(job)
             return None
-        for name in names:
-            await runner.remove_container(name)
-        if job.is_cluster:
-            await runner.engine.remove_network(cluster.network_name(runner.settings, job.id))
+        await group.remove()
         await runner.call(runner.pool.release_all, list(job.lease_ids), EndReason.RECLAIMED)
         self.forget(job)  # (after the end: a round before it would note the lease again)
         kept = {"log": output} if output is not None else {}

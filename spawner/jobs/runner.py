@@ -1,13 +1,15 @@
 """JobRunner: runs batch jobs in the gpu-pool service, from queue to freed GPUs.
 
-A job first waits for room within its user's job limits (limits.py: running
-jobs, per profile, CPUs), then in the pool's fair queue like a notebook spawn
-(same quotas: its lease is the user's), runs in a locked-down container given
-exactly its leased GPUs, and ends succeeded / failed / cancelled / timed-out.  Its lease
-ends only once Docker confirms the container no longer runs.  Every step is
-recorded in the ledger first, so a runner that restarts (the hub was killed)
-finds its jobs again: running containers are watched on, queued jobs queue
-again, and a job whose start was cut short starts again on its lease.
+A job first waits for room within its user's job limits (places.py, limits.py: running jobs,
+per profile, CPUs), then in the pool's fair queue like a notebook spawn (same quotas: its
+lease is the user's), runs as a group of units (group.py: one container, or a cluster's
+workers) given exactly its leased GPUs, and ends succeeded / failed / cancelled / timed-out.
+Every job goes the same way, whatever its number of units.  Its leases end only once the
+engine confirms its units no longer run.  Every step is recorded in the ledger first, so a
+runner that restarts (the hub was killed) finds its jobs again: running units are watched
+on, queued jobs queue again, and a job whose start was cut short starts again on its leases.
+The pool's fair use (bookings, budgets) is its own check, asked each round with this
+runner's jobs (pool/fair_use/stops.py); the runner stops what it names (stops.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from datetime import UTC, datetime
 from ..engines.common.labels import pool_identity
 from ..identity import container_identity
 from ..pool import GPUPool, PoolError
+from ..pool.fair_use.stops import fair_use_stops
 from ..pool.leasing.placement import host_demand
 from ..pool.ledger.job_records import (
     CANCELLED,
@@ -28,32 +31,30 @@ from ..pool.ledger.job_records import (
     QUEUED,
     RUNNING,
     STARTING,
-    SUCCEEDED,
-    TIMED_OUT,
     Job,
     JobLedger,
     job_server_name,
 )
 from ..pool.ledger.off_loop import ledger_call
-from . import cluster
-from .engine import ENDED, UNKNOWN, JobEngine, JobRefused, UnitGone
+from ..profiles import Profile
 from .engine import RUNNING as RUNNING_UNIT
-from .fair_use import FairUseStops
+from .engine import UNKNOWN, JobEngine, JobRefused
+from .group import RECLAIMED, STOPPING, UnitGroup, group_of, remove_unit
 from .limits import JobLimits
 from .notebook import resolve_in_home
+from .places import RunningPlaces
 from .reclaim import Reclaims
 from .request import BadJob, Submission
 from .runner_settings import JobSettings
-from .spec import container_name, unit_spec
+from .stops import Stops
 
 log = logging.getLogger("gpu-pool-page")
 LEDGER_TIMEOUT = 10.0
 POLL_SECONDS = 0.5
-# The most bytes of one Docker log entry: a longer line is split into entries of this size.
-LOG_ENTRY_MAX = 16 * 1024
-STOP_GRACE_SECONDS = 5
 # How young a read of the Swarm's nodes into the ledger may be to stand for "now" (_sync_inventory).
 SYNC_FRESH_SECONDS = 1.0
+# How often the pool is asked which running jobs its fair use stops (a culler round).
+FAIR_USE_EVERY = 30.0
 
 
 class JobError(Exception):
@@ -75,17 +76,14 @@ class JobRunner:
         self.engine = engine
         self._tasks: dict[int, asyncio.Task] = {}
         self._acquiring: dict[int, asyncio.Future] = {}
-        self._cancel: set[int] = set()
+        self.stops = Stops()  # the jobs being stopped, and why (an owner's cancel, the pool's fair use)
         self.limits = JobLimits(**settings.limits)
-                # Jobs holding a running place (job id -> (user, profile slug, CPUs)), from the
-        # moment they may take GPUs until they end; `_room` is set when one leaves.
-        self._running: dict[int, tuple[str, str, float]] = {}
-        self._room = asyncio.Event()
+        # Jobs holding a running place, from the moment they may take GPUs until they end.
+        self.places = RunningPlaces(self.limits, self.profiles)
         self._background: list[asyncio.Task] = []
         # The newest jobs as the pool page shows them, refreshed in the background.
         self.snapshot: list[dict] = []
         self._moves: dict[int, asyncio.Event] = {}  # job id -> set when the runner moves it on
-        self.fair_use = FairUseStops(self)  # budgets and bookings while jobs run (fair_use.py)
         self.reclaims = Reclaims(self)  # borrowed leases asked back (reclaim.py)
         self._synced_at = float("-inf")  # when _sync_inventory last read the Swarm (loop time)
 
@@ -120,6 +118,14 @@ class JobRunner:
     def pool_id(self) -> str:
         return pool_identity(self.pool)
 
+    def group(self, job: Job) -> UnitGroup:
+        """The job's group of units (group.py)."""
+        return group_of(job, self.settings, self.engine)
+
+    def watches(self, job_id: int) -> bool:
+        """Whether this runner watches the job now."""
+        return job_id in self._tasks
+
     # ------------------------------------------------------------ start/stop
 
     async def start(self) -> None:
@@ -127,7 +133,7 @@ class JobRunner:
         reconcile; stop with the hub."""
         self._background.append(asyncio.create_task(self._take_up_then_reconcile()))
         self._background.append(asyncio.create_task(self._refresh_snapshot()))
-        self._background.append(asyncio.create_task(self.fair_use.forever()))
+        self._background.append(asyncio.create_task(self._fair_use_forever()))
         self._background.append(asyncio.create_task(self.reclaims.forever()))
 
     async def _take_up_then_reconcile(self) -> None:
@@ -143,23 +149,17 @@ class JobRunner:
         await reconcile_forever(self)
 
     async def _take_up(self) -> None:
-        held = {lease.server_name: lease
-                for lease in await self.call(self.pool.leases, None, self.settings.host or None)}
+        active = await self.call(self.pool.leases, None, self.settings.host or None)
+        held = {lease.server_name: lease for lease in active}
         # Oldest first: jobs holding GPUs keep their running places, queued ones queue in order.
         for job in sorted(await self.call(self.ledger.jobs, None, True, 10000), key=lambda j: j.id):
             if job.host != self.settings.host or job.id in self._tasks:
                 continue
-            lease = held.get(job_server_name(job.id))
-            gang = sorted((l for name, l in held.items() if name.startswith(job_server_name(job.id) + "/worker-")),
-                          key=lambda l: int(l.server_name.rsplit("-", 1)[1]))
-            if job.state == QUEUED and job.is_cluster and len(gang) == job.workers:
-                # A cluster leased just before the last service stopped: use its leases.
-                job = await cluster.record_leases(self, job, gang) or job
-            elif job.state == QUEUED and lease is not None:
-                # Leased just before the last service stopped, not yet recorded: use that
-                # lease rather than queue for a second one.
-                job = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
-                                      gpu_uuids=lease.gpu_uuids) or job
+            leases = [held.get(name) for name in self.group(job).lease_names]
+            if job.state == QUEUED and all(lease is not None for lease in leases):
+                # Leased just before the last service stopped, not yet recorded: use those
+                # leases rather than queue for more.
+                job = await self._record_leases(job, leases) or job
             log.info("Job %s of %s found %s; taking it up again", job.id, job.user, job.state)
             self._spawn(job)
 
@@ -181,6 +181,27 @@ class JobRunner:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), *self._background, return_exceptions=True)
 
+    # ------------------------------------------------------------ fair use
+
+    async def _fair_use_forever(self, every: float = FAIR_USE_EVERY) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.stop_for_fair_use()
+            except PoolError as exc:  # the next round tries again; nothing is stopped unchecked
+                log.warning("Could not check the running jobs' budgets and bookings: %s", exc)
+
+    async def stop_for_fair_use(self) -> list[int]:
+        """Ask the pool which of this host's running jobs its fair use stops (a booking of their
+        GPUs for someone else, their holder's budget) and stop them, each at its next watch turn,
+        with the pool's reason; the ids of the jobs stopped."""
+        jobs = [job for job in await self.call(self.ledger.jobs, None, True, 10000)
+                if job.host == self.settings.host and job.id not in self.stops]
+        stops = await self.call(fair_use_stops, self.pool, jobs, log)
+        for stop in stops:
+            self.stops.ask(stop.job_id, stop.message, stop.reason)
+        return [stop.job_id for stop in stops]
+
     # ------------------------------------------------------------ requests
 
     async def submit(self, user: str, groups, auth_state: dict | None, sub: Submission,
@@ -192,7 +213,7 @@ class JobRunner:
         except Exception as exc:  # IdentityRefused
             raise JobError(getattr(exc, "log_message", str(exc)), 403) from None
         if sub.notebook:
-            await self._check_notebook(user, sub.notebook)
+            await self.check_notebook(user, sub.notebook)
         if sub.profile.gpus:
             await self._sync_inventory()
             try:
@@ -220,7 +241,7 @@ class JobRunner:
         self._spawn(job)
         return job
 
-    async def _check_notebook(self, user: str, path: str) -> None:
+    async def check_notebook(self, user: str, path: str) -> None:
         """A notebook that is not there, or whose path leads out of the home through a symlink,
         is refused now (400) where the engine can show the home; else its container checks."""
         try:
@@ -245,7 +266,7 @@ class JobRunner:
             return job
         if job.host != self.settings.host:
             raise JobError(f"Job {job.id} runs on {job.host}; cancel it through that host's hub", 409)
-        self._cancel.add(job_id)
+        self.stops.ask(job_id)
         acquiring = self._acquiring.get(job_id)
         if acquiring is not None:
             acquiring.cancel()
@@ -280,7 +301,7 @@ class JobRunner:
 
     def _spawn(self, job: Job) -> None:
         if job.state != QUEUED:  # it holds its GPUs already (taken up after a restart)
-            self._hold_place(job)
+            self.places.hold(job)
         task = asyncio.create_task(self._run(job))
         self._tasks[job.id] = task
         job_id = job.id
@@ -314,71 +335,43 @@ class JobRunner:
                     return
                 # Reclaimed and queued again: its running place is given up while it queues.
                 job = again
-                self._leave_place(job_id)
+                self.places.leave(job_id)
                 self._tell(job_id)
         except asyncio.CancelledError:
             raise  # the service stops; the job runs on and is taken up again
         except Exception as exc:
             log.exception("Job %s failed", job_id)
-            job = await self.call(self.ledger.get, job_id)
+            current = await self.call(self.ledger.get, job_id)
             message = getattr(exc, "log_message", None) or str(exc) or type(exc).__name__
-            if job is not None:
-                await self._finish(job, FAILED, message=message)
+            if current is not None:
+                await self._finish(current, FAILED, message=message)
         finally:
-            self._cancel.discard(job_id)
+            self.stops.forget(job_id)
             self._tell(job_id)
-            self._leave_place(job_id)
+            self.places.leave(job_id)
 
-    # ------------------------------------------------------------ job limits
+    async def _lease(self, job: Job, profile: Profile) -> Job | None:
+        """Wait for room within the user's job limits, then in the fair queue for every unit's
+        GPUs (one grant); the job STARTING, or None if cancelled."""
+        group = self.group(job)
 
-    def _hold_place(self, job: Job) -> None:
-        profile = self.profiles.get(job.profile)
-        cpus = self.limits.job_cpus(profile, workers=job.workers) if profile is not None else 0.0
-        self._running[job.id] = (job.user, job.profile, cpus)
+        async def say(why: str | None) -> None:
+            await self.call(self.ledger.update, job.id, (QUEUED,), message=why)
 
-    def _leave_place(self, job_id: int) -> None:
-        if self._running.pop(job_id, None) is not None:
-            self._room.set()
-            self._room = asyncio.Event()
-
-    async def _wait_for_place(self, job: Job, profile) -> None:
-        """Until the user's limits leave room for the job (JobLimits); says why it waits."""
-        said = None
-        while True:
-            why = self.limits.wait_reason(profile, [(slug, cpus) for user, slug, cpus in self._running.values()
-                                                     if user == job.user], workers=job.workers)
-            if why is None:
-                self._hold_place(job)
-                if said is not None:
-                    await self.call(self.ledger.update, job.id, (QUEUED,), message=None)
-                return
-            if why != said:
-                await self.call(self.ledger.update, job.id, (QUEUED,), message=why)
-                said = why
-                continue  # the ledger call let others run: look again
-            await self._room.wait()
-
-    async def _lease(self, job: Job, profile) -> Job | None:
-        """Wait for room within the user's job limits, then in the fair queue for the
-        profile's GPUs; the job STARTING, or None if cancelled."""
-        async def place_then_gpus():
-            await self._wait_for_place(job, profile)
+        async def place_then_gpus() -> list:
+            await self.places.wait_for(job, profile, say)
             if not profile.gpus:
-                return None
+                return []  # a CPU job: its place within the limits is all it waited for
             await self._sync_inventory()
             hosts = await self.engine.lease_hosts(dict(profile.node_labels), profile.image)
-            if job.is_cluster:
-                return await cluster.lease(self, job, profile, hosts)
-            return await self.pool.acquire(job.user, job_server_name(job.id), profile.gpus, job.groups,
-                                           timeout=self.settings.queue_timeout, host=hosts,
-                                           holds_for=job.holds_for, borrow=job.borrow, since=job.submitted_at)
+            return await group.acquire(self.pool, profile.gpus, hosts, self.settings.queue_timeout)
 
         acquiring = asyncio.ensure_future(place_then_gpus())
         self._acquiring[job.id] = acquiring
         try:
-            lease = await acquiring
+            leases = await acquiring
         except asyncio.CancelledError:
-            if job.id not in self._cancel:
+            if job.id not in self.stops:
                 raise
             log.info("Job %s of %s cancelled while queued", job.id, job.user)
             await self.call(self.ledger.update, job.id, (QUEUED,), "ended_at", state=CANCELLED,
@@ -389,150 +382,112 @@ class JobRunner:
             return None
         finally:
             self._acquiring.pop(job.id, None)
-        if job.is_cluster:
-            started = await cluster.record_leases(self, job, lease)
-            if started is None and lease:  # ended meanwhile (an admin): hand the GPUs back
-                await self.call(self.pool.release_all, [l.id for l in lease], END_REASONS[CANCELLED])
-            return started
-        if lease is None:  # a CPU job: its place within the limits is all it waited for
-            return await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING)
-        started = await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING, lease_id=lease.id,
-                                  gpu_uuids=lease.gpu_uuids)
-        if started is None:  # ended meanwhile (an admin): hand the GPUs back
-            await self.call(self.pool.release, lease.id, END_REASONS[CANCELLED])
+        started = await self._record_leases(job, leases)
+        if started is None and leases:  # ended meanwhile (an admin): hand the GPUs back
+            await self.call(self.pool.release_all, [lease.id for lease in leases], END_REASONS[CANCELLED])
             return None
-        log.info("Job %s of %s leased %s", job.id, job.user, ", ".join(lease.gpu_uuids))
+        if leases:
+            log.info("Job %s of %s leased %s", job.id, job.user,
+                     ", ".join(g for lease in leases for g in lease.gpu_uuids))
         return started
 
-    async def job_node(self, job: Job) -> str:
-        """The host the job's unit runs on: its GPUs' (a CPU job: the engine's choice, "")."""
-        return (await self.job_placement(job))[0]
+    async def _record_leases(self, job: Job, leases) -> Job | None:
+        """The job STARTING on `leases` (its units', in order; none for a CPU job); None if it
+        ended meanwhile."""
+        return await self.call(self.ledger.update, job.id, (QUEUED,), state=STARTING,
+                               **self.group(job).lease_record(leases))
 
-    async def job_placement(self, job: Job) -> tuple[str, float | None]:
-        """(the job's node, as job_node; its stop grace: GPUPool.reclaim_grace on a borrowed lease,
-        else None, the engine's own)."""
-        if job.lease_id is None:
-            return self.settings.host, None
-        lease = await self.call(self.pool.lease, job.lease_id)
-        if lease is None:
-            return self.settings.host, None
-        return lease.host, float(self.pool.reclaim_grace) if lease.borrowed else None
-
-    async def _launch(self, job: Job, profile) -> Job | None:
-        """Create and start the job's unit on its lease (again, after a restart)."""
-        if job.is_cluster:
-            return await cluster.launch(self, job, profile)
-        name = container_name(self.settings, job.id)
-        found = await self.engine.inspect(name)
-        if found is not None and found.phase == UNKNOWN:
-            raise RuntimeError(f"the engine cannot tell whether its container {name} runs: {found.message}")
-        if found is not None and found.phase == RUNNING_UNIT:
-            # Started before a restart cut the record short: it is the job.
+    async def _launch(self, job: Job, profile: Profile) -> Job | None:
+        """Create and start the job's units on their leases (again, after a restart): all
+        running, or none (a half-made group is taken down and made again)."""
+        group = self.group(job)
+        found = await group.found()
+        unknown = next((f for f in found if f is not None and f.phase == UNKNOWN), None)
+        if unknown is not None:
+            raise RuntimeError(f"the engine cannot tell whether its container {unknown.name} runs: {unknown.message}")
+        if all(f is not None and f.phase == RUNNING_UNIT for f in found):
+            # Started before a restart cut the record short: they are the job.
             return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
-                                    container=name)
-        if found is not None:
-            await self.engine.remove(name)
-        if job.id in self._cancel:
+                                   container=group.names[0])
+        for name, state in zip(group.names, found):
+            if state is not None:
+                await self.engine.remove(name)
+        if job.id in self.stops:
             await self._finish(job, CANCELLED, message="cancelled before it started")
             return None
         # A job running as the fallback identity never takes over a home that a
         # directory uid owns (engines/common/homes.py refuses, as for a server).
         directory = (job.uid, job.gid) != (self.settings.fallback_uid, self.settings.fallback_gid)
         volume = await self.engine.prepare_home(job.user, profile.image, job.uid, job.gid, directory)
-        spec = unit_spec(job, profile, self.settings, volume, self.pool_id, *await self.job_placement(job))
-        await self.engine.create(spec)
-        log.info("Job %s of %s runs in %s%s", job.id, job.user, name, f" on {spec.host}" if spec.host else "")
+        # Each unit on its lease's host; a borrowed group (reclaimed as a whole) gets the reclaim's notice.
+        leases = [await self.call(self.pool.lease, lease_id) if lease_id is not None else None
+                  for lease_id in group.lease_ids]
+        hosts = [lease.host if lease is not None else self.settings.host for lease in leases]
+        borrowed = any(lease is not None and lease.borrowed for lease in leases)
+        specs = group.specs(profile, volume, self.pool_id, hosts,
+                            float(self.pool.reclaim_grace) if borrowed else None)
+        # A profile with job_network gives a group's own network a route out instead of the hub's.
+        await group.create(specs, self.pool_id, outbound=profile.job_network)
+        log.info("%s %s of %s runs in %s", group.noun, job.id, job.user, ", ".join(
+            f"{s.name}{' on ' + s.host if s.host else ''}" for s in specs))
         return await self.call(self.ledger.update, job.id, (STARTING,), "started_at", state=RUNNING,
-                               container=name)
+                               container=group.names[0])
 
     async def _watch(self, job: Job) -> Job | None:
-        """Until the unit exits, the timeout passes, a cancel comes or its borrowed lease is
+        """Until its units end, the timeout passes, a stop comes or its borrowed leases are
         reclaimed; the job queued again (reclaimed), else None (it ended)."""
         loop = asyncio.get_running_loop()
         # The ledger's clock is this machine's for SQLite and close to it for PostgreSQL.
         elapsed = (datetime.now(UTC) - job.started_at).total_seconds() if job.started_at else 0.0
         deadline = loop.time() + job.timeout_s - max(elapsed, 0.0)
-        if job.is_cluster:
-            end, code, why = await cluster.watch(self, job, deadline, POLL_SECONDS)
-            if end == cluster.RECLAIMED:
-                return await self.reclaims.end(job)
-            await self._finish(job, end, exit_code=code, message=why)
-            return None
-        unit = job.container or container_name(self.settings, job.id)
-        while True:
-            state = await self.engine.wait(unit, max(0.0, min(POLL_SECONDS, deadline - loop.time())))
-            if state is None:
-                await self._finish(job, FAILED, message="its container was removed from outside")
-                return None
-            if job.id not in self._cancel and await self.reclaims.turn(job, [unit], state.phase == ENDED):
-                return await self.reclaims.end(job)
-            if state.phase == ENDED:
-                code = state.exit_code
-                why = None if code == 0 else (f"exited with code {code}" if code is not None
-                                               else f"ended without an exit code: {state.message or 'no reason given'}")
-                await self._finish(job, SUCCEEDED if code == 0 else FAILED, exit_code=code, message=why)
-                return None
-            if job.id in self._cancel:
-                await self._finish(job, CANCELLED, message=self.fair_use.message(job))
-                return None
-            if loop.time() >= deadline:
-                await self._finish(job, TIMED_OUT, message=f"stopped after its timeout of {job.timeout_s} s")
-                return None
+        state, code, why = await self.group(job).watch(
+            deadline, POLL_SECONDS, lambda: job.id in self.stops,
+            lambda names, ended: self.reclaims.turn(job, names, ended), self.settings.node_down_grace)
+        if state == RECLAIMED:
+            return await self.reclaims.end(job)
+        if state == STOPPING:
+            state, why = CANCELLED, self.stops.message(job.id)
+        await self._finish(job, state, exit_code=code, message=why)
+        return None
 
     async def _finish(self, job: Job, state: str, exit_code: int | None = None, message: str | None = None) -> None:
-        """Stop the container and keep its log; remove it; end the lease once Docker confirms
-        nothing runs; record the end.  A job reads as ended only with its unit gone and its
-        GPUs free (the lease contract), never while the engine still removes it."""
-        if job.is_cluster:
-            await cluster.finish(self, job, state, exit_code, message)
-            return
+        """Stop every unit and keep their log; remove them (and the group's network); end each
+        unit's lease once the engine confirms it no longer runs; record the end.  A job reads as
+        ended only with its units gone and its GPUs free (the lease contract), never while the
+        engine still removes them."""
+        group = self.group(job)
         # An engine whose stop may take the log with it (Swarm removes a scaled-down task's
         # container) has it read before, too.
-        settles = self.engine.log_settle_seconds > 0
-        early = await self.read_log(job) if job.container and settles else None
-        stopped = await self._stop_container(job)
-        output = await self.final_log(job) if job.container else None
-        if not output and early:
-            output = early
-        if stopped:  # a removal that fails is left to the job reconciler (a stopped unit of an ended job)
-            await self.remove_container(job.container or container_name(self.settings, job.id))
-        if job.lease_id is not None:
-            if stopped:
-                await self.call(self.pool.release, job.lease_id, self.fair_use.end_reason(job, state))
-            else:  # the job reconciler removes it and ends the lease later
-                await self.call(self.pool.set_problem, job.lease_id,
-                                f"job {job.id}'s container would not stop; retried by the job reconciler")
+        before = await self.read_log(job) if self.engine.log_settle_seconds > 0 else None
+        stopped = await group.stop()
+        after = await self.final_log(job)
+        output = after if after is not None and len(after) >= len(before or "") else before
+        if all(stopped):  # a removal that fails is left to the job reconciler (a stopped unit of an ended job)
+            await group.remove()
+        # Each unit's lease ends once its own unit is confirmed stopped; the others' wait for the
+        # job reconciler, which removes what still runs (a quiet node's, once it answers).
+        leases = {index: lease_id for index, lease_id in enumerate(group.lease_ids) if lease_id is not None}
+        done = [lease_id for index, lease_id in leases.items() if stopped[index]]
+        if done:
+            await self.call(self.pool.release_all, done, self.stops.end_reason(job.id, state))
+        for index, lease_id in leases.items():
+            if not stopped[index]:
+                host = next((u.get("host", "") for u in job.units if int(u["worker"]) == index), "")
+                await self.call(self.pool.set_problem, lease_id, group.stuck_words(index, host))
         ended = await self.call(self.ledger.update, job.id, (QUEUED, STARTING, RUNNING), "ended_at",
                                 state=state, exit_code=exit_code, message=message,
                                 **({"log": output} if output is not None else {}))
         if ended is not None:
-            log.info("Job %s of %s %s%s", job.id, job.user, state, f": {message}" if message else "")
-        self.fair_use.forget(job)
+            log.info("%s %s of %s %s%s", group.noun, job.id, job.user, state, f": {message}" if message else "")
+        self.stops.forget(job.id)
         self.reclaims.forget(job)
 
-    async def _stop_container(self, job: Job) -> bool:
-        """True once the engine confirms the job's unit (if any) no longer runs."""
-        return await self.stop_unit(job, job.container or container_name(self.settings, job.id))
-
-    async def stop_unit(self, job: Job, name: str) -> bool:
-        """True once the engine confirms the unit `name` of `job` (if any) no longer runs."""
-        try:
-            if await self.engine.stop(name, STOP_GRACE_SECONDS):
-                return True
-        except Exception as exc:
-            log.error("Could not stop job %s's unit %s: %s", job.id, name, exc)
-            return False
-        log.error("Could not stop job %s's unit %s", job.id, name)
-        return False
-
     async def remove_container(self, name: str) -> bool:
-        if await self.engine.remove(name):
-            return True
-        log.error("Could not remove job unit %s", name)
-        return False
+        """Remove a job unit (the job reconciler's), running or not; True once done."""
+        return await remove_unit(self.engine, name)
 
     async def final_log(self, job: Job) -> str | None:
-        """The ended unit's log to keep.  An engine whose logs arrive after its task ends
+        """The ended units' log to keep.  An engine whose logs arrive after its task ends
         (Swarm's come from the node) says how long to look again while it reads empty."""
         output = await self.read_log(job)
         settle = self.engine.log_settle_seconds
@@ -543,36 +498,7 @@ class JobRunner:
             output = await self.read_log(job)
         return output
 
-    async def read_log(self, job: Job) -> str | None:
-        """The unit's output so far, its last `log_max_bytes` bytes; None if it is gone.
-
-        Only the log's tail is read, never the whole of it: Docker's `tail` counts log
-        entries (a line, or 16 KiB of one), so ask for a few and for more until they
-        give `log_max_bytes` or the whole log.  A cluster's: every worker's, each line marked."""
-        if job.is_cluster:
-            return await cluster.read_log(self, job)
-        limit = self.settings.log_max_bytes
-        entries, got = max(64, limit // LOG_ENTRY_MAX), None
-        name = job.container or container_name(self.settings, job.id)
-        try:
-            while True:
-                raw = await self.engine.logs(name, entries)
-                whole = got is not None and len(raw) == len(got)  # more entries gave no more
-                if whole or len(raw) >= limit or entries > limit:
-                    break
-                got, entries = raw, entries * 8
-        except UnitGone:
-            return None
-        except Exception as exc:
-            log.warning("Could not read job %s's log: %s", job.id, exc)
-            return None
-        if whole or len(raw) <= limit:
-            return cap(raw, limit)
-        return "[... earlier output not kept ...]\n" + raw[-limit:].decode(errors="replace")
-
-
-def cap(raw: bytes, limit: int) -> str:
-    """The last `limit` bytes of `raw` as text, saying when the start was cut."""
-    if len(raw) <= limit:
-        return raw.decode(errors="replace")
-    return f"[... first {len(raw) - limit} bytes not kept ...]\n" + raw[-limit:].decode(errors="replace")
+    async def read_log(self, job: Job, worker: int | None = None) -> str | None:
+        """The job's output so far, its last `log_max_bytes` bytes (a cluster's: every worker's,
+        each line marked, or worker `worker`'s alone); None if its units are gone."""
+        return await self.group(job).read_log(self.settings.log_max_bytes, worker)

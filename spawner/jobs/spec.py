@@ -1,4 +1,4 @@
-"""A job's unit (its container), as engine-neutral data: pure, no engine calls.
+"""A job's units (its containers), as engine-neutral data: pure, no engine calls.
 
 The GPU uuids, lease labels and config digest come from spawner/engines/common/containers.py, the same
 builders as the notebook servers'; the job adds its command (run through the image's own
@@ -8,6 +8,9 @@ network unless its profile allows the hub's.  The engines add the lock-down
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..engines.common.containers import config_digest, job_unit_name, lease_labels, runtime_env
 from ..engines.common.labels import LABEL_JOB
@@ -47,18 +50,39 @@ def job_env(job: Job, settings: JobSettings) -> dict[str, str]:
             "GPUHUB_CHECKPOINT_DIR": checkpoint_dir(settings, job.id)}
 
 
+@dataclass(frozen=True)
+class Unit:
+    """One unit of a job's group (group.py): what sets it apart from the job's other units."""
+
+    index: int
+    name: str  # the container or service name (a cluster worker's: also its name on the network)
+    server_name: str  # what its lease carries: `job/12`, or a worker's `job/12/worker-1`
+    lease_id: int | None
+    gpus: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)  # beyond job_env: a worker's TF_CONFIG
+    aliases: tuple[str, ...] = ()  # its names on its group's own network
+
+
+def only_unit(job: Job, settings: JobSettings) -> Unit:
+    """The unit of a job of one unit: its lease and GPUs are the job's."""
+    return Unit(0, job.container or container_name(settings, job.id), job_server_name(job.id), job.lease_id,
+                tuple(job.gpu_uuids))
+
+
 def unit_spec(job: Job, profile: Profile, settings: JobSettings, home_volume: str, pool_id: str,
-              node: str = "", stop_grace: float | None = None) -> UnitSpec:
-    """The job's one unit, on `node` (its GPUs' host; "" = the engine's own); `stop_grace`: as
-    UnitSpec's (a borrowed lease's notice)."""
-    gpus = tuple(job.gpu_uuids)
-    digest = config_digest(job.lease_id, gpus, profile.image, profile.cpu_limit, profile.mem_limit,
+              node: str = "", stop_grace: float | None = None, unit: Unit | None = None,
+              network: str | None = None) -> UnitSpec:
+    """A unit of the job (`unit`; by default its only one), on `node` (its GPUs' host; "" = the
+    engine's own); `stop_grace`: as UnitSpec's (a borrowed lease's notice); `network`: its group's
+    own, else the hub's where the profile allows jobs a network, else none."""
+    unit = unit if unit is not None else only_unit(job, settings)
+    digest = config_digest(unit.lease_id, unit.gpus, profile.image, profile.cpu_limit, profile.mem_limit,
                            job.uid, job.gid)
-    labels = lease_labels(job.user, job_server_name(job.id), gpus, node or job.host, job.lease_id, pool_id, digest)
+    labels = lease_labels(job.user, unit.server_name, unit.gpus, node or job.host, unit.lease_id, pool_id, digest)
     labels[LABEL_JOB] = str(job.id)
-    env = {**job_env(job, settings), **runtime_env(profile.cpu_limit, gpus)}
+    env = {**job_env(job, settings), **unit.env, **runtime_env(profile.cpu_limit, unit.gpus)}
     return UnitSpec(
-        name=container_name(settings, job.id),
+        name=unit.name,
         image=profile.image,
         command=["/bin/sh", "-c", WORKDIR_WRAPPER, workdir_path(settings, job.workdir), *job.command],
         user=f"{job.uid}:{job.gid}",
@@ -66,9 +90,12 @@ def unit_spec(job: Job, profile: Profile, settings: JobSettings, home_volume: st
         labels=labels,
         working_dir=settings.home_mount_point,
         volumes={home_volume: settings.home_mount_point},
-        gpus=gpus,
+        gpus=unit.gpus,
         host=node,
-        network=settings.network if profile.job_network else None,
+        # A group's own network only, never the hub's shared one (where every user's server
+        # could reach a cluster's unauthenticated gRPC port).
+        network=network or (settings.network if profile.job_network else None),
+        aliases=unit.aliases,
         cpu_limit=profile.cpu_limit or None,
         mem_limit=profile.mem_limit or None,
         shm_size=settings.shm_size,

@@ -36,3 +36,15 @@ def test_postgres_group_budgets_count_the_hours_of_exactly_their_group(postgres_
     from tests.unit.test_pool_fairshare import group_budgets_match_groups_exactly
 
     group_budgets_match_groups_exactly(postgres_database)
+
+
+def test_postgres_fair_use_check_stops_a_running_job_past_its_budget(postgres_database):
+    from tests.unit.test_job_fair_use import budget_stops_only_the_job_past_it
+
+    budget_stops_only_the_job_past_it(postgres_database)
+
+
+def test_postgres_fair_use_check_stops_a_job_on_a_booked_gpu(postgres_database):
+    from tests.unit.test_job_fair_use import booking_stops_the_job_once_it_begins
+
+    booking_stops_the_job_once_it_begins(postgres_database)

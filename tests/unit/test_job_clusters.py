@@ -8,7 +8,8 @@ import pytest
 
 from spawner.engines.common.job_containers import DockerJobEngine
 from spawner.engines.common.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_SERVER
-from spawner.jobs.cluster import merge_logs, tf_config, units_of, worker_log, worker_specs
+from spawner.jobs.cluster import merge_logs, tf_config, units_of, worker_log
+from spawner.jobs.group import group_of
 from spawner.jobs.request import BadJob
 from spawner.jobs.runner_settings import JobSettings
 from spawner.pool.ledger.job_records import job_id_of
@@ -16,6 +17,12 @@ from spawner.pool.models import Lease
 from spawner.poolpage.handlers.jobs import form_body
 
 from .test_jobs import PROFILES, _job
+
+
+def worker_specs(job, profile, settings, home_volume, pool_id):
+    """The cluster's units' specs, each worker on its lease's host (as the runner makes them)."""
+    return group_of(job, settings, DockerJobEngine(settings)).specs(profile, home_volume, pool_id,
+                                                                    [u["host"] for u in job.units])
 
 
 def test_every_worker_gets_its_own_gpus_and_a_tf_config_naming_all_by_stable_names():
@@ -119,27 +126,24 @@ class _QuietEngine:
 
 def _watch(quiet_turns, grace, turns):
     import asyncio
-    from types import SimpleNamespace
 
-    from spawner.jobs import cluster
     from spawner.pool.ledger.job_records import Job
 
     engine = _QuietEngine(quiet_turns)
-    from spawner.jobs.reclaim import Reclaims
-
-    runner = SimpleNamespace(engine=engine, settings=JobSettings(prefix="t", node_down_grace=grace),
-                             _cancel=set(), fair_use=None)
-    runner.reclaims = Reclaims(runner)  # nothing asked back
     job = Job(id=7, user="pat", groups=(), profile="p", command=("true",), workdir="", timeout_s=60, host="",
               uid=1000, gid=100, state="running", lease_id=1, container=None, gpu_uuids=("G0", "G1"),
               exit_code=None, message=None, submitted_at=None, started_at=None, ended_at=None, workers=2,
               units=({"worker": 0, "lease_id": 1, "host": "gpu-a", "gpus": ["G0"]},
                      {"worker": 1, "lease_id": 2, "host": "gpu-b", "gpus": ["G1"]}))
+    group = group_of(job, JobSettings(prefix="t"), engine)  # type: ignore[arg-type]  # only wait and inspect
+
+    async def nothing_asked_back(names, ended):
+        return False
 
     async def main():
         loop = asyncio.get_running_loop()
         # The deadline ends the watch after `turns` polls of 0.01 s if nothing else does.
-        return await cluster.watch(runner, job, loop.time() + turns * 0.01, 0.01)
+        return await group.watch(loop.time() + turns * 0.01, 0.01, lambda: False, nothing_asked_back, grace)
 
     return asyncio.run(main())
 

@@ -142,9 +142,10 @@ def test_a_job_without_requeue_ends_cancelled_when_reclaimed(tmp_path):
 
 
 def test_every_attempt_of_a_job_and_each_of_its_workers_gets_one_checkpoint_directory_in_the_home():
-    from spawner.jobs.cluster import units_of, worker_specs
+    from spawner.jobs.cluster import units_of
     from spawner.jobs.spec import unit_spec
 
+    from .test_job_clusters import worker_specs
     from .test_jobs import PROFILES, _job
 
     settings = JobSettings(prefix="gpuhub", host="node1", home_mount_point="/home/jovyan")

@@ -39,9 +39,7 @@ def test_a_job_cancelled_in_the_gpu_queue_frees_its_place_for_the_users_next_job
         assert cancelled.state == CANCELLED
         assert task.done() and task.exception() is None  # cancel() waited for it; it ended cleanly
         # The user's next job needs no GPU: with the place given back it may run at once.
-        return runner.limits.wait_reason(runner.profiles["tf-cpu"],
-                                         [(slug, cpus) for user, slug, cpus in runner._running.values()
-                                          if user == "pat"])
+        return runner.limits.wait_reason(runner.profiles["tf-cpu"], runner.places.of_user("pat"))
 
     try:
         assert asyncio.run(main()) is None

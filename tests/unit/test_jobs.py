@@ -12,8 +12,8 @@ from spawner.engines.common.containers import HARDENING
 from spawner.engines.common.job_containers import DockerJobEngine
 from spawner.engines.common.labels import LABEL_GPUS, LABEL_JOB, LABEL_LEASE, LABEL_POOL, LABEL_SERVER, LABEL_USER
 from spawner.jobs import JOBS_SCOPE
+from spawner.jobs.group import cap
 from spawner.jobs.request import BadJob, check_submission
-from spawner.jobs.runner import cap
 from spawner.jobs.runner_settings import JobSettings
 from spawner.jobs.spec import unit_spec
 from spawner.profiles import DEFAULT_PROFILES, load_profiles

@@ -179,3 +179,37 @@ def test_at_most_two_arrows_run_up_against_the_data_flow():
 
     _, _, upward = rooms_and_arrows(_spawner_graph())
     assert len(upward) <= 2, upward
+
+
+def _foreign_privates(path: Path) -> list[str]:
+    """`x._name` in a file where x is not self or cls: a reach into another object's private member."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_the_jobs_runner_drives_every_job_as_one_group():
+    # A plain job is a group of one unit, a cluster one of N (jobs/group.py): the runner has no
+    # cluster-only path, and no part of the jobs package reaches into another's private members
+    # (a cluster once did, taking the runner and its `_cancel`).
+    runner = REPO / "spawner" / "jobs" / "runner.py"
+    tree = ast.parse(runner.read_text())
+    branches = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "is_cluster"]
+    assert branches == [], f"runner.py branches on is_cluster at lines {branches}"
+    assert "spawner.jobs.cluster" not in _imports(runner)
+    offenders = [hit for path in sorted((REPO / "spawner" / "jobs").rglob("*.py")) for hit in _foreign_privates(path)]
+    assert offenders == []
+
+
+def test_the_pools_fair_use_check_is_the_jobs_runners_only_fair_use_rule():
+    # The runner asks the pool which jobs its fair use stops (pool/fair_use/stops.py); it keeps no
+    # budget or booking rule of its own, nor the culler's.
+    jobs = REPO / "spawner" / "jobs"
+    assert not (jobs / "fair_use.py").exists()
+    offenders = [f"{path.relative_to(REPO)} imports {name}" for path in sorted(jobs.rglob("*.py"))
+                 for name in _imports(path) if name.startswith("spawner.culling")]
+    assert offenders == []
+    assert "spawner.pool.fair_use.stops" in _imports(jobs / "runner.py")

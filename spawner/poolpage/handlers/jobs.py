@@ -82,7 +82,7 @@ class JobsMixin:
         data["queue_position"] = await self.runner.position(job)
         data["booking_notice"] = None
         if job.state == RUNNING and job.host and job.gpu_uuids:
-            # One of its GPUs booked later for someone else: the job is stopped then (jobs/fair_use.py).
+            # One of its GPUs booked later for someone else: the job is stopped then (pool/fair_use/stops.py).
             data["booking_notice"] = await self.call(self.runner.pool.booking_notice_for, job.host, job.gpu_uuids,
                                                      job.user, job.groups, "this job")
         # On borrowed GPUs (beyond its user's share): how much notice a reclaim gives, or that one runs.
@@ -254,8 +254,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
             finally:
                 followers.give_back(followed, name)
         if job.active and job.container:
-            current = (await cluster.read_log(self.runner, job, worker) if worker is not None
-                       else await self.runner.read_log(job))
+            current = await self.runner.read_log(job, worker)
             if current is not None:
                 return self.finish(current)
         kept = await self.call(self.runner.ledger.log, job.id) or ""
@@ -310,10 +309,11 @@ class JobLogsAPI(JobsMixin, APIHandler):
             return False  # no container (yet or any more): nothing to follow; get() checks first
         limits: PoolServiceLimits = self.settings["limits"]
         follow: LogFollow | MergedFollow
+        names = self.runner.group(job).names
         if job.is_cluster and worker is None:
             indexes = range(job.workers)
-            opened = await asyncio.gather(*(self.open_follow(job, cluster.worker_name(
-                self.runner.settings, job.id, i)) for i in indexes), return_exceptions=True)
+            opened = await asyncio.gather(*(self.open_follow(job, names[i]) for i in indexes),
+                                          return_exceptions=True)
             follows = [(i, f) for i, f in zip(indexes, opened) if isinstance(f, LogFollow)]
             failed = [f for f in opened if isinstance(f, BaseException)]
             if failed:
@@ -324,8 +324,7 @@ class JobLogsAPI(JobsMixin, APIHandler):
                 return False
             self._follow = follow = MergedFollow(follows)
         else:
-            unit = (cluster.worker_name(self.runner.settings, job.id, worker) if worker is not None
-                    else job.container)
+            unit = names[worker] if worker is not None else job.container
             if (one := await self.open_follow(job, unit)) is None:
                 return False
             self._follow = follow = one

@@ -64,7 +64,7 @@ class SchedulesAPI(SchedulesMixin, APIHandler):
             asked = check_schedule(body, list(runner.profiles.values()), groups, runner.settings.max_seconds,
                                    scheduler.limits, scheduler.clock(), runner.limits.max_parameters_bytes)
             if asked.submission.notebook:
-                await runner._check_notebook(name, asked.submission.notebook)
+                await runner.check_notebook(name, asked.submission.notebook)
             created = await self.call(scheduler.ledger.create, name, asked.name, asked.cron, asked.body,
                                       runner.settings.host,
                                       lambda now: cron.next_times(asked.cron, now, 1)[0],
