@@ -21,6 +21,5 @@ the service is settings/ssh_service.py.
 """
 
 SERVICE_NAME = "gpu-ssh"
-from .server_keys import CONTAINER_SSH_PORT  # noqa: E402  (where it is defined: the spawner's side)
 
-__all__ = ["CONTAINER_SSH_PORT", "SERVICE_NAME"]
+__all__ = ["SERVICE_NAME"]

@@ -147,6 +147,35 @@ for name, target in json.loads(sys.argv[1]).items():
         out[name] = "ERR %s %s" % (type(exc).__name__, getattr(exc, "errno", "") or "")
 print(json.dumps(out))
 """
+# A cluster ends when its chief exits 0, and its other workers are then stopped (jobs/group.py):
+# a worker still probing then prints nothing (fresh6 lost worker 1's line that way: it started
+# later on another node).  So each other worker, once it has printed, waits for the chief to
+# connect to it on PRINTED_PORT, and the chief prints last, after connecting to every one.
+CLUSTER_PROBE = f"PROBE = {NET_PROBE!r}\nPRINTED_PORT = 7777\n" + r"""
+import contextlib, io, json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+index, peers = config["task"]["index"], config["cluster"]["worker"]
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    exec(compile(PROBE, "probe", "exec"))
+if index == 0:
+    deadline = time.monotonic() + 150
+    for peer in peers[1:]:
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((peer.rsplit(":", 1)[0], PRINTED_PORT), timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+    sys.stdout.write(out.getvalue())
+else:
+    sys.stdout.write(out.getvalue())
+    sys.stdout.flush()
+    with socket.create_server(("", PRINTED_PORT)) as server:
+        server.settimeout(150)
+        with contextlib.suppress(OSError):
+            server.accept()[0].close()
+"""
 NODE_SECRET = "node-secret-51ad"
 
 
@@ -265,8 +294,9 @@ def test_a_swarm_server_reaches_neither_the_metadata_address_nor_any_nodes_servi
         out_targets = {name: target for name, target in targets.items() if name != "the hub"}
         out_targets["the proxy to the relay's overlay address"] = f"connect {JOB_PROXY_ALIAS}:8081"
         for body in ({}, {"workers": 2}):
+            probe = CLUSTER_PROBE if body else NET_PROBE
             job = submit(hub, token, {"profile": "tf-gpu-1", **body,
-                                      "command": ["python3", "-c", NET_PROBE, json.dumps(out_targets)]})
+                                      "command": ["python3", "-c", probe, json.dumps(out_targets)]})
             done = wait_state(hub, token, job["id"], ("succeeded", "failed"), timeout=180)
             log = jobs_api(hub, "GET", f"/{job['id']}/logs", token).text
             assert done["state"] == "succeeded", log
