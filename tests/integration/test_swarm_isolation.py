@@ -155,9 +155,9 @@ CLUSTER_PROBE = f"PROBE = {NET_PROBE!r}\nPRINTED_PORT = 7777\n" + r"""
 import contextlib, io, json, os, socket, sys, time
 config = json.loads(os.environ["TF_CONFIG"])
 index, peers = config["task"]["index"], config["cluster"]["worker"]
-out = io.StringIO()
-with contextlib.redirect_stdout(out):
-    exec(compile(PROBE, "probe", "exec"))
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    exec(compile(PROBE, "probe", "exec"), {"__name__": "probe"})
 if index == 0:
     deadline = time.monotonic() + 150
     for peer in peers[1:]:
@@ -167,9 +167,9 @@ if index == 0:
                 break
             except OSError:
                 time.sleep(0.5)
-    sys.stdout.write(out.getvalue())
+    sys.stdout.write(printed.getvalue())
 else:
-    sys.stdout.write(out.getvalue())
+    sys.stdout.write(printed.getvalue())
     sys.stdout.flush()
     with socket.create_server(("", PRINTED_PORT)) as server:
         server.settimeout(150)
