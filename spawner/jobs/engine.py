@@ -131,7 +131,11 @@ class JobEngine(Protocol):
         engines/swarm/job_services.py)."""
 
     async def remove_network(self, name: str) -> bool:
-        """True once it is gone."""
+        """True once it is gone (on Swarm, with the proxy of its own that `create_network` made)."""
+
+    async def networks(self, pool_id: str) -> dict[str, str]:
+        """Every job network of ledger `pool_id` the engine reaches: name -> the job id it was
+        made for (its LABEL_JOB), for the reconciler to remove those whose job has ended."""
 
     async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         """The hosts whose GPUs a job asking for `node_labels` may lease (None: any the pool

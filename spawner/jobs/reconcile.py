@@ -8,7 +8,10 @@ pass, run by the gpu-pool service at start and every `reconcile_interval` (the h
   older than `c.Reconciler.min_lease_age`, else `MIN_AGE`): its units are removed, and the lease ends once
   the engine confirms that (reason: the job's end, else `reconciled`);
 - a job unit that runs with GPUs but without an active lease: removed;
-- a stopped unit of an ended job (a removal that failed before): removed.
+- a stopped unit of an ended job (a removal that failed before): removed;
+- a job's network (a cluster's, or a job's own overlay and its proxy on Swarm) whose job has
+  ended or is missing: removed.  A job's runner removes it at the end; this catches those left
+  when the gpu-pool service stopped in between, or whose removal failed.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ MIN_AGE = 30.0
 
 async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
     """One pass (see the module docstring); what it did."""
-    report: dict[str, list] = {"ended": [], "removed": []}
+    report: dict[str, list] = {"ended": [], "removed": [], "networks": []}
     host = runner.settings.host or None
     # Containers first, then leases (the hub's reconciler's order): a job that starts in
     # between has its lease read but its container unseen, so it is left alone.  The
@@ -72,6 +75,18 @@ async def reconcile_jobs(runner, min_age: float = MIN_AGE) -> dict[str, list]:
         if await runner.remove_container(unit.id):
             report["removed"].append(unit.name)
             log.warning("Removed job container %s: %s", report["removed"][-1], why)
+
+    # Networks last: Docker refuses to remove one that a unit removed above still joined.  Listed
+    # after the ledger's jobs would not do: a job made between the two reads has its network
+    # seen and its record unseen.  So each network's job is read after the list.
+    for name, job_label in (await runner.engine.networks(runner.pool_id)).items():
+        job = await runner.call(runner.ledger.get, int(job_label)) if job_label.isdigit() else None
+        if job is not None and job.active:
+            continue
+        if await runner.engine.remove_network(name):
+            report["networks"].append(name)
+            log.warning("Removed job network %s: its job %s", name,
+                        "has ended" if job is not None else "is not in the ledger")
     return report
 
 

@@ -1,6 +1,7 @@
 """Small hardening found in one review (issue 22, item 10), on the real hub, ledger and dockerd:
-the job reconciler's order, a job's argv kept out of the log, api/exec's unknown fields, and
-the home hand-over's helper container when the hub stops during a spawn."""
+the job reconciler's order and the networks it removes, a job's argv kept out of the log,
+api/exec's unknown fields, and the home hand-over's helper container when the hub stops during
+a spawn."""
 
 from __future__ import annotations
 
@@ -69,11 +70,75 @@ def test_the_job_reconciler_leaves_alone_a_job_that_starts_while_it_looks(tmp_pa
         # The next pass sees both, and keeps them too.
         done = asyncio.run(reconcile_jobs(runner, min_age=0))
         box.reload()
-        assert box.status == "running" and done == {"ended": [], "removed": []}
+        assert box.status == "running" and done == {"ended": [], "removed": [], "networks": []}
     finally:
         for box in made:
             with contextlib.suppress(Exception):
                 box.remove(force=True)
+        pool.close()
+
+
+def test_the_job_reconciler_removes_the_networks_of_ended_jobs_and_keeps_a_running_ones(tmp_path, docker_client):
+    """A cluster's network left behind (the gpu-pool service stopped after its job ended, before
+    the runner removed it) goes at the next pass; a running job's, and another ledger's, stay."""
+    import asyncio
+    import secrets
+
+    import docker.errors
+
+    from spawner.engines.common.labels import LABEL_JOB, LABEL_POOL, pool_identity
+    from spawner.inventory import SimulatedInventory
+    from spawner.jobs.cluster import network_name
+    from spawner.jobs.reconcile import reconcile_jobs
+    from spawner.jobs.runner import JobRunner
+    from spawner.jobs.runner_settings import JobSettings
+    from spawner.pool import GPUPool
+    from spawner.pool.ledger.job_records import CANCELLED, RUNNING
+    from spawner.profiles import DEFAULT_PROFILES
+
+    host, tag = "jobs-net-host", secrets.token_hex(3)
+    pool = GPUPool(db_url=f"sqlite:///{tmp_path / 'ledger.sqlite'}", inventory=SimulatedInventory(count=2, host=host))
+    js = JobSettings(profiles=DEFAULT_PROFILES, host=host, prefix=f"gpuhub-jn{tag}")
+    runner = JobRunner(pool, js, make_job_engine(js))
+    ended = runner.ledger.create("bob", [], "tf-cpu", ["true"], "", 600, host, 1000, 100)
+    running = runner.ledger.create("amy", [], "tf-cpu", ["sleep", "60"], "", 600, host, 1000, 100)
+    runner.ledger.update(ended.id, state=CANCELLED)
+    runner.ledger.update(running.id, state=RUNNING)
+    ours = pool_identity(pool)
+    made = {
+        "ended": docker_client.networks.create(network_name(js, ended.id), driver="bridge", internal=True,
+                                               labels={LABEL_JOB: str(ended.id), LABEL_POOL: ours}),
+        "unknown": docker_client.networks.create(network_name(js, 999), driver="bridge", internal=True,
+                                                 labels={LABEL_JOB: "999", LABEL_POOL: ours}),
+        "running": docker_client.networks.create(network_name(js, running.id), driver="bridge", internal=True,
+                                                 labels={LABEL_JOB: str(running.id), LABEL_POOL: ours}),
+        "other ledger": docker_client.networks.create(f"gpuhub-jn{tag}-other", driver="bridge", internal=True,
+                                                      labels={LABEL_JOB: str(ended.id), LABEL_POOL: "another"}),
+    }
+
+    def present():
+        there = set()
+        for what, network in made.items():
+            try:
+                network.reload()
+                there.add(what)
+            except docker.errors.NotFound:
+                pass
+        return there
+
+    try:
+        assert present() == set(made)
+        done = asyncio.run(reconcile_jobs(runner, min_age=0))
+        assert present() == {"running", "other ledger"}, done
+        assert sorted(done["networks"]) == sorted([network_name(js, ended.id), network_name(js, 999)])
+        # The running job ends: its network goes at the next pass.
+        runner.ledger.update(running.id, state=CANCELLED)
+        asyncio.run(reconcile_jobs(runner, min_age=0))
+        assert present() == {"other ledger"}
+    finally:
+        for network in made.values():
+            with contextlib.suppress(Exception):
+                network.remove()
         pool.close()
 
 

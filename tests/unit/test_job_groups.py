@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from devservices.waiting import async_until
+from spawner.engines.common.labels import LABEL_JOB
 from spawner.inventory import SimulatedInventory
 from spawner.jobs import group as group_module
 from spawner.jobs import runner as runner_module
@@ -34,6 +35,7 @@ class Units:
         self.made: list[tuple[str, tuple[str, ...], str | None]] = []  # (name, gpus, network)
         self.networks: set[str] = set()
         self.networks_removed: list[str] = []
+        self.network_jobs: dict[str, str] = {}
 
     async def create(self, spec):
         self.made.append((spec.name, spec.gpus, spec.network))
@@ -68,11 +70,15 @@ class Units:
 
     async def create_network(self, name, labels, outbound=False):
         self.networks.add(name)
+        self.network_jobs[name] = labels[LABEL_JOB]
 
     async def remove_network(self, name):
         self.networks.discard(name)
         self.networks_removed.append(name)
         return True
+
+    async def networks(self, pool_id):
+        return {name: self.network_jobs[name] for name in self.networks}
 
     async def lease_hosts(self, node_labels, image=""):
         return [HOST]

@@ -242,6 +242,10 @@ class DockerJobEngine:
             return False
         return True
 
+    async def networks(self, pool_id: str) -> dict[str, str]:
+        found = await self.docker("networks", filters={"label": [LABEL_JOB, f"{LABEL_POOL}={pool_id}"]})
+        return {n["Name"]: (n.get("Labels") or {}).get(LABEL_JOB, "") for n in found}
+
     async def lease_hosts(self, node_labels: Mapping[str, str], image: str = "") -> list[str] | None:
         return [self.settings.host] if self.settings.host else None
 
