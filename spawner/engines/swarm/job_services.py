@@ -48,6 +48,7 @@ from .relay import (
     proxy_env,
     proxy_of,
     proxy_spec,
+    wait_ready,
 )
 from .tasks import LIVE_TASK_STATES, task_labels
 
@@ -514,9 +515,17 @@ class SwarmJobEngine(DockerJobEngine):
         import docker.errors
 
         name = proxy_of(network)
-        with contextlib.suppress(docker.errors.NotFound):
+        try:
             await self.docker("inspect_container", name)
-            return
+        except docker.errors.NotFound:
+            await self._make_proxy(network, name, image, pool_id)
+        # Every unit waits for it: one that made no proxy (another unit did) would otherwise
+        # start while it does not listen yet, and its first connection out be refused.
+        await wait_ready(self.docker, name)
+
+    async def _make_proxy(self, network: str, name: str, image: str, pool_id: str) -> None:
+        import docker.errors
+
         program = {"forwards": [], "allow": [], "max_connections": RELAY_MAX_CONNECTIONS,
                    "proxy": proxy_spec(await self.docker("nodes"), self.settings.outbound_proxy_networks)}
         command = program_command(program)

@@ -69,6 +69,10 @@ RELAY_MEMORY = "96m"
 # How long a stopped server's overlay is retried for removal (Swarm refuses while its task
 # still shuts down); after that the reconciler removes it.
 NETWORK_DROP_SECONDS = 60.0
+# How long a relay or a job's proxy may take to listen once started (a python3 start on a busy
+# manager); the line RELAY_PROGRAM prints once every socket listens.
+RELAY_READY_SECONDS = 60.0
+READY_LINE = "relay ready"
 
 # The relay (run as `python3 -c RELAY_PROGRAM SPEC`): each forward listens on 0.0.0.0:listen and
 # joins every accepted connection to host:port; one with "check" accepts only a peer whose
@@ -238,7 +242,7 @@ async def main():
         # The relay's own gateways (docker_gwbridge's: its node) are refused as the nodes are.
         PROXY["refuse"] = set(PROXY["refuse"]) | gateways()
         await asyncio.start_server(proxy, "0.0.0.0", PROXY["listen"], reuse_address=True)
-    print("relay ready", flush=True)
+    print("relay ready", flush=True)  # READY_LINE
     await asyncio.Event().wait()
 
 
@@ -390,6 +394,36 @@ async def drop_network(spawner, name: str, seconds: float = NETWORK_DROP_SECONDS
                 spawner.log.info("Network %s is still in use (%s); the reconciler removes it later", name, exc)
                 return False
         await asyncio.sleep(0.5)
+
+
+class RelayNotReady(RuntimeError):
+    """A relay or proxy that exited, or did not listen in time; str() says which, with its log."""
+
+
+async def wait_ready(docker_call, name: str, seconds: float = RELAY_READY_SECONDS) -> None:
+    """Until relay container `name` listens (its READY_LINE).  Whatever starts after it counts on
+    it at once: a job's first `pip install` through its proxy, a server's first call to the hub;
+    started but not yet listening, the relay's address answers "connection refused".  Raises
+    RelayNotReady if it exits (its log's last lines) or is not ready in `seconds`.
+    `docker_call(method, *args, **kwargs)`: an awaitable docker APIClient call."""
+    import docker.errors
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            printed = (await docker_call("logs", name, stdout=True, stderr=True, tail=20)).decode(errors="replace")
+            if READY_LINE in printed:
+                return
+            state = (await docker_call("inspect_container", name)).get("State") or {}
+        except docker.errors.NotFound:
+            # Not there yet: another unit's create holds the name (its 409) before Docker shows it.
+            printed, state = "", {"Status": "not made yet"}
+        last = " | ".join(printed.strip().splitlines()[-3:]) or "no output"
+        if state.get("Status") in ("exited", "dead"):
+            raise RelayNotReady(f"{name} exited ({state.get('ExitCode')}) before it listened: {last}")
+        if time.monotonic() > deadline:
+            raise RelayNotReady(f"{name} did not listen within {seconds:g} s ({state.get('Status')}): {last}")
+        await asyncio.sleep(0.2)
 
 
 def program_command(spec: dict) -> list[str]:

@@ -53,6 +53,7 @@ from .relay import (
     LABEL_SERVER_NET,
     PROXY_PORT,
     RELAY_MEMORY,
+    RelayNotReady,
     drop_network,
     hub_ports,
     new_network_name,
@@ -63,6 +64,7 @@ from .relay import (
     relay_of,
     relay_spec,
     through_relay,
+    wait_ready,
 )
 from .stopping import ask_server_to_exit
 from .tasks import DOWN_NODES, LIVE_TASK_STATES, lease_holders_in, node_states, task_ip
@@ -404,6 +406,12 @@ class GPUSwarmSpawner(GPUContainerSpawner, SwarmSpawner):
                 {network: self.client.create_endpoint_config(aliases=[HUB_ALIAS])}))
         await self.docker("connect_container_to_network", made["Id"], self.network_name)
         await self.docker("start", made["Id"])
+        try:
+            await wait_ready(self.docker, relay)
+        except RelayNotReady as exc:
+            self.log.error("The relay of %s is not ready: %s", service, exc)
+            raise web.HTTPError(500, "The server's link to the hub did not start. Ask an administrator "
+                                "(the hub's log says why).") from None
         env = through_relay(env, hub_host)
         if proxy:
             env.update(proxy_env(f"http://{HUB_ALIAS}:{PROXY_PORT}"))
