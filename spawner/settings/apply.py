@@ -148,8 +148,9 @@ def apply_settings(c, settings: Settings) -> None:
         install_when_the_hub_starts(settings.docker_network, servers_ports(settings))
 
     c.JupyterHub.spawner_class = lending_engine.entry_point
-    if lending_engine.name == "swarm":
-        # A GPUDockerSpawner on Swarm services: every c.GPUDockerSpawner option below applies.
+    if lending_engine.spans_nodes:
+        # The engine of many nodes, GPUSwarmSpawner: a GPUDockerSpawner on Swarm services, so
+        # every c.GPUDockerSpawner option below applies to it too.
         c.GPUSwarmSpawner.home_volume_driver_options = dict(settings.swarm_home_options)
         c.GPUSwarmSpawner.home_root_volume_options = dict(settings.swarm_homes_root_options)
         c.GPUSwarmSpawner.cpu_constraints = list(settings.swarm_cpu_constraints)
