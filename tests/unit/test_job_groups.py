@@ -10,81 +10,40 @@ import asyncio
 import pytest
 
 from devservices.waiting import async_until
-from spawner.engines.common.labels import LABEL_JOB
 from spawner.inventory import SimulatedInventory
 from spawner.jobs import group as group_module
 from spawner.jobs import runner as runner_module
-from spawner.jobs.engine import ENDED, UnitGone, UnitState
+from spawner.jobs.engine import ENDED, UnitState
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.runner_settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.pool.ledger.job_records import CANCELLED, SUCCEEDED
 from spawner.profiles import DEFAULT_PROFILES
+from tests.fixtures.job_units import MemoryUnits
 
 HOST = "unit-host"
 
 
-class Units:
+class Units(MemoryUnits):
     """Units that print one line and exit with `code` as soon as they are made."""
 
-    log_settle_seconds = 0.0
-
     def __init__(self, code: int = 0, ends: bool = True):
+        super().__init__(HOST)
         self.code, self.ends = code, ends
-        self.units: dict[str, dict] = {}
         self.made: list[tuple[str, tuple[str, ...], str | None]] = []  # (name, gpus, network)
-        self.networks: set[str] = set()
-        self.networks_removed: list[str] = []
-        self.network_jobs: dict[str, str] = {}
 
     async def create(self, spec):
         self.made.append((spec.name, spec.gpus, spec.network))
         self.units[spec.name] = {"ended": self.ends, "log": f"done on {','.join(spec.gpus)}\n".encode()}
 
-    async def inspect(self, name):
-        unit = self.units.get(name)
-        if unit is None:
-            return None
+    def unit_state(self, name, unit):
         return UnitState(name, name, phase=ENDED if unit["ended"] else "running",
                          exit_code=self.code if unit["ended"] else None)
-
-    async def wait(self, name, timeout):
-        state = await self.inspect(name)
-        if state is not None and state.phase != ENDED:
-            await asyncio.sleep(min(timeout, 0.02))  # the engine's own wait: a poll's pace
-        return await self.inspect(name)
 
     async def stop(self, name, grace):
         if name in self.units:
             self.units[name]["ended"] = True
         return True
-
-    async def remove(self, name):
-        self.units.pop(name, None)
-        return True
-
-    async def logs(self, name, tail):
-        if name not in self.units:
-            raise UnitGone(name)
-        return self.units[name]["log"]
-
-    async def create_network(self, name, labels, outbound=False):
-        self.networks.add(name)
-        self.network_jobs[name] = labels[LABEL_JOB]
-
-    async def remove_network(self, name):
-        self.networks.discard(name)
-        self.networks_removed.append(name)
-        return True
-
-    async def networks(self, pool_id):
-        return {name: self.network_jobs[name] for name in self.networks}
-
-    async def lease_hosts(self, node_labels, image=""):
-        return [HOST]
-
-    async def prepare_home(self, user, image, uid, gid, directory_identity):
-        return f"home-{user}"
 
 
 def run_job(tmp_path, monkeypatch, workers: int, engine: Units, cancel: bool = False):
@@ -136,7 +95,7 @@ def test_a_plain_job_and_a_cluster_go_through_the_same_group_steps(tmp_path, mon
     else:  # its workers on a network of their own, made and removed with them; each line marked
         assert [name for name, _, _ in engine.made] == [f"t-job-{job.id}-w0", f"t-job-{job.id}-w1"]
         assert {net for _, _, net in engine.made} == {f"t-job-{job.id}-net"}
-        assert engine.networks_removed == [f"t-job-{job.id}-net"] and not engine.networks
+        assert engine.networks_removed == [f"t-job-{job.id}-net"] and not engine.network_jobs
         assert kept == "".join(f"[worker {u['worker']}] done on {u['gpus'][0]}\n" for u in job.units)
 
 

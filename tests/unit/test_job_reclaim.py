@@ -9,42 +9,34 @@ import asyncio
 
 from devservices.waiting import async_until
 from spawner.inventory import SimulatedInventory
-from spawner.jobs.engine import ENDED, RUNNING, UnitGone, UnitState
+from spawner.jobs.engine import ENDED, RUNNING, UnitState
 from spawner.jobs.runner import JobRunner
 from spawner.jobs.runner_settings import JobSettings
 from spawner.pool import GPUPool
 from spawner.pool.ledger.job_records import CANCELLED, QUEUED
 from spawner.profiles import DEFAULT_PROFILES
+from tests.fixtures.job_units import MemoryUnits
 
 HOST = "unit-host"
 THREE = {"slug": "tf-gpu-3", "display_name": "3 GPUs", "gpus": 3, "image": "img"}
 
 
-class Units:
+class Units(MemoryUnits):
     """Units that run until stopped; `heeds`: a SIGTERM ends them (exit 0), as a trap would."""
 
-    log_settle_seconds = 0.0
+    poll_seconds = 0.05
 
     def __init__(self, heeds: bool):
+        super().__init__(HOST)
         self.heeds = heeds
-        self.units: dict[str, dict] = {}
         self.signals: list[tuple[str, str]] = []
         self.events: list[str] = []
 
     async def create(self, spec):
         self.units[spec.name] = {"phase": RUNNING, "log": b"training\n", "gpus": spec.gpus}
 
-    async def inspect(self, name):
-        unit = self.units.get(name)
-        if unit is None:
-            return None
+    def unit_state(self, name, unit):
         return UnitState(name, name, phase=unit["phase"], exit_code=0 if unit["phase"] == ENDED else None)
-
-    async def wait(self, name, timeout):
-        state = await self.inspect(name)
-        if state is not None and state.phase == RUNNING:
-            await asyncio.sleep(min(timeout, 0.05))  # the engine's own wait: a poll's pace, not a test's wait
-        return await self.inspect(name)
 
     async def signal(self, name, signal="SIGTERM"):
         self.signals.append((name, signal))
@@ -60,21 +52,6 @@ class Units:
         if name in self.units:
             self.units[name]["phase"] = ENDED
         return True
-
-    async def remove(self, name):
-        self.units.pop(name, None)
-        return True
-
-    async def logs(self, name, tail):
-        if name not in self.units:
-            raise UnitGone(name)
-        return self.units[name]["log"]
-
-    async def lease_hosts(self, node_labels, image=""):
-        return [HOST]
-
-    async def prepare_home(self, user, image, uid, gid, directory_identity):
-        return f"home-{user}"
 
 
 def run(tmp_path, heeds: bool, requeue: bool = True):
