@@ -297,7 +297,8 @@ class GPULendingSpawner(Spawner):
                 sent += 1
             self._progress_changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress_changed.wait(), timeout=1.0)
+                async with asyncio.timeout(1.0):  # not wait_for: it could lose a cancel (pool/ledger/off_loop.py)
+                    await self._progress_changed.wait()
 
     def _on_wait(self, position: int, wanted: int, free: int, why: str = "") -> None:
         gpus = "GPU" if wanted == 1 else "GPUs"

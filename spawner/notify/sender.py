@@ -122,7 +122,8 @@ class Sender:
             except Exception:
                 log.exception("Notification pass failed; trying again in %s s", self.settings.poll_interval)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval)
+                async with asyncio.timeout(self.settings.poll_interval):  # wait_for could lose a stop (off_loop.py)
+                    await self._wake.wait()
             self._wake.clear()
 
     async def _ledger(self, fn, *args):

@@ -31,7 +31,11 @@ async def ledger_call(fn: Callable[..., Any], *args, timeout: float, **kwargs) -
     loop = asyncio.get_running_loop()
     future = loop.run_in_executor(LEDGER_EXECUTOR, functools.partial(fn, *args, **kwargs))
     try:
-        return await asyncio.wait_for(future, timeout)
+        # Not asyncio.wait_for: on Python 3.11 it returns the result of a call that finishes as
+        # its task is cancelled, so a stopping loop that reads the ledger (the jobs runner's
+        # page snapshot, every 2 s) lost its cancel and ran on, and the service's stop waited.
+        async with asyncio.timeout(timeout):
+            return await future
     except TimeoutError:
         raise PoolUnavailable(
             f"The GPU ledger did not answer within {timeout:g} s; GPU servers cannot start or "
