@@ -253,6 +253,9 @@ async def serve(app: web.Application, port: int) -> None:
         for w in ledger_watches:
             w.start()
     await stop.wait()
+    # Armed first: whatever below stalls (a loop that does not end, a call without an answer),
+    # the process leaves within the grace of its stop, not at the hub's SIGTERM 30 s later.
+    exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
     for w in ledger_watches:
         await w.stop()
     await watch.stop()
@@ -260,7 +263,6 @@ async def serve(app: web.Application, port: int) -> None:
     await reclaims.stop()
     await hook_sender.stop()
     await sender.stop()
-    exit_within(EXIT_GRACE_SECONDS, "gpu-pool", log)
     server.stop()
     if bridge is not None:
         bridge.stop()
